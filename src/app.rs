@@ -1,0 +1,241 @@
+//! The entry point: [`App::builder`] configures an application, [`App::run`]
+//! runs it until [`ShutdownHandle::shutdown`] is called or it fails.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::assignment::AssignmentStrategy;
+use crate::config::{AppConfig, StoreDefinition};
+use crate::error::Result;
+use crate::restore::RestoreListener;
+use crate::runtime::{ProcessorContext, Record};
+
+/// A configured kstate application: a consumer-group member that owns the
+/// stores of the input partitions it is assigned.
+///
+/// ```no_run
+/// use kstate::{App, StoreDefinition};
+/// use kstate::codec::{U64Be, Utf8};
+///
+/// let app = App::builder()
+///     .application_id("word-counts")
+///     .bootstrap_servers("127.0.0.1:9092")
+///     .input_topic("words")
+///     .state_dir("/var/lib/word-counts")
+///     .store(StoreDefinition::new("counts"))
+///     .build()?;
+/// let stop = app.shutdown_handle();
+/// # stop.shutdown();
+/// app.run(|ctx, record| {
+///     let Some(word) = record.value_str() else { return Ok(()) };
+///     let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
+///     let n = counts.get(&word.to_string())?.unwrap_or(0);
+///     counts.put(&word.to_string(), &(n + 1))
+/// })?;
+/// # Ok::<(), kstate::Error>(())
+/// ```
+pub struct App {
+    pub(crate) config: Arc<AppConfig>,
+    pub(crate) shutdown: ShutdownHandle,
+}
+
+impl App {
+    /// Starts configuring an application.
+    pub fn builder() -> AppBuilder {
+        AppBuilder::default()
+    }
+
+    /// A handle that stops [`App::run`] cleanly from any thread.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Joins the group and processes records until shut down; blocks the
+    /// calling thread. `processor` sees every input record after the stores
+    /// of its partition are restored. On return every store was committed
+    /// (or, on error, left at its last checkpoint) and closed.
+    pub fn run<F, E>(self, processor: F) -> Result<()>
+    where
+        F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        crate::runtime::run(self.config, self.shutdown, processor)
+    }
+
+    /// [`App::run`] on a blocking thread of the current tokio runtime.
+    pub async fn run_async<F, E>(self, processor: F) -> Result<()>
+    where
+        F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let handle = self.shutdown.clone();
+        let mut task = tokio::task::spawn_blocking(move || self.run(processor));
+        // If the future is dropped, stop the runtime instead of leaking it.
+        let guard = ShutdownOnDrop(handle);
+        let result = (&mut task).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        std::mem::forget(guard);
+        result
+    }
+}
+
+struct ShutdownOnDrop(ShutdownHandle);
+impl Drop for ShutdownOnDrop {
+    fn drop(&mut self) {
+        self.0.shutdown();
+    }
+}
+
+/// Stops a running [`App`]; cheap to clone and send.
+#[derive(Clone, Default, Debug)]
+pub struct ShutdownHandle(Arc<AtomicBool>);
+
+impl ShutdownHandle {
+    /// Asks the application to commit, close its stores and leave the group.
+    pub fn shutdown(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether shutdown was requested.
+    pub fn is_shutdown(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// Builds an [`App`]; [`AppBuilder::build`] checks the configuration.
+pub struct AppBuilder {
+    config: AppConfig,
+}
+
+impl Default for AppBuilder {
+    fn default() -> Self {
+        AppBuilder {
+            config: AppConfig {
+                application_id: String::new(),
+                bootstrap_servers: String::new(),
+                input_topics: Vec::new(),
+                state_dir: PathBuf::new(),
+                stores: Vec::new(),
+                commit_interval: Duration::from_millis(100),
+                max_uncommitted_bytes: 64 << 20,
+                startup_timeout: Duration::from_secs(30),
+                commit_timeout: Duration::from_secs(60),
+                lock_timeout: Duration::from_secs(30),
+                changelog_replication_factor: None,
+                block_cache_bytes: 64 << 20,
+                write_buffer_bytes: 16 << 20,
+                kafka_overrides: Vec::new(),
+                assignment: AssignmentStrategy::Auto,
+                restore_listener: None,
+            },
+        }
+    }
+}
+
+impl AppBuilder {
+    /// The application id: consumer group id and changelog topic prefix. Required.
+    pub fn application_id(mut self, id: impl Into<String>) -> Self {
+        self.config.application_id = id.into();
+        self
+    }
+
+    /// Kafka bootstrap servers, e.g. `127.0.0.1:9092`. Required.
+    pub fn bootstrap_servers(mut self, servers: impl Into<String>) -> Self {
+        self.config.bootstrap_servers = servers.into();
+        self
+    }
+
+    /// Adds an input topic. Several topics must have equal partition counts
+    /// (co-partitioned): task `p` owns partition `p` of each.
+    pub fn input_topic(mut self, topic: impl Into<String>) -> Self {
+        self.config.input_topics.push(topic.into());
+        self
+    }
+
+    /// Root of local state: stores live under `state_dir/<application_id>/<store>/<partition>/`. Required.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.config.state_dir = dir.into();
+        self
+    }
+
+    /// Adds a store; every task gets its own partition of it.
+    pub fn store(mut self, store: StoreDefinition) -> Self {
+        self.config.stores.push(store);
+        self
+    }
+
+    /// How often writes are committed (default 100 ms).
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.config.commit_interval = interval;
+        self
+    }
+
+    /// Uncommitted bytes over all stores that force an early commit (default 64 MiB).
+    pub fn max_uncommitted_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_uncommitted_bytes = bytes;
+        self
+    }
+
+    /// How long startup waits for the brokers and topic metadata (default 30 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.config.startup_timeout = timeout;
+        self
+    }
+
+    /// How long a commit waits for changelog acknowledgements (default 60 s).
+    pub fn commit_timeout(mut self, timeout: Duration) -> Self {
+        self.config.commit_timeout = timeout;
+        self
+    }
+
+    /// How long opening a store retries a directory locked by another process (default 30 s).
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.config.lock_timeout = timeout;
+        self
+    }
+
+    /// Replication factor of created changelog topics (default: the broker's default).
+    pub fn changelog_replication_factor(mut self, factor: i32) -> Self {
+        self.config.changelog_replication_factor = Some(factor);
+        self
+    }
+
+    /// Size of the RocksDB block cache shared by all stores (default 64 MiB).
+    pub fn block_cache_bytes(mut self, bytes: usize) -> Self {
+        self.config.block_cache_bytes = bytes;
+        self
+    }
+
+    /// RocksDB memtable size per store partition (default 16 MiB).
+    pub fn write_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.config.write_buffer_bytes = bytes;
+        self
+    }
+
+    /// A librdkafka setting for every client (e.g. `security.protocol`).
+    /// `group.id`, `bootstrap.servers`, `enable.auto.commit` and
+    /// `enable.idempotence` are kstate's own.
+    pub fn kafka_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.kafka_overrides.push((key.into(), value.into()));
+        self
+    }
+
+    /// The group assignment strategy (default [`AssignmentStrategy::Auto`]).
+    pub fn assignment_strategy(mut self, strategy: AssignmentStrategy) -> Self {
+        self.config.assignment = strategy;
+        self
+    }
+
+    /// Observes restores (start, batches, end).
+    pub fn restore_listener(mut self, listener: impl RestoreListener) -> Self {
+        self.config.restore_listener = Some(Arc::new(listener));
+        self
+    }
+
+    /// Checks the configuration; fails with [`Error::Config`](crate::Error::Config).
+    pub fn build(self) -> Result<App> {
+        self.config.validate()?;
+        Ok(App { config: Arc::new(self.config), shutdown: ShutdownHandle::default() })
+    }
+}

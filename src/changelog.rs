@@ -1,0 +1,302 @@
+//! Changelog topics: naming, creation and validation, and the producer that
+//! writes every store mutation to them.
+//!
+//! Store `S` of application `A` logs to the compacted topic `A-S-changelog`
+//! (the same name Kafka Streams uses), one partition per input partition:
+//! a write to store partition `p` goes to changelog partition `p`, a delete is
+//! a tombstone. Records are batched by the producer (idempotent, `acks=all`);
+//! a commit flushes the producer and reads, per store partition, the offset of
+//! the last acknowledged record: that offset becomes the store's checkpoint.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Message};
+
+use crate::error::{Error, Result};
+
+/// Room left for record-batch and record headers when checking a record's
+/// size against the changelog's `max.message.bytes`.
+pub(crate) const RECORD_OVERHEAD: usize = 128;
+
+/// The changelog topic name of `store` in application `application_id`.
+///
+/// ```
+/// assert_eq!(kstate::changelog_topic("clicks", "counts"), "clicks-counts-changelog");
+/// ```
+pub fn changelog_topic(application_id: &str, store: &str) -> String {
+    format!("{application_id}-{store}-changelog")
+}
+
+/// What one changelog topic must look like.
+#[derive(Debug, Clone)]
+pub(crate) struct ChangelogSpec {
+    pub(crate) topic: String,
+    pub(crate) partitions: i32,
+    pub(crate) replication: Option<i32>,
+    pub(crate) extra_configs: Vec<(String, String)>,
+}
+
+/// A validated changelog topic.
+#[derive(Debug, Clone)]
+pub(crate) struct ChangelogInfo {
+    /// The topic's `max.message.bytes`.
+    pub(crate) max_message_bytes: usize,
+}
+
+/// Creates missing changelog topics and checks existing ones: partition count
+/// equal to the input's and `cleanup.policy=compact`.
+pub(crate) fn ensure_topics(
+    admin: &AdminClient<DefaultClientContext>,
+    specs: &[ChangelogSpec],
+    timeout: Duration,
+) -> Result<HashMap<String, ChangelogInfo>> {
+    let opts = AdminOptions::new().request_timeout(Some(timeout)).operation_timeout(Some(timeout));
+    let mut missing = Vec::new();
+    for spec in specs {
+        match topic_partitions(admin, &spec.topic, timeout)? {
+            None => missing.push(spec),
+            Some(n) if n != spec.partitions => {
+                return Err(Error::ChangelogTopicMismatch {
+                    topic: spec.topic.clone(),
+                    problem: format!(
+                        "it has {n} partitions but the input topics have {}; \
+                         delete it or fix the input topics",
+                        spec.partitions
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    if !missing.is_empty() {
+        let new_topics: Vec<NewTopic<'_>> = missing
+            .iter()
+            .map(|s| {
+                let rf = TopicReplication::Fixed(s.replication.unwrap_or(-1));
+                let mut t = NewTopic::new(&s.topic, s.partitions, rf).set("cleanup.policy", "compact");
+                for (k, v) in &s.extra_configs {
+                    t = t.set(k, v);
+                }
+                t
+            })
+            .collect();
+        for result in futures::executor::block_on(admin.create_topics(&new_topics, &opts))? {
+            match result {
+                Ok(topic) => tracing::info!(%topic, "created changelog topic"),
+                Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                    tracing::info!(%topic, "changelog topic was created concurrently")
+                }
+                Err((topic, code)) => {
+                    return Err(Error::ChangelogTopicMismatch {
+                        topic,
+                        problem: format!("could not create it: {code}"),
+                    })
+                }
+            }
+        }
+        for spec in &missing {
+            wait_for_topic(admin, spec, timeout)?;
+        }
+    }
+
+    let resources: Vec<ResourceSpecifier<'_>> =
+        specs.iter().map(|s| ResourceSpecifier::Topic(&s.topic)).collect();
+    let described = futures::executor::block_on(admin.describe_configs(&resources, &opts))?;
+    let mut infos = HashMap::new();
+    for (spec, res) in specs.iter().zip(described) {
+        let res = res.map_err(|code| Error::ChangelogTopicMismatch {
+            topic: spec.topic.clone(),
+            problem: format!("could not describe its configuration: {code}"),
+        })?;
+        let policy = res.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
+        if policy.trim() != "compact" {
+            return Err(Error::ChangelogTopicMismatch {
+                topic: spec.topic.clone(),
+                problem: format!(
+                    "cleanup.policy is `{policy}`, but a changelog must be `compact` \
+                     (with `delete`, old state would be lost from the changelog)"
+                ),
+            });
+        }
+        let max_message_bytes = res
+            .get("max.message.bytes")
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_048_588);
+        infos.insert(spec.topic.clone(), ChangelogInfo { max_message_bytes });
+    }
+    Ok(infos)
+}
+
+/// Partition count of `topic`, or `None` if it does not exist.
+pub(crate) fn topic_partitions(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<i32>> {
+    let md = admin.inner().fetch_metadata(Some(topic), timeout)?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+    match t.error() {
+        None => Ok(Some(t.partitions().len() as i32)),
+        Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(None),
+        Some(e) => Err(Error::Kafka(KafkaError::MetadataFetch(e.into()))),
+    }
+}
+
+fn wait_for_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    spec: &ChangelogSpec,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if topic_partitions(admin, &spec.topic, timeout)? == Some(spec.partitions) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::ChangelogTopicMismatch {
+                topic: spec.topic.clone(),
+                problem: "created, but its metadata did not appear in time".into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Delivery bookkeeping of one changelog partition.
+#[derive(Debug)]
+pub(crate) struct DeliveryTracker {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    in_flight: AtomicU64,
+    last_acked: AtomicI64,
+    failure: Mutex<Option<KafkaError>>,
+}
+
+impl DeliveryTracker {
+    pub(crate) fn new(topic: String, partition: i32) -> Arc<Self> {
+        Arc::new(DeliveryTracker {
+            topic,
+            partition,
+            in_flight: AtomicU64::new(0),
+            last_acked: AtomicI64::new(-1),
+            failure: Mutex::new(None),
+        })
+    }
+
+    /// After a flush: the offset of the last acknowledged record (or `None`
+    /// if nothing was ever acknowledged), or the first delivery failure.
+    pub(crate) fn settle(&self) -> Result<Option<i64>> {
+        if let Some(e) = self.failure.lock().expect("tracker lock").clone() {
+            return Err(Error::ChangelogDelivery {
+                topic: self.topic.clone(),
+                partition: self.partition,
+                source: e,
+            });
+        }
+        if self.in_flight.load(Ordering::Acquire) != 0 {
+            return Err(Error::CommitTimeout(Duration::ZERO));
+        }
+        let last = self.last_acked.load(Ordering::Acquire);
+        Ok((last >= 0).then_some(last))
+    }
+}
+
+/// Routes delivery reports back to their partition's tracker.
+pub(crate) struct DeliveryContext;
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = Arc<DeliveryTracker>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, tracker: Arc<DeliveryTracker>) {
+        match result {
+            Ok(msg) => {
+                tracker.last_acked.fetch_max(msg.offset(), Ordering::AcqRel);
+            }
+            Err((e, _)) => {
+                let mut f = tracker.failure.lock().expect("tracker lock");
+                if f.is_none() {
+                    tracing::error!(topic = %tracker.topic, partition = tracker.partition, error = %e,
+                        "changelog record not delivered; the next commit will fail");
+                    *f = Some(e.clone());
+                }
+            }
+        }
+        tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The producer shared by every store of a runtime.
+pub(crate) struct ChangelogProducer {
+    producer: ThreadedProducer<DeliveryContext>,
+    /// How long a full local queue is waited out before a write fails.
+    queue_timeout: Duration,
+}
+
+impl ChangelogProducer {
+    /// Creates the producer; `message_max_bytes` should not exceed any
+    /// changelog topic's `max.message.bytes`.
+    pub(crate) fn new(mut config: ClientConfig, message_max_bytes: usize, queue_timeout: Duration) -> Result<Self> {
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.max.bytes", message_max_bytes.to_string());
+        crate::config::set_default(&mut config, "linger.ms", "5");
+        crate::config::set_default(&mut config, "batch.size", "1000000");
+        crate::config::set_default(&mut config, "queue.buffering.max.messages", "1000000");
+        let producer: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext)?;
+        Ok(ChangelogProducer { producer, queue_timeout })
+    }
+
+    /// Queues one changelog record (`None` value: tombstone).
+    pub(crate) fn send(&self, tracker: &Arc<DeliveryTracker>, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        tracker.in_flight.fetch_add(1, Ordering::AcqRel);
+        let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&tracker.topic, tracker.clone())
+            .partition(tracker.partition)
+            .key(key);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        let started = Instant::now();
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if started.elapsed() < self.queue_timeout =>
+                {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err((e, _)) => {
+                    tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    return Err(Error::ChangelogDelivery {
+                        topic: tracker.topic.clone(),
+                        partition: tracker.partition,
+                        source: e,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Waits until every queued record is acknowledged or failed.
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
+        match self.producer.flush(timeout) {
+            Ok(()) => Ok(()),
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => Err(Error::CommitTimeout(timeout)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

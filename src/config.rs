@@ -1,0 +1,139 @@
+//! Application and store configuration, validated before anything connects.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::assignment::AssignmentStrategy;
+use crate::error::{Error, Result};
+use crate::restore::RestoreListener;
+
+/// Defines one state store: its name and extra settings for its changelog topic.
+///
+/// ```
+/// let counts = kstate::StoreDefinition::new("counts")
+///     .changelog_config("min.compaction.lag.ms", "60000");
+/// assert_eq!(counts.name(), "counts");
+/// ```
+#[derive(Debug, Clone)]
+pub struct StoreDefinition {
+    name: String,
+    changelog_configs: Vec<(String, String)>,
+}
+
+impl StoreDefinition {
+    /// A store named `name` (letters, digits, `.`, `_`, `-`).
+    pub fn new(name: impl Into<String>) -> Self {
+        StoreDefinition { name: name.into(), changelog_configs: Vec::new() }
+    }
+
+    /// Adds a topic config used when kstate creates the changelog topic
+    /// (e.g. `max.message.bytes`, `segment.ms`). `cleanup.policy` is always `compact`.
+    pub fn changelog_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.changelog_configs.push((key.into(), value.into()));
+        self
+    }
+
+    /// The store's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn changelog_configs(&self) -> &[(String, String)] {
+        &self.changelog_configs
+    }
+}
+
+/// A validated application configuration (built by [`AppBuilder`](crate::AppBuilder)).
+#[derive(Clone)]
+pub(crate) struct AppConfig {
+    pub(crate) application_id: String,
+    pub(crate) bootstrap_servers: String,
+    pub(crate) input_topics: Vec<String>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) stores: Vec<StoreDefinition>,
+    pub(crate) commit_interval: Duration,
+    pub(crate) max_uncommitted_bytes: usize,
+    pub(crate) startup_timeout: Duration,
+    pub(crate) commit_timeout: Duration,
+    pub(crate) lock_timeout: Duration,
+    pub(crate) changelog_replication_factor: Option<i32>,
+    pub(crate) block_cache_bytes: usize,
+    pub(crate) write_buffer_bytes: usize,
+    pub(crate) kafka_overrides: Vec<(String, String)>,
+    pub(crate) assignment: AssignmentStrategy,
+    pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
+}
+
+fn check_name(kind: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && name != "."
+        && name != "..";
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "{kind} `{name}` must be 1-200 characters of ASCII letters, digits, `.`, `_` or `-`"
+        )))
+    }
+}
+
+impl AppConfig {
+    pub(crate) fn validate(&self) -> Result<()> {
+        check_name("application_id", &self.application_id)?;
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(Error::Config("bootstrap_servers is empty".into()));
+        }
+        if self.input_topics.is_empty() {
+            return Err(Error::Config("at least one input topic is required".into()));
+        }
+        for t in &self.input_topics {
+            check_name("input topic", t)?;
+        }
+        if self.state_dir.as_os_str().is_empty() {
+            return Err(Error::Config("state_dir is empty".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &self.stores {
+            check_name("store name", s.name())?;
+            if !seen.insert(s.name()) {
+                return Err(Error::Config(format!("store `{}` is defined twice", s.name())));
+            }
+            let topic = crate::changelog_topic(&self.application_id, s.name());
+            if topic.len() > 249 {
+                return Err(Error::Config(format!("changelog topic name `{topic}` is longer than Kafka's 249")));
+            }
+            if s.changelog_configs().iter().any(|(k, _)| k == "cleanup.policy") {
+                return Err(Error::Config(format!(
+                    "store `{}`: cleanup.policy of a changelog is always `compact` and cannot be set",
+                    s.name()
+                )));
+            }
+        }
+        if self.commit_interval.is_zero() {
+            return Err(Error::Config("commit_interval must be greater than zero".into()));
+        }
+        if self.max_uncommitted_bytes == 0 {
+            return Err(Error::Config("max_uncommitted_bytes must be greater than zero".into()));
+        }
+        for (k, _) in &self.kafka_overrides {
+            if matches!(k.as_str(), "group.id" | "enable.auto.commit" | "enable.idempotence" | "bootstrap.servers") {
+                return Err(Error::Config(format!("kafka config `{k}` is managed by kstate and cannot be overridden")));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn store_dir(&self, store: &str, partition: i32) -> PathBuf {
+        self.state_dir.join(&self.application_id).join(store).join(partition.to_string())
+    }
+}
+
+/// Sets a librdkafka property unless the user already set it.
+pub(crate) fn set_default(config: &mut rdkafka::ClientConfig, key: &str, value: &str) {
+    if config.get(key).is_none() {
+        config.set(key, value);
+    }
+}

@@ -1,0 +1,158 @@
+//! The crate's error type.
+//!
+//! Every failure a user can hit has its own variant, so callers can match on
+//! what went wrong instead of parsing messages.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in kstate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The application configuration is invalid; nothing was started.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// The brokers did not answer within the startup timeout.
+    #[error("Kafka brokers at `{bootstrap}` unreachable after {timeout:?}: {detail}")]
+    BrokerUnreachable {
+        /// The bootstrap servers that were tried.
+        bootstrap: String,
+        /// How long kstate waited.
+        timeout: Duration,
+        /// The client's last error, if any.
+        detail: String,
+    },
+
+    /// An input topic does not exist on the cluster.
+    #[error("input topic `{0}` does not exist (kstate never creates input topics)")]
+    MissingInputTopic(String),
+
+    /// An existing changelog topic does not match the shape kstate needs.
+    #[error("changelog topic `{topic}` is unusable: {problem}")]
+    ChangelogTopicMismatch {
+        /// The changelog topic.
+        topic: String,
+        /// What is wrong with it, e.g. its partition count or cleanup policy.
+        problem: String,
+    },
+
+    /// A record is larger than its changelog topic accepts; nothing was written.
+    #[error(
+        "record for store `{store}` is {size} bytes, over the changelog limit of {limit} bytes \
+         (topic max.message.bytes / producer message.max.bytes); nothing was written"
+    )]
+    RecordTooLarge {
+        /// The store the write was for.
+        store: String,
+        /// Encoded key + value size plus record overhead.
+        size: usize,
+        /// The largest record the changelog accepts.
+        limit: usize,
+    },
+
+    /// A value or key could not be encoded or decoded by its codec.
+    #[error("codec `{codec}` failed: {source}")]
+    Codec {
+        /// The codec's name.
+        codec: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// Another process (or another store handle) holds the state directory lock.
+    #[error("state directory `{path}` is locked by another process; gave up after {waited:?}")]
+    StateDirLocked {
+        /// The locked directory.
+        path: PathBuf,
+        /// How long kstate retried.
+        waited: Duration,
+    },
+
+    /// The processor asked for a store that was not defined.
+    #[error("no store named `{0}` is defined for this application")]
+    UnknownStore(String),
+
+    /// A changelog record could not be delivered; the commit was abandoned and
+    /// local state stays at the previous checkpoint.
+    #[error("changelog delivery to `{topic}` [{partition}] failed: {source}")]
+    ChangelogDelivery {
+        /// The changelog topic.
+        topic: String,
+        /// The changelog partition.
+        partition: i32,
+        /// The producer's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+
+    /// A commit did not finish in time (producer flush or offset commit).
+    #[error("commit timed out after {0:?} waiting for changelog acknowledgements")]
+    CommitTimeout(Duration),
+
+    /// The user's processing function failed; the partition's uncommitted
+    /// writes were discarded.
+    #[error("processor failed on {topic} [{partition}] @ {offset}: {source}")]
+    Processor {
+        /// Input topic of the failing record.
+        topic: String,
+        /// Input partition of the failing record.
+        partition: i32,
+        /// Offset of the failing record.
+        offset: i64,
+        /// The processor's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// Restoring a store from its changelog failed.
+    #[error("restore of `{topic}` [{partition}] failed: {detail}")]
+    Restore {
+        /// The changelog topic.
+        topic: String,
+        /// The changelog partition.
+        partition: i32,
+        /// What went wrong.
+        detail: String,
+    },
+
+    /// An error from the Kafka client.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+
+    /// An error from RocksDB.
+    #[error("rocksdb: {0}")]
+    RocksDb(#[from] rocksdb::Error),
+
+    /// A file-system error.
+    #[error("i/o on `{path}`: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The runtime was shut down while an operation was in progress.
+    #[error("the runtime is shutting down")]
+    ShuttingDown,
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+
+    pub(crate) fn codec(
+        codec: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Codec { codec, source: source.into() }
+    }
+}

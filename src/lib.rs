@@ -1,0 +1,64 @@
+//! # kstate
+//!
+//! Durable, partition-affine local state for Kafka consumer applications:
+//! Kafka Streams' state stores, for Rust.
+//!
+//! Each input partition owns a local RocksDB store per defined store; every
+//! write also goes to a compacted changelog topic
+//! (`<application_id>-<store>-changelog`). A store that is missing or behind
+//! is rebuilt by replaying its changelog from the checkpoint kept inside the
+//! same RocksDB instance.
+//!
+//! ## Guarantees
+//!
+//! * **Local state is always a prefix of the changelog.** Writes since the
+//!   last commit live in memory; a commit waits until the changelog has
+//!   acknowledged them, then writes them to RocksDB together with the
+//!   changelog offset in one atomic batch, then commits the input offsets.
+//!   A crash at any point leaves RocksDB at some committed checkpoint, and
+//!   restart replays only the changelog tail past it.
+//! * **At-least-once processing.** Records processed after the last commit
+//!   are processed again after a crash; their writes may then appear twice in
+//!   the changelog, which is harmless for idempotent updates (`put` of a
+//!   computed value). The data-loss boundary is the changelog itself: what
+//!   the brokers acknowledged (`acks=all`) survives; a changelog topic
+//!   deleted or truncated behind kstate's back is detected and leads to a
+//!   full restore of what remains.
+//!
+//! ## Layout
+//!
+//! | module | concept |
+//! |---|---|
+//! | [`App`], [`AppBuilder`] | configuring and running an application |
+//! | [`ProcessorContext`], [`Record`] | what the processing function sees |
+//! | [`KeyValueStore`], [`TypedStore`], [`codec`] | stores and typed access |
+//! | [`restore`] | restore listener and events |
+//! | [`metrics`] | metric names |
+//!
+//! See `examples/` for a word counter and a crash/restore demo.
+
+#![warn(missing_docs)]
+
+mod app;
+mod assignment;
+mod changelog;
+pub mod codec;
+mod config;
+mod engine;
+mod error;
+mod lock;
+pub mod metrics;
+mod overlay;
+pub mod restore;
+mod runtime;
+mod store;
+mod task;
+
+pub use app::{App, AppBuilder, ShutdownHandle};
+pub use assignment::AssignmentStrategy;
+pub use changelog::changelog_topic;
+pub use config::StoreDefinition;
+pub use error::{Error, Result};
+pub use restore::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
+pub use runtime::{ProcessorContext, Record};
+pub use store::{KeyValueStore, TypedStore};

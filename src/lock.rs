@@ -1,0 +1,80 @@
+//! An exclusive lock on a store directory, so two processes never open the
+//! same RocksDB store.
+//!
+//! The lock is an OS file lock (`flock`) on `<dir>/.kstate.lock`: it is
+//! released when the process dies, so a crash never leaves a stale lock
+//! behind. A lock that is held is retried with exponential backoff up to a
+//! deadline and then reported as [`Error::StateDirLocked`].
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+const LOCK_FILE: &str = ".kstate.lock";
+
+/// A held directory lock; dropping it releases the lock.
+#[derive(Debug)]
+pub(crate) struct DirLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl DirLock {
+    /// Locks `dir` (created if missing), retrying for up to `wait`.
+    pub(crate) fn acquire(dir: &Path, wait: Duration) -> Result<DirLock> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let path = dir.join(LOCK_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(20);
+        let mut warned = false;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(DirLock { _file: file, path }),
+                Err(TryLockError::WouldBlock) => {
+                    let waited = started.elapsed();
+                    if waited >= wait {
+                        return Err(Error::StateDirLocked { path: dir.to_path_buf(), waited });
+                    }
+                    if !warned {
+                        tracing::warn!(dir = %dir.display(), "state directory is locked by another process; retrying");
+                        warned = true;
+                    }
+                    std::thread::sleep(backoff.min(wait - waited));
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+            }
+        }
+    }
+
+    /// The lock file's path.
+    #[allow(dead_code)]
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_fails_with_typed_error_then_succeeds_after_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = DirLock::acquire(dir.path(), Duration::ZERO).unwrap();
+        let started = Instant::now();
+        let err = DirLock::acquire(dir.path(), Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(err, Error::StateDirLocked { .. }), "{err}");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        drop(first);
+        DirLock::acquire(dir.path(), Duration::ZERO).unwrap();
+    }
+}

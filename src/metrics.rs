@@ -1,0 +1,103 @@
+//! Metric names and handles, published through the [`metrics`] facade.
+//!
+//! kstate records; your application picks the exporter (Prometheus, StatsD,
+//! ...) by installing a `metrics` recorder. Every store metric carries the
+//! labels `store` and `partition`.
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `kstate_store_puts_total` | counter | puts |
+//! | `kstate_store_deletes_total` | counter | deletes |
+//! | `kstate_store_gets_total` | counter | point reads |
+//! | `kstate_store_overlay_bytes` | gauge | uncommitted writes held in memory |
+//! | `kstate_restore_records_total` | counter | changelog records restored |
+//! | `kstate_restore_bytes_total` | counter | key + value bytes restored |
+//! | `kstate_restore_remaining_records` | gauge | records left to restore (offset distance) |
+//! | `kstate_restore_records_per_sec` | gauge | rate of the last finished restore |
+//! | `kstate_restore_full_total` | counter | full restores, label `reason` |
+//! | `kstate_commit_seconds` | histogram | duration of a commit (no store labels) |
+//! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
+//! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
+//! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
+//! | `kstate_rocksdb_block_cache_bytes` | gauge | RocksDB `rocksdb.block-cache-usage` (shared cache) |
+
+use metrics::{counter, gauge, Counter, Gauge};
+
+/// Puts counter name.
+pub const STORE_PUTS: &str = "kstate_store_puts_total";
+/// Deletes counter name.
+pub const STORE_DELETES: &str = "kstate_store_deletes_total";
+/// Gets counter name.
+pub const STORE_GETS: &str = "kstate_store_gets_total";
+/// Overlay size gauge name.
+pub const STORE_OVERLAY_BYTES: &str = "kstate_store_overlay_bytes";
+/// Restored records counter name.
+pub const RESTORE_RECORDS: &str = "kstate_restore_records_total";
+/// Restored bytes counter name.
+pub const RESTORE_BYTES: &str = "kstate_restore_bytes_total";
+/// Remaining restore records gauge name.
+pub const RESTORE_REMAINING: &str = "kstate_restore_remaining_records";
+/// Restore rate gauge name.
+pub const RESTORE_RATE: &str = "kstate_restore_records_per_sec";
+/// Full restore counter name.
+pub const RESTORE_FULL: &str = "kstate_restore_full_total";
+/// Commit latency histogram name.
+pub const COMMIT_SECONDS: &str = "kstate_commit_seconds";
+/// RocksDB estimated keys gauge name.
+pub const ROCKSDB_KEYS: &str = "kstate_rocksdb_estimate_num_keys";
+/// RocksDB live SST bytes gauge name.
+pub const ROCKSDB_LIVE_SST: &str = "kstate_rocksdb_live_sst_bytes";
+/// RocksDB pending compaction bytes gauge name.
+pub const ROCKSDB_PENDING_COMPACTION: &str = "kstate_rocksdb_pending_compaction_bytes";
+/// RocksDB block cache usage gauge name.
+pub const ROCKSDB_BLOCK_CACHE: &str = "kstate_rocksdb_block_cache_bytes";
+
+/// Handles for one store partition, resolved once so the hot path only
+/// touches atomics.
+#[derive(Clone)]
+pub(crate) struct StoreMetrics {
+    pub(crate) puts: Counter,
+    pub(crate) deletes: Counter,
+    pub(crate) gets: Counter,
+    pub(crate) overlay_bytes: Gauge,
+    pub(crate) restore_records: Counter,
+    pub(crate) restore_bytes: Counter,
+    pub(crate) restore_remaining: Gauge,
+    pub(crate) restore_rate: Gauge,
+    pub(crate) rocksdb_keys: Gauge,
+    pub(crate) rocksdb_live_sst: Gauge,
+    pub(crate) rocksdb_pending_compaction: Gauge,
+    pub(crate) rocksdb_block_cache: Gauge,
+    store: String,
+    partition: String,
+}
+
+impl StoreMetrics {
+    pub(crate) fn new(store: &str, partition: i32) -> Self {
+        let s = store.to_string();
+        let p = partition.to_string();
+        let labels = [("store", s.clone()), ("partition", p.clone())];
+        StoreMetrics {
+            puts: counter!(STORE_PUTS, &labels),
+            deletes: counter!(STORE_DELETES, &labels),
+            gets: counter!(STORE_GETS, &labels),
+            overlay_bytes: gauge!(STORE_OVERLAY_BYTES, &labels),
+            restore_records: counter!(RESTORE_RECORDS, &labels),
+            restore_bytes: counter!(RESTORE_BYTES, &labels),
+            restore_remaining: gauge!(RESTORE_REMAINING, &labels),
+            restore_rate: gauge!(RESTORE_RATE, &labels),
+            rocksdb_keys: gauge!(ROCKSDB_KEYS, &labels),
+            rocksdb_live_sst: gauge!(ROCKSDB_LIVE_SST, &labels),
+            rocksdb_pending_compaction: gauge!(ROCKSDB_PENDING_COMPACTION, &labels),
+            rocksdb_block_cache: gauge!(ROCKSDB_BLOCK_CACHE, &labels),
+            store: s,
+            partition: p,
+        }
+    }
+
+    /// Counts a full restore and why it happened.
+    pub(crate) fn full_restore(&self, reason: &'static str) {
+        counter!(RESTORE_FULL, "store" => self.store.clone(), "partition" => self.partition.clone(), "reason" => reason)
+            .increment(1);
+    }
+}

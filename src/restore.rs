@@ -1,0 +1,537 @@
+//! Restoration: replaying changelog partitions into their stores.
+//!
+//! One restore thread owns one assign-only consumer and restores every
+//! store partition handed to it at once (the broker fetches them in
+//! parallel). Per store partition it:
+//!
+//! 1. reads the changelog's watermarks `[low, high)`;
+//! 2. checks the local checkpoint `c`: valid if `low - 1 <= c <= high - 1`;
+//!    otherwise (changelog truncated, deleted and recreated) or if the local
+//!    store was unreadable, it wipes the store and restores from `low`,
+//!    logging why and counting `kstate_restore_full_total`;
+//! 3. replays `[c + 1, high)` into RocksDB in large WAL-less batches, each
+//!    with its checkpoint, then flushes before handing the store back.
+//!
+//! A restore is complete when the consumer's position reaches `high`, so
+//! compaction gaps and transaction markers do not stall it.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use rocksdb::WriteBatch;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::store::KeyValueStore;
+
+/// Records written to RocksDB per restore batch.
+const BATCH_RECORDS: usize = 20_000;
+/// Bytes written to RocksDB per restore batch.
+const BATCH_BYTES: usize = 8 << 20;
+/// How often restore progress and completion are checked when records keep coming.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A restore of one store partition is starting.
+#[derive(Debug, Clone)]
+pub struct RestoreStart {
+    /// Store name.
+    pub store: String,
+    /// Partition.
+    pub partition: i32,
+    /// Changelog topic.
+    pub changelog_topic: String,
+    /// First changelog offset to replay.
+    pub start_offset: i64,
+    /// The changelog's end offset when the restore started (exclusive).
+    pub end_offset: i64,
+    /// Set when local state was discarded for a full restore, saying why.
+    pub full_restore_reason: Option<String>,
+}
+
+/// A batch of records was written to a store during restore.
+#[derive(Debug, Clone)]
+pub struct RestoreBatch {
+    /// Store name.
+    pub store: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset of the last record in the batch.
+    pub batch_end_offset: i64,
+    /// Records in the batch.
+    pub records: u64,
+}
+
+/// A restore of one store partition finished.
+#[derive(Debug, Clone)]
+pub struct RestoreEnd {
+    /// Store name.
+    pub store: String,
+    /// Partition.
+    pub partition: i32,
+    /// Records replayed.
+    pub records: u64,
+    /// Key + value bytes replayed.
+    pub bytes: u64,
+    /// Wall time from start to end.
+    pub duration: Duration,
+}
+
+/// Observes restores, like Kafka Streams' `StateRestoreListener`.
+///
+/// Callbacks run on the restore thread: keep them short.
+pub trait RestoreListener: Send + Sync + 'static {
+    /// A store partition starts restoring.
+    fn on_restore_start(&self, _event: &RestoreStart) {}
+    /// A batch was written.
+    fn on_batch_restored(&self, _event: &RestoreBatch) {}
+    /// A store partition finished restoring (also called with zero records
+    /// when nothing had to be replayed).
+    fn on_restore_end(&self, _event: &RestoreEnd) {}
+}
+
+/// A listener that does nothing.
+pub(crate) struct NoopListener;
+impl RestoreListener for NoopListener {}
+
+/// The stores of one partition to bring up to date.
+pub(crate) struct RestoreJob {
+    pub(crate) partition: i32,
+    pub(crate) stores: Vec<KeyValueStore>,
+}
+
+/// What the restore thread hands back.
+pub(crate) enum RestoreOutcome {
+    /// Every store of the partition is up to date.
+    Done(RestoreJob),
+    /// The restore failed; the job's stores are returned unchanged past the failure.
+    Failed(RestoreJob, Error),
+}
+
+enum Command {
+    Start(RestoreJob),
+    Cancel(i32, Sender<Option<RestoreJob>>),
+    Shutdown,
+}
+
+/// Handle to the restore thread.
+pub(crate) struct Restorer {
+    commands: Sender<Command>,
+    pub(crate) outcomes: Receiver<RestoreOutcome>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Restorer {
+    /// Starts the restore thread with a consumer built from `config`.
+    pub(crate) fn start(
+        mut config: ClientConfig,
+        listener: Arc<dyn RestoreListener>,
+        timeout: Duration,
+    ) -> Result<Restorer> {
+        config
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false");
+        crate::config::set_default(&mut config, "fetch.max.bytes", "104857600");
+        crate::config::set_default(&mut config, "max.partition.fetch.bytes", "16777216");
+        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "262144");
+        let consumer: BaseConsumer = config.create()?;
+        let (ctx, crx) = mpsc::channel();
+        let (otx, orx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("kstate-restore".into())
+            .spawn(move || RestoreLoop::new(consumer, listener, timeout, otx).run(crx))
+            .map_err(|e| Error::io("kstate-restore thread", e))?;
+        Ok(Restorer { commands: ctx, outcomes: orx, thread: Some(thread) })
+    }
+
+    /// Queues a partition's stores for restore.
+    pub(crate) fn submit(&self, job: RestoreJob) {
+        let _ = self.commands.send(Command::Start(job));
+    }
+
+    /// Stops restoring `partition` and returns its stores (partially
+    /// restored, consistent at their checkpoint). `None` if not restoring.
+    pub(crate) fn cancel(&self, partition: i32) -> Option<RestoreJob> {
+        let (tx, rx) = mpsc::channel();
+        self.commands.send(Command::Cancel(partition, tx)).ok()?;
+        rx.recv().ok().flatten()
+    }
+}
+
+impl Drop for Restorer {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Restore state of one store partition.
+struct Active {
+    partition: i32,
+    store_index: usize,
+    end: i64,
+    last_offset: i64,
+    records: u64,
+    bytes: u64,
+    batch: WriteBatch,
+    batch_records: usize,
+    batch_bytes: usize,
+    started: Instant,
+}
+
+struct RestoreLoop {
+    consumer: BaseConsumer,
+    listener: Arc<dyn RestoreListener>,
+    timeout: Duration,
+    outcomes: Sender<RestoreOutcome>,
+    jobs: HashMap<i32, RestoreJob>,
+    active: HashMap<(String, i32), Active>,
+}
+
+impl RestoreLoop {
+    fn new(
+        consumer: BaseConsumer,
+        listener: Arc<dyn RestoreListener>,
+        timeout: Duration,
+        outcomes: Sender<RestoreOutcome>,
+    ) -> Self {
+        RestoreLoop { consumer, listener, timeout, outcomes, jobs: HashMap::new(), active: HashMap::new() }
+    }
+
+    fn run(mut self, commands: Receiver<Command>) {
+        let mut last_progress = Instant::now();
+        loop {
+            // Take commands; block only while there is nothing to restore.
+            loop {
+                let cmd = if self.active.is_empty() {
+                    match commands.recv_timeout(Duration::from_millis(500)) {
+                        Ok(c) => c,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                } else {
+                    match commands.try_recv() {
+                        Ok(c) => c,
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => return,
+                    }
+                };
+                match cmd {
+                    Command::Start(job) => self.start_job(job),
+                    Command::Cancel(p, reply) => {
+                        let _ = reply.send(self.cancel_job(p));
+                    }
+                    Command::Shutdown => {
+                        let parts: Vec<i32> = self.jobs.keys().copied().collect();
+                        for p in parts {
+                            self.cancel_job(p);
+                        }
+                        return;
+                    }
+                }
+            }
+
+            match self.consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(msg)) => {
+                    let key = (msg.topic().to_string(), msg.partition());
+                    let Some(a) = self.active.get_mut(&key) else { continue };
+                    let offset = msg.offset();
+                    match msg.key() {
+                        Some(k) => {
+                            let v = msg.payload();
+                            let n = k.len() + v.map_or(0, <[u8]>::len);
+                            match v {
+                                Some(v) => a.batch.put(k, v),
+                                None => a.batch.delete(k),
+                            }
+                            a.batch_bytes += n;
+                            a.bytes += n as u64;
+                        }
+                        None => tracing::warn!(topic = %key.0, partition = key.1, offset,
+                            "changelog record without a key skipped"),
+                    }
+                    a.batch_records += 1;
+                    a.records += 1;
+                    a.last_offset = offset;
+                    let full = a.batch_records >= BATCH_RECORDS || a.batch_bytes >= BATCH_BYTES;
+                    let at_end = offset + 1 >= a.end;
+                    drop(msg);
+                    if at_end {
+                        self.finish(&key);
+                    } else if full {
+                        self.write_batch(&key);
+                    }
+                }
+                Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                    // The changelog lost records under us (e.g. truncated):
+                    // validate every checkpoint again; the affected store falls
+                    // back to a full restore.
+                    tracing::warn!("changelog offset out of range during restore; re-validating checkpoints");
+                    self.restart_all();
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
+                None => {}
+            }
+            if last_progress.elapsed() >= PROGRESS_INTERVAL {
+                last_progress = Instant::now();
+                self.check_positions();
+            }
+        }
+    }
+
+    fn store_of(&mut self, key: &(String, i32)) -> Option<(&mut Active, &mut KeyValueStore)> {
+        let a = self.active.get_mut(key)?;
+        let (partition, index) = (a.partition, a.store_index);
+        let job = self.jobs.get_mut(&partition)?;
+        Some((a, &mut job.stores[index]))
+    }
+
+    fn start_job(&mut self, job: RestoreJob) {
+        let partition = job.partition;
+        let n = job.stores.len();
+        self.jobs.insert(partition, job);
+        for i in 0..n {
+            if let Err(e) = self.begin(partition, i) {
+                self.fail(partition, e);
+                return;
+            }
+        }
+        self.complete_if_done(partition);
+    }
+
+    /// Validates the checkpoint and starts replaying one store partition.
+    fn begin(&mut self, partition: i32, index: usize) -> Result<()> {
+        let timeout = self.timeout;
+        let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
+        let topic = store.changelog_topic().to_string();
+        let (low, high) = self.consumer.fetch_watermarks(&topic, partition, timeout).map_err(|e| {
+            Error::Restore { topic: topic.clone(), partition, detail: format!("cannot read watermarks: {e}") }
+        })?;
+        let mut reason = store.open_problem.take().map(|p| (p, "local_store_unreadable"));
+        if let Some(c) = store.checkpoint() {
+            if c + 1 < low {
+                reason = Some((
+                    format!("checkpoint {c} is before the changelog's start offset {low} (records were deleted)"),
+                    "checkpoint_before_changelog_start",
+                ));
+            } else if c >= high {
+                reason = Some((
+                    format!("checkpoint {c} is past the changelog's end offset {high} (changelog truncated or recreated)"),
+                    "checkpoint_after_changelog_end",
+                ));
+            }
+        }
+        if let Some((why, kind)) = &reason {
+            tracing::warn!(store = store.name(), partition, %topic, reason = %why,
+                "local state cannot be used; wiping it for a full restore from the changelog");
+            store.metrics.full_restore(kind);
+            store.wipe()?;
+        }
+        let start = store.checkpoint().map_or(low, |c| c + 1).max(low);
+        let event = RestoreStart {
+            store: store.name().to_string(),
+            partition,
+            changelog_topic: topic.clone(),
+            start_offset: start,
+            end_offset: high,
+            full_restore_reason: reason.map(|r| r.0),
+        };
+        tracing::info!(store = %event.store, partition, start, end = high, "restore starting");
+        self.listener.on_restore_start(&event);
+        let key = (topic.clone(), partition);
+        let active = Active {
+            partition,
+            store_index: index,
+            end: high,
+            last_offset: start - 1,
+            records: 0,
+            bytes: 0,
+            batch: WriteBatch::default(),
+            batch_records: 0,
+            batch_bytes: 0,
+            started: Instant::now(),
+        };
+        if start >= high {
+            self.active.insert(key.clone(), active);
+            self.finish(&key);
+            return Ok(());
+        }
+        store.metrics.restore_remaining.set((high - start) as f64);
+        store.engine_mut().start_bulk_load()?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
+        self.consumer.incremental_assign(&tpl)?;
+        self.active.insert(key, active);
+        Ok(())
+    }
+
+    /// Writes the pending batch with the checkpoint of its last record.
+    fn write_batch(&mut self, key: &(String, i32)) {
+        let listener = self.listener.clone();
+        let Some((a, store)) = self.store_of(key) else { return };
+        if a.batch_records == 0 {
+            return;
+        }
+        let batch = std::mem::take(&mut a.batch);
+        let records = std::mem::take(&mut a.batch_records) as u64;
+        a.batch_bytes = 0;
+        let last = a.last_offset;
+        let result = store.engine().commit(batch, last);
+        match result {
+            Ok(()) => {
+                store.set_checkpoint(Some(last));
+                store.metrics.restore_records.increment(records);
+                store.metrics.restore_remaining.set((a.end - last - 1).max(0) as f64);
+                listener.on_batch_restored(&RestoreBatch {
+                    store: store.name().to_string(),
+                    partition: key.1,
+                    batch_end_offset: last,
+                    records,
+                });
+            }
+            Err(e) => {
+                let p = a.partition;
+                self.fail(p, e);
+            }
+        }
+    }
+
+    /// Completes one store partition: last batch, checkpoint at `end - 1`, flush.
+    fn finish(&mut self, key: &(String, i32)) {
+        self.write_batch(key);
+        let Some(a) = self.active.remove(key) else { return };
+        let Some(job) = self.jobs.get_mut(&a.partition) else { return };
+        let store = &mut job.stores[a.store_index];
+        let result = (|| -> Result<()> {
+            // Everything below `end` is applied (compaction gaps and markers
+            // included), so the checkpoint may move to `end - 1`.
+            if a.end > 0 && store.checkpoint() != Some(a.end - 1) {
+                store.engine().commit(Engine::batch(), a.end - 1)?;
+                store.set_checkpoint(Some(a.end - 1));
+            }
+            store.engine_mut().finish_bulk_load()?;
+            Ok(())
+        })();
+        let _ = self.unassign(key);
+        if let Err(e) = result {
+            self.fail(a.partition, e);
+            return;
+        }
+        let duration = a.started.elapsed();
+        let store = &self.jobs[&a.partition].stores[a.store_index];
+        store.metrics.restore_remaining.set(0.0);
+        if a.records > 0 {
+            store.metrics.restore_bytes.increment(a.bytes);
+            store.metrics.restore_rate.set(a.records as f64 / duration.as_secs_f64().max(1e-9));
+        }
+        let event = RestoreEnd {
+            store: store.name().to_string(),
+            partition: a.partition,
+            records: a.records,
+            bytes: a.bytes,
+            duration,
+        };
+        tracing::info!(store = %event.store, partition = a.partition, records = a.records, bytes = a.bytes,
+            seconds = duration.as_secs_f64(), "restore finished");
+        self.listener.on_restore_end(&event);
+        self.complete_if_done(a.partition);
+    }
+
+    fn complete_if_done(&mut self, partition: i32) {
+        if self.active.values().any(|a| a.partition == partition) {
+            return;
+        }
+        if let Some(job) = self.jobs.remove(&partition) {
+            let _ = self.outcomes.send(RestoreOutcome::Done(job));
+        }
+    }
+
+    fn fail(&mut self, partition: i32, error: Error) {
+        let keys: Vec<_> = self.active.iter().filter(|(_, a)| a.partition == partition).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            self.active.remove(&k);
+            let _ = self.unassign(&k);
+        }
+        if let Some(mut job) = self.jobs.remove(&partition) {
+            for s in &mut job.stores {
+                let _ = s.engine_mut().finish_bulk_load();
+            }
+            let _ = self.outcomes.send(RestoreOutcome::Failed(job, error));
+        }
+    }
+
+    fn cancel_job(&mut self, partition: i32) -> Option<RestoreJob> {
+        let keys: Vec<_> = self.active.iter().filter(|(_, a)| a.partition == partition).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            self.write_batch(&k);
+            self.active.remove(&k);
+            let _ = self.unassign(&k);
+        }
+        let mut job = self.jobs.remove(&partition)?;
+        for s in &mut job.stores {
+            if let Err(e) = s.engine_mut().finish_bulk_load() {
+                tracing::warn!(store = s.name(), partition, error = %e, "flush after cancelled restore failed");
+            }
+        }
+        Some(job)
+    }
+
+    fn unassign(&self, key: &(String, i32)) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&key.0, key.1);
+        self.consumer.incremental_unassign(&tpl)?;
+        Ok(())
+    }
+
+    /// Completes restores whose position reached the end offset even though
+    /// the last offsets delivered no record (compaction gaps, markers).
+    fn check_positions(&mut self) {
+        if self.active.is_empty() {
+            return;
+        }
+        let Ok(positions) = self.consumer.position() else { return };
+        let done: Vec<(String, i32)> = positions
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let key = (e.topic().to_string(), e.partition());
+                let a = self.active.get(&key)?;
+                match e.offset() {
+                    Offset::Offset(o) if o >= a.end => Some(key),
+                    _ => None,
+                }
+            })
+            .collect();
+        for key in done {
+            self.finish(&key);
+        }
+    }
+
+    /// Re-validates every active restore from its last written checkpoint.
+    fn restart_all(&mut self) {
+        let keys: Vec<_> = self.active.keys().cloned().collect();
+        for k in &keys {
+            self.write_batch(k);
+            let _ = self.unassign(k);
+        }
+        let starts: Vec<(i32, usize)> = keys
+            .iter()
+            .filter_map(|k| self.active.remove(k).map(|a| (a.partition, a.store_index)))
+            .collect();
+        for (p, i) in starts {
+            if let Err(e) = self.begin(p, i) {
+                self.fail(p, e);
+            }
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! The processing loop: owns the group consumer, the changelog producer and
+//! the restore thread; feeds records to the processor and commits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{ClientContext, Message, TopicPartitionList};
+
+use crate::app::ShutdownHandle;
+use crate::assignment::AssignmentEvent;
+use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
+use crate::codec::Codec;
+use crate::config::AppConfig;
+use crate::engine::EngineResources;
+use crate::error::{Error, Result};
+use crate::restore::{NoopListener, Restorer};
+use crate::store::{KeyValueStore, TypedStore};
+use crate::task::{Task, TaskManager, TaskState};
+
+/// One input record, as handed to the processor.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// Input topic.
+    pub topic: &'a str,
+    /// Input partition (the task's partition).
+    pub partition: i32,
+    /// Offset in the input partition.
+    pub offset: i64,
+    /// Record timestamp in milliseconds since the epoch, if any.
+    pub timestamp: Option<i64>,
+    /// Record key.
+    pub key: Option<&'a [u8]>,
+    /// Record value (`None` for a tombstone).
+    pub value: Option<&'a [u8]>,
+}
+
+impl<'a> Record<'a> {
+    /// The value as UTF-8, if it is valid UTF-8.
+    pub fn value_str(&self) -> Option<&'a str> {
+        self.value.and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The key as UTF-8, if it is valid UTF-8.
+    pub fn key_str(&self) -> Option<&'a str> {
+        self.key.and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// What the processor can reach while handling a record: the stores of the
+/// record's partition.
+pub struct ProcessorContext<'t> {
+    task: &'t mut Task,
+    store_index: &'t HashMap<String, usize>,
+}
+
+impl<'t> ProcessorContext<'t> {
+    /// The partition being processed.
+    pub fn partition(&self) -> i32 {
+        self.task.partition
+    }
+
+    /// The byte store named `name` for this partition.
+    pub fn store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
+        let i = *self.store_index.get(name).ok_or_else(|| Error::UnknownStore(name.to_string()))?;
+        Ok(&mut self.task.stores[i])
+    }
+
+    /// The store named `name` with key codec `K` and value codec `V`.
+    pub fn typed_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<TypedStore<'_, K, V>> {
+        Ok(TypedStore::new(self.store(name)?))
+    }
+}
+
+/// Shared between the loop and the rebalance callbacks (which run inside `poll`).
+struct Shared {
+    tasks: Mutex<TaskManager>,
+    fatal: Mutex<Option<Error>>,
+}
+
+struct RuntimeContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for RuntimeContext {}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect()
+}
+
+impl ConsumerContext for RuntimeContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let tps = partitions(tpl);
+            let event = if consumer.assignment_lost() {
+                tracing::warn!(partitions = ?tps, "assignment lost; closing tasks without commit");
+                AssignmentEvent::Lost(tps)
+            } else {
+                tracing::info!(partitions = ?tps, "partitions revoked; committing and closing");
+                AssignmentEvent::Revoked(tps)
+            };
+            let mut tasks = self.shared.tasks.lock().expect("task lock");
+            if let Err(e) = tasks.on_event(consumer, event) {
+                tracing::error!(error = %e, "commit on revoke failed");
+                self.shared.fatal.lock().expect("fatal lock").get_or_insert(e);
+            }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                // No record of a new partition may be processed before its
+                // restore ends: pause at once, resume when it runs.
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::error!(error = %e, "pausing newly assigned partitions failed");
+                }
+                let tps = partitions(tpl);
+                tracing::info!(partitions = ?tps, "partitions assigned");
+                let mut tasks = self.shared.tasks.lock().expect("task lock");
+                let _ = tasks.on_event(consumer, AssignmentEvent::Assigned(tps));
+            }
+            Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+fn client_config(config: &AppConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &config.bootstrap_servers);
+    for (k, v) in &config.kafka_overrides {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Checks that the brokers answer and returns the input partition count.
+fn input_partitions(admin: &AdminClient<DefaultClientContext>, config: &AppConfig) -> Result<i32> {
+    let md = admin.inner().fetch_metadata(None, config.startup_timeout).map_err(|e| Error::BrokerUnreachable {
+        bootstrap: config.bootstrap_servers.clone(),
+        timeout: config.startup_timeout,
+        detail: e.to_string(),
+    })?;
+    let mut count = None;
+    for topic in &config.input_topics {
+        let n = match md.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len() as i32,
+            _ => return Err(Error::MissingInputTopic(topic.clone())),
+        };
+        match count {
+            None => count = Some((topic, n)),
+            Some((first, m)) if m != n => {
+                return Err(Error::Config(format!(
+                    "input topics must be co-partitioned: `{first}` has {m} partitions, `{topic}` has {n}"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(count.map(|c| c.1).unwrap_or(0))
+}
+
+pub(crate) fn run<F, E>(config: Arc<AppConfig>, shutdown: ShutdownHandle, mut processor: F) -> Result<()>
+where
+    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let base = client_config(&config);
+    let admin: AdminClient<DefaultClientContext> = base.create()?;
+    let partitions = input_partitions(&admin, &config)?;
+    let specs: Vec<ChangelogSpec> = config
+        .stores
+        .iter()
+        .map(|s| ChangelogSpec {
+            topic: changelog::changelog_topic(&config.application_id, s.name()),
+            partitions,
+            replication: config.changelog_replication_factor,
+            extra_configs: s.changelog_configs().to_vec(),
+        })
+        .collect();
+    let infos = changelog::ensure_topics(&admin, &specs, config.startup_timeout)?;
+    drop(admin);
+    // One producer serves every changelog, so its batches must fit the
+    // smallest max.message.bytes; that is also the per-record limit.
+    let max_message_bytes = infos.values().map(|i| i.max_message_bytes).min().unwrap_or(1_000_000);
+    let producer = Arc::new(ChangelogProducer::new(base.clone(), max_message_bytes, config.commit_timeout)?);
+
+    let mut restore_config = base.clone();
+    restore_config.set("group.id", format!("{}-kstate-restore", config.application_id));
+    let listener = config.restore_listener.clone().unwrap_or_else(|| Arc::new(NoopListener));
+    let restorer = Restorer::start(restore_config, listener, config.startup_timeout)?;
+
+    let resources = EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes);
+    let shared = Arc::new(Shared {
+        tasks: Mutex::new(TaskManager::new(config.clone(), producer, resources, max_message_bytes, restorer)),
+        fatal: Mutex::new(None),
+    });
+
+    let mut consumer_config = base.clone();
+    consumer_config
+        .set("group.id", &config.application_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("partition.assignment.strategy", config.assignment.librdkafka_name(config.input_topics.len()));
+    crate::config::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
+    let consumer: BaseConsumer<RuntimeContext> =
+        consumer_config.create_with_context(RuntimeContext { shared: shared.clone() })?;
+    let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
+
+    let store_index: HashMap<String, usize> =
+        config.stores.iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
+    let result = process_loop(&config, &shutdown, &consumer, &shared, &store_index, &mut processor);
+
+    let mut tasks = shared.tasks.lock().expect("task lock");
+    let result = match result {
+        Ok(()) => {
+            let r = tasks.commit(&consumer, None);
+            if r.is_err() {
+                tasks.discard_all();
+            }
+            r
+        }
+        Err(e) => {
+            tasks.discard_all();
+            Err(e)
+        }
+    };
+    tasks.close_all();
+    drop(tasks);
+    consumer.unsubscribe();
+    // Serve the revoke callback of the unsubscribe before the consumer closes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && consumer.assignment().map(|a| a.count() > 0).unwrap_or(false) {
+        let _ = consumer.poll(Duration::from_millis(50));
+    }
+    drop(consumer);
+    tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
+    result
+}
+
+fn process_loop<F, E>(
+    config: &AppConfig,
+    shutdown: &ShutdownHandle,
+    consumer: &BaseConsumer<RuntimeContext>,
+    shared: &Shared,
+    store_index: &HashMap<String, usize>,
+    processor: &mut F,
+) -> Result<()>
+where
+    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut last_commit = Instant::now();
+    while !shutdown.is_shutdown() {
+        if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
+            return Err(e);
+        }
+        {
+            let mut tasks = shared.tasks.lock().expect("task lock");
+            tasks.open_pending()?;
+            tasks.collect_restored(consumer)?;
+        }
+        match consumer.poll(Duration::from_millis(50)) {
+            Some(Ok(msg)) => {
+                let mut tasks = shared.tasks.lock().expect("task lock");
+                process_one(&mut tasks, store_index, &msg, processor)?;
+                if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
+                    tasks.commit(consumer, None)?;
+                    last_commit = Instant::now();
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+            None => {}
+        }
+        if last_commit.elapsed() >= config.commit_interval {
+            shared.tasks.lock().expect("task lock").commit(consumer, None)?;
+            last_commit = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+fn process_one<F, E>(
+    tasks: &mut TaskManager,
+    store_index: &HashMap<String, usize>,
+    msg: &BorrowedMessage<'_>,
+    processor: &mut F,
+) -> Result<()>
+where
+    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+    let Some(task) = tasks.tasks.get_mut(&partition) else {
+        return Ok(()); // revoked while the record was in flight
+    };
+    if task.state != TaskState::Running || !task.topics.contains(topic) {
+        // Fetched before the pause took effect: replay it once the task runs.
+        let r = task.rewind.entry(topic.to_string()).or_insert(offset);
+        *r = (*r).min(offset);
+        return Ok(());
+    }
+    let record = Record {
+        topic,
+        partition,
+        offset,
+        timestamp: msg.timestamp().to_millis(),
+        key: msg.key(),
+        value: msg.payload(),
+    };
+    let mut ctx = ProcessorContext { task, store_index };
+    processor(&mut ctx, &record).map_err(|e| Error::Processor {
+        topic: topic.to_string(),
+        partition,
+        offset,
+        source: e.into(),
+    })?;
+    task.offsets.insert(topic.to_string(), offset + 1);
+    Ok(())
+}

@@ -1,0 +1,380 @@
+//! The key-value store of one (store name, partition): reads merge the
+//! uncommitted overlay over RocksDB, writes go to the changelog producer and
+//! the overlay, and a commit moves the overlay into RocksDB together with the
+//! checkpoint (DESIGN.md §1).
+//!
+//! Processors get stores from their [`ProcessorContext`](crate::ProcessorContext);
+//! [`TypedStore`] adds codecs on top.
+
+use std::marker::PhantomData;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::changelog::{ChangelogProducer, DeliveryTracker, RECORD_OVERHEAD};
+use crate::codec::Codec;
+use crate::engine::{Checkpoint, Engine, EngineResources};
+use crate::error::{Error, Result};
+use crate::lock::DirLock;
+use crate::metrics::StoreMetrics;
+use crate::overlay::{MergeIter, Overlay};
+
+/// Everything a store partition needs to open.
+pub(crate) struct StoreOpenArgs<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) dir: PathBuf,
+    pub(crate) changelog_topic: String,
+    pub(crate) max_record_bytes: usize,
+    pub(crate) producer: Arc<ChangelogProducer>,
+    pub(crate) resources: &'a EngineResources,
+    pub(crate) lock_timeout: Duration,
+}
+
+/// A changelog-backed key-value store of one partition, keyed and valued by bytes.
+///
+/// Keys are ordered by their bytes; [`range`](Self::range) and
+/// [`prefix_scan`](Self::prefix_scan) iterate in that order. Writes are
+/// visible to reads at once and become durable at the next commit.
+pub struct KeyValueStore {
+    name: Arc<str>,
+    partition: i32,
+    changelog_topic: String,
+    overlay: Overlay,
+    producer: Arc<ChangelogProducer>,
+    tracker: Arc<DeliveryTracker>,
+    max_record_bytes: usize,
+    checkpoint: Option<i64>,
+    pub(crate) metrics: StoreMetrics,
+    /// Why the local state cannot be trusted, found while opening it.
+    pub(crate) open_problem: Option<String>,
+    db_dir: PathBuf,
+    resources: EngineResources,
+    // Field order matters: the engine closes before the lock is released.
+    engine: Option<Engine>,
+    _lock: DirLock,
+}
+
+impl std::fmt::Debug for KeyValueStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyValueStore")
+            .field("name", &self.name)
+            .field("partition", &self.partition)
+            .field("checkpoint", &self.checkpoint)
+            .field("uncommitted", &self.overlay.len())
+            .finish()
+    }
+}
+
+impl KeyValueStore {
+    /// Locks the directory and opens RocksDB; an unreadable database is
+    /// wiped and reopened empty, with `open_problem` saying why.
+    pub(crate) fn open(args: StoreOpenArgs<'_>) -> Result<KeyValueStore> {
+        let lock = DirLock::acquire(&args.dir, args.lock_timeout)?;
+        let db_dir = args.dir.join("db");
+        let (engine, open_problem) = match Engine::open(&db_dir, args.resources) {
+            Ok(e) => match e.checkpoint() {
+                Ok(Checkpoint::Corrupt(why)) => {
+                    drop(e);
+                    (Self::reopen_empty(&db_dir, args.resources)?, Some(why))
+                }
+                Ok(_) => (e, None),
+                Err(err) => {
+                    drop(e);
+                    (Self::reopen_empty(&db_dir, args.resources)?, Some(format!("checkpoint unreadable: {err}")))
+                }
+            },
+            Err(err) => (
+                Self::reopen_empty(&db_dir, args.resources)?,
+                Some(format!("local store unreadable: {err}")),
+            ),
+        };
+        let checkpoint = match engine.checkpoint()? {
+            Checkpoint::At(c) => Some(c),
+            _ => None,
+        };
+        Ok(KeyValueStore {
+            name: args.name.into(),
+            partition: args.partition,
+            tracker: DeliveryTracker::new(args.changelog_topic.clone(), args.partition),
+            changelog_topic: args.changelog_topic,
+            overlay: Overlay::default(),
+            producer: args.producer,
+            max_record_bytes: args.max_record_bytes,
+            checkpoint,
+            metrics: StoreMetrics::new(args.name, args.partition),
+            open_problem,
+            db_dir,
+            resources: args.resources.clone(),
+            engine: Some(engine),
+            _lock: lock,
+        })
+    }
+
+    fn reopen_empty(db_dir: &Path, res: &EngineResources) -> Result<Engine> {
+        Engine::wipe(db_dir)?;
+        Engine::open(db_dir, res)
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        self.engine.as_ref().expect("engine is open")
+    }
+
+    pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        self.engine.as_mut().expect("engine is open")
+    }
+
+    /// Deletes all local state so a full restore can start from scratch.
+    pub(crate) fn wipe(&mut self) -> Result<()> {
+        self.overlay.drain();
+        drop(self.engine.take());
+        self.engine = Some(Self::reopen_empty(&self.db_dir, &self.resources)?);
+        self.checkpoint = None;
+        Ok(())
+    }
+
+    /// The store's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The partition this store belongs to.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// The changelog topic this store writes to.
+    pub fn changelog_topic(&self) -> &str {
+        &self.changelog_topic
+    }
+
+    /// The changelog offset of the last committed write, if any.
+    pub fn checkpoint(&self) -> Option<i64> {
+        self.checkpoint
+    }
+
+    pub(crate) fn set_checkpoint(&mut self, c: Option<i64>) {
+        self.checkpoint = c;
+    }
+
+    /// Reads a key, seeing uncommitted writes.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.metrics.gets.increment(1);
+        match self.overlay.get(key) {
+            Some(v) => Ok(v.map(<[u8]>::to_vec)),
+            None => self.engine().get(key),
+        }
+    }
+
+    /// Writes a key. Fails with [`Error::RecordTooLarge`] before anything is
+    /// written if the record would not fit the changelog topic.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.check_size(key.len() + value.len())?;
+        self.producer.send(&self.tracker, key, Some(value))?;
+        self.overlay.write(key, Some(value.to_vec()));
+        self.metrics.puts.increment(1);
+        self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
+        Ok(())
+    }
+
+    /// Deletes a key (a tombstone in the changelog). Deleting a missing key is fine.
+    pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.check_size(key.len())?;
+        self.producer.send(&self.tracker, key, None)?;
+        self.overlay.write(key, None);
+        self.metrics.deletes.increment(1);
+        self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
+        Ok(())
+    }
+
+    fn check_size(&self, payload: usize) -> Result<()> {
+        let size = payload + RECORD_OVERHEAD;
+        if size > self.max_record_bytes {
+            return Err(Error::RecordTooLarge {
+                store: self.name.to_string(),
+                size,
+                limit: self.max_record_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Entries with `from <= key < to`, in key order.
+    pub fn range<'a>(&'a self, from: &[u8], to: &[u8]) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
+        self.range_bounds(Bound::Included(from), Bound::Excluded(to))
+    }
+
+    /// Entries within arbitrary bounds, in key order.
+    pub fn range_bounds<'a>(
+        &'a self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+    ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
+        MergeIter::new(self.overlay.range(start, end), self.engine().scan(start, end))
+    }
+
+    /// Every entry whose key starts with `prefix`, in key order.
+    pub fn prefix_scan<'a>(&'a self, prefix: &[u8]) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
+        let end = prefix_successor(prefix);
+        let end_bound = match &end {
+            Some(e) => Bound::Excluded(e.as_slice()),
+            None => Bound::Unbounded,
+        };
+        self.range_bounds(Bound::Included(prefix), end_bound)
+    }
+
+    /// Every entry, in key order.
+    pub fn all(&self) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + '_ {
+        self.range_bounds(Bound::Unbounded, Bound::Unbounded)
+    }
+
+    /// RocksDB's estimate of the number of keys, plus uncommitted new keys.
+    /// Cheap, and approximate by design (deletes and overwrites are counted
+    /// until compaction).
+    pub fn approximate_num_entries(&self) -> u64 {
+        self.engine().property("rocksdb.estimate-num-keys").unwrap_or(0) + self.overlay.len() as u64
+    }
+
+    /// Bytes held by uncommitted writes.
+    pub fn uncommitted_bytes(&self) -> usize {
+        self.overlay.bytes()
+    }
+
+    /// Step 2 of a commit, after the producer was flushed: moves the overlay
+    /// into RocksDB with the checkpoint of the last acknowledged record.
+    pub(crate) fn commit_flushed(&mut self) -> Result<()> {
+        let acked = self.tracker.settle()?;
+        if self.overlay.is_empty() && acked == self.checkpoint {
+            return Ok(());
+        }
+        let Some(checkpoint) = acked.or(self.checkpoint) else {
+            return Err(Error::Restore {
+                topic: self.changelog_topic.clone(),
+                partition: self.partition,
+                detail: "uncommitted writes without an acknowledged changelog record".into(),
+            });
+        };
+        let mut batch = Engine::batch();
+        for (k, v) in self.overlay.drain() {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        self.engine().commit(batch, checkpoint)?;
+        self.checkpoint = Some(checkpoint);
+        self.metrics.overlay_bytes.set(0.0);
+        Ok(())
+    }
+
+    /// Drops uncommitted writes; local state stays at the last checkpoint.
+    pub(crate) fn discard_uncommitted(&mut self) {
+        if !self.overlay.is_empty() {
+            tracing::warn!(store = %self.name, partition = self.partition, writes = self.overlay.len(),
+                "discarding uncommitted writes; they will be replayed from the changelog or reprocessed");
+        }
+        self.overlay.drain();
+        self.metrics.overlay_bytes.set(0.0);
+    }
+
+    /// Publishes RocksDB's size and compaction properties as gauges.
+    pub(crate) fn record_engine_metrics(&self) {
+        let e = self.engine();
+        let m = &self.metrics;
+        let set = |g: &metrics::Gauge, p: &str| {
+            if let Some(v) = e.property(p) {
+                g.set(v as f64)
+            }
+        };
+        set(&m.rocksdb_keys, "rocksdb.estimate-num-keys");
+        set(&m.rocksdb_live_sst, "rocksdb.live-sst-files-size");
+        set(&m.rocksdb_pending_compaction, "rocksdb.estimate-pending-compaction-bytes");
+        set(&m.rocksdb_block_cache, "rocksdb.block-cache-usage");
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix`, if any.
+fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// A [`KeyValueStore`] seen through a key codec `K` and a value codec `V`.
+///
+/// ```no_run
+/// # fn f(ctx: &mut kstate::ProcessorContext<'_>) -> kstate::Result<()> {
+/// use kstate::codec::{U64Be, Utf8};
+/// let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
+/// let n = counts.get(&"apple".to_string())?.unwrap_or(0);
+/// counts.put(&"apple".to_string(), &(n + 1))?;
+/// # Ok(()) }
+/// ```
+pub struct TypedStore<'s, K, V> {
+    inner: &'s mut KeyValueStore,
+    _codecs: PhantomData<fn() -> (K, V)>,
+}
+
+impl<'s, K: Codec, V: Codec> TypedStore<'s, K, V> {
+    /// Wraps a byte store.
+    pub fn new(inner: &'s mut KeyValueStore) -> Self {
+        TypedStore { inner, _codecs: PhantomData }
+    }
+
+    /// Reads a key.
+    pub fn get(&self, key: &K::Item) -> Result<Option<V::Item>> {
+        self.inner.get(&K::encode(key)?)?.map(|b| V::decode(&b)).transpose()
+    }
+
+    /// Writes a key; encoding errors and oversize records write nothing.
+    pub fn put(&mut self, key: &K::Item, value: &V::Item) -> Result<()> {
+        let k = K::encode(key)?;
+        let v = V::encode(value)?;
+        self.inner.put(&k, &v)
+    }
+
+    /// Deletes a key.
+    pub fn delete(&mut self, key: &K::Item) -> Result<()> {
+        self.inner.delete(&K::encode(key)?)
+    }
+
+    /// Entries with `from <= key < to` by encoded order, decoded.
+    pub fn range(&self, from: &K::Item, to: &K::Item) -> Result<Vec<(K::Item, V::Item)>> {
+        let (f, t) = (K::encode(from)?, K::encode(to)?);
+        self.inner.range(&f, &t).map(decode_pair::<K, V>).collect()
+    }
+
+    /// Entries whose encoded key starts with `prefix`, decoded.
+    pub fn prefix_scan(&self, prefix: &[u8]) -> Result<Vec<(K::Item, V::Item)>> {
+        self.inner.prefix_scan(prefix).map(decode_pair::<K, V>).collect()
+    }
+
+    /// The underlying byte store.
+    pub fn raw(&mut self) -> &mut KeyValueStore {
+        self.inner
+    }
+}
+
+fn decode_pair<K: Codec, V: Codec>(r: Result<(Vec<u8>, Vec<u8>)>) -> Result<(K::Item, V::Item)> {
+    let (k, v) = r?;
+    Ok((K::decode(&k)?, V::decode(&v)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_successor;
+
+    #[test]
+    fn prefix_successor_carries_over_ff() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+        assert_eq!(prefix_successor(b""), None);
+    }
+}

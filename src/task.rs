@@ -1,0 +1,243 @@
+//! Tasks: the unit of ownership. Task `p` owns input partition `p` of every
+//! input topic and partition `p` of every store.
+//!
+//! The [`TaskManager`] turns assignment events into task lifecycles:
+//! assigned → stores opened → restoring (input paused) → running (input
+//! resumed) → revoked (committed and closed) or lost (closed without commit).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::assignment::AssignmentEvent;
+use crate::changelog::ChangelogProducer;
+use crate::config::AppConfig;
+use crate::engine::EngineResources;
+use crate::error::Result;
+use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
+use crate::store::{KeyValueStore, StoreOpenArgs};
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskState {
+    /// Its stores are with the restore thread; its input is paused.
+    Restoring,
+    /// Processing records.
+    Running,
+}
+
+/// One partition's stores and input progress.
+pub(crate) struct Task {
+    pub(crate) partition: i32,
+    pub(crate) state: TaskState,
+    /// Input topics of this partition currently assigned to us.
+    pub(crate) topics: BTreeSet<String>,
+    /// The partition's stores, in definition order (empty while restoring).
+    pub(crate) stores: Vec<KeyValueStore>,
+    /// Next offset to commit per input topic (processed but uncommitted).
+    pub(crate) offsets: HashMap<String, i64>,
+    /// First offset of records that arrived before the task ran and were
+    /// dropped; the consumer seeks back here when the task starts running.
+    pub(crate) rewind: HashMap<String, i64>,
+}
+
+/// Owns every task of this member.
+pub(crate) struct TaskManager {
+    pub(crate) tasks: BTreeMap<i32, Task>,
+    config: Arc<AppConfig>,
+    producer: Arc<ChangelogProducer>,
+    resources: EngineResources,
+    max_record_bytes: usize,
+    restorer: Restorer,
+    pending: Vec<(String, i32)>,
+    last_engine_metrics: Instant,
+}
+
+impl TaskManager {
+    pub(crate) fn new(
+        config: Arc<AppConfig>,
+        producer: Arc<ChangelogProducer>,
+        resources: EngineResources,
+        max_record_bytes: usize,
+        restorer: Restorer,
+    ) -> Self {
+        TaskManager {
+            tasks: BTreeMap::new(),
+            config,
+            producer,
+            resources,
+            max_record_bytes,
+            restorer,
+            pending: Vec::new(),
+            last_engine_metrics: Instant::now(),
+        }
+    }
+
+    /// Applies an assignment event. Revocations commit and close at once (the
+    /// caller is inside the rebalance, before ownership moves); new
+    /// partitions are opened by [`TaskManager::open_pending`].
+    pub(crate) fn on_event<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, event: AssignmentEvent) -> Result<()> {
+        match event {
+            AssignmentEvent::Assigned(tps) => {
+                self.pending.extend(tps);
+                Ok(())
+            }
+            AssignmentEvent::Revoked(tps) => self.revoke(consumer, tps, false),
+            AssignmentEvent::Lost(tps) => self.revoke(consumer, tps, true),
+        }
+    }
+
+    fn revoke<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, tps: Vec<(String, i32)>, lost: bool) -> Result<()> {
+        self.pending.retain(|tp| !tps.contains(tp));
+        let mut closing = Vec::new();
+        for (topic, p) in &tps {
+            if let Some(task) = self.tasks.get_mut(p) {
+                task.topics.remove(topic);
+                if task.topics.is_empty() {
+                    closing.push(*p);
+                }
+            }
+        }
+        if closing.is_empty() {
+            return Ok(());
+        }
+        if !lost {
+            self.commit(consumer, Some(&closing))?;
+        }
+        for p in closing {
+            let Some(mut task) = self.tasks.remove(&p) else { continue };
+            if task.state == TaskState::Restoring {
+                // Partially restored stores are consistent at their checkpoint.
+                drop(self.restorer.cancel(p));
+            }
+            for s in &mut task.stores {
+                s.discard_uncommitted();
+            }
+            tracing::info!(partition = p, lost, "task closed");
+        }
+        Ok(())
+    }
+
+    /// Opens the stores of newly assigned partitions and starts their restore.
+    pub(crate) fn open_pending(&mut self) -> Result<()> {
+        for (topic, p) in std::mem::take(&mut self.pending) {
+            if let Some(task) = self.tasks.get_mut(&p) {
+                task.topics.insert(topic);
+                continue;
+            }
+            let mut stores = Vec::with_capacity(self.config.stores.len());
+            for def in &self.config.stores {
+                stores.push(KeyValueStore::open(StoreOpenArgs {
+                    name: def.name(),
+                    partition: p,
+                    dir: self.config.store_dir(def.name(), p),
+                    changelog_topic: crate::changelog_topic(&self.config.application_id, def.name()),
+                    max_record_bytes: self.max_record_bytes,
+                    producer: self.producer.clone(),
+                    resources: &self.resources,
+                    lock_timeout: self.config.lock_timeout,
+                })?);
+            }
+            tracing::info!(partition = p, "task assigned; restoring its stores");
+            self.restorer.submit(RestoreJob { partition: p, stores });
+            self.tasks.insert(
+                p,
+                Task {
+                    partition: p,
+                    state: TaskState::Restoring,
+                    topics: BTreeSet::from([topic]),
+                    stores: Vec::new(),
+                    offsets: HashMap::new(),
+                    rewind: HashMap::new(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Moves restored tasks to running and resumes their input.
+    pub(crate) fn collect_restored<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        while let Ok(outcome) = self.restorer.outcomes.try_recv() {
+            let job = match outcome {
+                RestoreOutcome::Done(job) => job,
+                RestoreOutcome::Failed(job, e) => {
+                    tracing::error!(partition = job.partition, error = %e, "restore failed");
+                    return Err(e);
+                }
+            };
+            let Some(task) = self.tasks.get_mut(&job.partition) else {
+                continue; // revoked meanwhile; dropping the stores closes them
+            };
+            task.stores = job.stores;
+            task.state = TaskState::Running;
+            let mut tpl = TopicPartitionList::new();
+            for topic in &task.topics {
+                if let Some(offset) = task.rewind.remove(topic) {
+                    consumer.seek(topic, task.partition, Offset::Offset(offset), Duration::from_secs(10))?;
+                }
+                tpl.add_partition(topic, task.partition);
+            }
+            consumer.resume(&tpl)?;
+            tracing::info!(partition = task.partition, "task running");
+        }
+        Ok(())
+    }
+
+    /// Total uncommitted bytes over every store.
+    pub(crate) fn uncommitted_bytes(&self) -> usize {
+        self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::uncommitted_bytes).sum()
+    }
+
+    /// The commit protocol (DESIGN.md §1) for `only` these partitions or all:
+    /// flush the changelog producer and wait for every acknowledgement, write
+    /// each store's overlay and checkpoint in one RocksDB batch, then commit
+    /// the input offsets.
+    pub(crate) fn commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
+        let started = Instant::now();
+        self.producer.flush(self.config.commit_timeout)?;
+        let mut offsets = TopicPartitionList::new();
+        for task in self.tasks.values_mut() {
+            if only.is_some_and(|o| !o.contains(&task.partition)) || task.state != TaskState::Running {
+                continue;
+            }
+            for store in &mut task.stores {
+                store.commit_flushed()?;
+            }
+            for (topic, offset) in task.offsets.drain() {
+                offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
+            }
+        }
+        if offsets.count() > 0 {
+            consumer.commit(&offsets, CommitMode::Sync)?;
+        }
+        metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        if self.last_engine_metrics.elapsed() >= Duration::from_secs(10) {
+            self.last_engine_metrics = Instant::now();
+            for s in self.tasks.values().flat_map(|t| &t.stores) {
+                s.record_engine_metrics();
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops every task's uncommitted writes (after a failure).
+    pub(crate) fn discard_all(&mut self) {
+        for s in self.tasks.values_mut().flat_map(|t| &mut t.stores) {
+            s.discard_uncommitted();
+        }
+    }
+
+    /// Closes every task (after a final commit, or a failure).
+    pub(crate) fn close_all(&mut self) {
+        let restoring: Vec<i32> =
+            self.tasks.values().filter(|t| t.state == TaskState::Restoring).map(|t| t.partition).collect();
+        for p in restoring {
+            drop(self.restorer.cancel(p));
+        }
+        self.tasks.clear();
+    }
+}
+

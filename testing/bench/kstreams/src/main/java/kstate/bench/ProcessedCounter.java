@@ -1,0 +1,29 @@
+package kstate.bench;
+
+import java.util.concurrent.atomic.AtomicLong;
+
+/** Counts processed records; remembers when the first and the target-th record were processed. */
+final class ProcessedCounter {
+    private final long target;
+    private final AtomicLong count = new AtomicLong();
+    private volatile long firstNanos;
+    private volatile long targetNanos;
+
+    ProcessedCounter(long target) {
+        this.target = target;
+    }
+
+    void processed() {
+        long n = count.incrementAndGet();
+        if (n == 1) firstNanos = System.nanoTime();
+        if (n == target) targetNanos = System.nanoTime();
+    }
+
+    long count() { return count.get(); }
+
+    boolean reachedTarget() { return count.get() >= target; }
+
+    long firstNanos() { return firstNanos; }
+
+    long targetNanos() { return targetNanos; }
+}

@@ -1,0 +1,323 @@
+#!/usr/bin/env bash
+# A single-node Apache Kafka broker (KRaft, combined broker+controller) for the
+# kstate test suite, run straight from Maven Central jars: no Docker, no tarball.
+#
+#   bash testing/kafka.sh install   # resolve the broker's jars (idempotent)
+#   bash testing/kafka.sh start     # fresh broker; last stdout line = bootstrap address
+#   bash testing/kafka.sh status    # exit 0 if running, 1 if not
+#   bash testing/kafka.sh stop      # SIGTERM, then SIGKILL after 30 s
+#
+# Environment (all optional):
+#   KSTATE_KAFKA_VERSION          Kafka version (default 4.4.0)
+#   KSTATE_KAFKA_HOME             where the jars go (default ~/.cache/kstate/kafka-<version>)
+#   KSTATE_KAFKA_PORT             PLAINTEXT listener port (default 9092)
+#   KSTATE_KAFKA_CONTROLLER_PORT  KRaft controller port (default PORT+1)
+#   KSTATE_KAFKA_DATA             data dir, wiped on start (default /tmp/kstate-kafka-<port>)
+#   KSTATE_KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
+#   KSTATE_KAFKA_HEAP             JVM heap (default 512m)
+#
+# Progress goes to stderr; `start` prints only the bootstrap address on stdout,
+# so `BOOTSTRAP=$(bash testing/kafka.sh start)` works.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KAFKA_VERSION=${KSTATE_KAFKA_VERSION:-4.4.0}
+KAFKA_HOME_DIR=${KSTATE_KAFKA_HOME:-$HOME/.cache/kstate/kafka-$KAFKA_VERSION}
+LIB=$KAFKA_HOME_DIR/lib
+PORT=${KSTATE_KAFKA_PORT:-9092}
+CONTROLLER_PORT=${KSTATE_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
+DATA=${KSTATE_KAFKA_DATA:-/tmp/kstate-kafka-$PORT}
+START_TIMEOUT=${KSTATE_KAFKA_START_TIMEOUT:-90}
+HEAP=${KSTATE_KAFKA_HEAP:-512m}
+PIDFILE=$DATA/broker.pid
+BROKER_LOG=$DATA/broker.log
+# Written into every data dir this script creates; `start` refuses to wipe a
+# non-empty directory without it.
+DATA_MARKER=.kstate-kafka-data
+POM_SRC=$SCRIPT_DIR/kafka/pom.xml
+LOG4J_SRC=$SCRIPT_DIR/kafka/log4j2.properties
+
+log() { echo "kafka.sh: $*" >&2; }
+die() { echo "kafka.sh: error: $*" >&2; exit 1; }
+
+usage() {
+    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+}
+
+# ---------------------------------------------------------------- checks
+
+require_java() {
+    command -v java >/dev/null 2>&1 ||
+        die "java not found. The test broker needs Java 17 or newer (Debian: apt-get install -y default-jre-headless)."
+    local ver major
+    ver=$(java -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')
+    major=${ver%%.*}
+    if [[ $major == 1 ]]; then major=$(echo "$ver" | cut -d. -f2); fi
+    if [[ $major =~ ^[0-9]+$ ]] && ((major < 17)); then
+        die "java $ver found, but Kafka $KAFKA_VERSION needs Java 17 or newer."
+    fi
+}
+
+require_maven() {
+    command -v mvn >/dev/null 2>&1 ||
+        die "mvn not found. It is needed once to fetch the broker's jars (Debian: apt-get install -y maven)."
+}
+
+# True if something accepts TCP connections on 127.0.0.1:$1.
+port_open() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# Prints the pid of the broker started by this script for $DATA, if it runs.
+running_pid() {
+    [[ -f $PIDFILE ]] || return 1
+    local pid
+    pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    # Guard against pid reuse: it must be our JVM.
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka' || return 1
+    echo "$pid"
+}
+
+# ---------------------------------------------------------------- install
+
+installed() {
+    [[ -f $KAFKA_HOME_DIR/.complete && -d $LIB ]] &&
+        cmp -s "$POM_SRC" "$KAFKA_HOME_DIR/pom.xml" &&
+        [[ $(cat "$KAFKA_HOME_DIR/.complete") == "$KAFKA_VERSION" ]]
+}
+
+cmd_install() {
+    require_java
+    if installed; then
+        log "Kafka $KAFKA_VERSION already installed in $LIB"
+        return 0
+    fi
+    require_maven
+    mkdir -p "$KAFKA_HOME_DIR"
+    # Serialise concurrent installs (e.g. two test runs on one machine). The
+    # lock fd lives only in this subshell, so the broker never inherits it.
+    (
+        if command -v flock >/dev/null 2>&1; then flock 9; fi
+        install_locked
+    ) 9>"$KAFKA_HOME_DIR/.install.lock"
+}
+
+install_locked() {
+    if installed; then
+        log "Kafka $KAFKA_VERSION already installed in $LIB"
+        return 0
+    fi
+    log "resolving Kafka $KAFKA_VERSION jars from Maven Central into $LIB (first run only)"
+    rm -f "$KAFKA_HOME_DIR/.complete"
+    cp "$POM_SRC" "$KAFKA_HOME_DIR/pom.xml.new"
+    local tmp=$KAFKA_HOME_DIR/lib.new
+    rm -rf "$tmp"
+    # Run from the home dir so Maven leaves nothing (target/) in the clone.
+    # Debian's Maven 3.8 prints stray ANSI resets even with -B; strip them.
+    if ! (cd "$KAFKA_HOME_DIR" && mvn -q -B -Dstyle.color=never -f pom.xml.new \
+        -Dkafka.version="$KAFKA_VERSION" \
+        dependency:copy-dependencies -DoutputDirectory="$tmp" 2>&1 |
+        sed 's/\x1b\[[0-9;]*m//g' >&2); then
+        rm -rf "$tmp" "$KAFKA_HOME_DIR/pom.xml.new"
+        die "mvn could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION (see the output above)"
+    fi
+    [[ -f $tmp/kafka_2.13-$KAFKA_VERSION.jar ]] ||
+        die "mvn finished but $tmp has no kafka_2.13-$KAFKA_VERSION.jar"
+    rm -rf "$LIB"
+    mv "$tmp" "$LIB"
+    mv "$KAFKA_HOME_DIR/pom.xml.new" "$KAFKA_HOME_DIR/pom.xml"
+    echo "$KAFKA_VERSION" >"$KAFKA_HOME_DIR/.complete"
+    log "installed $(find "$LIB" -name '*.jar' | wc -l) jars in $LIB"
+}
+
+# ---------------------------------------------------------------- start
+
+write_server_properties() {
+    cat >"$DATA/server.properties" <<EOF
+# Generated by testing/kafka.sh for the kstate test suite. Single node, KRaft,
+# combined broker+controller, plaintext on 127.0.0.1 only.
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA/logs
+
+# Topics are created explicitly by the code under test.
+auto.create.topics.enable=false
+num.partitions=1
+default.replication.factor=1
+
+# Internal topics on a single node: replication factor 1, min ISR 1, and fewer
+# partitions than the default 50 so the first group/transaction is quick.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=5
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=5
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=5
+
+# No 3 s wait before the first rebalance of a new group.
+group.initial.rebalance.delay.ms=0
+
+# Compaction observable within seconds (topics still need segment.ms and
+# min.cleanable.dirty.ratio of their own; see testing/README.md).
+log.cleaner.enable=true
+log.cleaner.threads=1
+log.cleaner.backoff.ms=1000
+log.cleaner.min.compaction.lag.ms=0
+log.cleaner.dedupe.buffer.size=33554432
+log.retention.check.interval.ms=5000
+log.segment.delete.delay.ms=1000
+
+# Small machine: fewer threads than the defaults.
+num.network.threads=2
+num.io.threads=4
+background.threads=4
+EOF
+}
+
+cmd_start() {
+    local pid
+    if pid=$(running_pid); then
+        log "broker already running (pid $pid, data $DATA)"
+        echo "127.0.0.1:$PORT"
+        return 0
+    fi
+    [[ $PORT =~ ^[0-9]+$ && $CONTROLLER_PORT =~ ^[0-9]+$ ]] ||
+        die "KSTATE_KAFKA_PORT / KSTATE_KAFKA_CONTROLLER_PORT must be numbers"
+    [[ $PORT != "$CONTROLLER_PORT" ]] || die "the broker and controller ports must differ"
+    local p
+    for p in "$PORT" "$CONTROLLER_PORT"; do
+        if port_open "$p"; then
+            die "port $p on 127.0.0.1 is already in use by another process (not a broker started by this script with data dir $DATA). Stop it, choose another KSTATE_KAFKA_PORT, or point the tests at it with KSTATE_BOOTSTRAP=127.0.0.1:$p"
+        fi
+    done
+
+    cmd_install
+
+    # Wipe and recreate the data dir, but never a directory we did not make.
+    case $DATA in "" | / | "$HOME" | "$HOME/") die "refusing to use '$DATA' as the data dir" ;; esac
+    if [[ -d $DATA && -n $(ls -A "$DATA" 2>/dev/null) && ! -f $DATA/$DATA_MARKER ]]; then
+        die "$DATA exists, is not empty and was not made by this script; refusing to wipe it (set KSTATE_KAFKA_DATA)"
+    fi
+    rm -rf "$DATA"
+    mkdir -p "$DATA/logs"
+    touch "$DATA/$DATA_MARKER"
+    write_server_properties
+    cp "$LOG4J_SRC" "$DATA/log4j2.properties"
+
+    local -a jvm_common=(
+        -Djava.awt.headless=true
+        -Dlog4j2.configurationFile="$DATA/log4j2.properties"
+        -Dkafka.logs.dir="$DATA"
+        -cp "$LIB/*"
+    )
+
+    # A random Kafka Uuid: 16 random bytes, URL-safe base64 without padding
+    # (what `StorageTool random-uuid` prints, minus a JVM start).
+    local cluster_id=-
+    while [[ $cluster_id == -* ]]; do
+        cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    done
+    if ! java "${jvm_common[@]}" kafka.tools.StorageTool format --standalone \
+        -t "$cluster_id" -c "$DATA/server.properties" >>"$DATA/format.log" 2>&1; then
+        cat "$DATA/format.log" >&2
+        die "formatting the storage in $DATA/logs failed"
+    fi
+
+    log "starting Kafka $KAFKA_VERSION on 127.0.0.1:$PORT (controller $CONTROLLER_PORT, data $DATA, cluster $cluster_id)"
+    local t0=$SECONDS
+    nohup java \
+        -Xms"$HEAP" -Xmx"$HEAP" \
+        -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
+        -XX:+ExitOnOutOfMemoryError \
+        "${jvm_common[@]}" \
+        kafka.Kafka "$DATA/server.properties" \
+        >"$BROKER_LOG" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$PIDFILE"
+
+    # Ready = "Kafka Server started" logged AND the PLAINTEXT port accepts TCP.
+    local deadline=$((SECONDS + START_TIMEOUT))
+    while :; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "the broker process (pid $pid) died during startup; last lines of $BROKER_LOG:"
+            tail -n 40 "$BROKER_LOG" >&2 || true
+            rm -f "$PIDFILE"
+            die "broker failed to start"
+        fi
+        if grep -q 'Kafka Server started' "$BROKER_LOG" 2>/dev/null && port_open "$PORT"; then
+            break
+        fi
+        if ((SECONDS >= deadline)); then
+            log "broker not ready after ${START_TIMEOUT}s; last lines of $BROKER_LOG:"
+            tail -n 40 "$BROKER_LOG" >&2 || true
+            stop_pid "$pid"
+            rm -f "$PIDFILE"
+            die "broker did not become ready within ${START_TIMEOUT}s"
+        fi
+        sleep 0.2
+    done
+    log "broker ready after $((SECONDS - t0))s (pid $pid, log $BROKER_LOG)"
+    echo "127.0.0.1:$PORT"
+}
+
+# ---------------------------------------------------------------- stop/status
+
+stop_pid() {
+    local pid=$1 i
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < 300; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    log "broker (pid $pid) still running 30s after SIGTERM; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+}
+
+cmd_stop() {
+    local pid
+    if pid=$(running_pid); then
+        log "stopping broker on 127.0.0.1:$PORT (pid $pid)"
+        stop_pid "$pid"
+        log "stopped"
+    else
+        log "no broker running for $DATA"
+    fi
+    rm -f "$PIDFILE"
+}
+
+cmd_status() {
+    local pid
+    if pid=$(running_pid); then
+        echo "running: pid $pid, bootstrap 127.0.0.1:$PORT, data $DATA"
+        return 0
+    fi
+    echo "not running (port $PORT, data $DATA)"
+    return 1
+}
+
+case ${1:-} in
+    install) cmd_install ;;
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    -h | --help | help) usage ;;
+    *)
+        usage
+        exit 2
+        ;;
+esac

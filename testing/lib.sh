@@ -1,0 +1,91 @@
+# shellcheck shell=bash
+# Shared by testing/test.sh and testing/demo.sh (sourced; defines functions and
+# installs an EXIT trap):
+#   kstate_ensure_packages  install the Debian packages the build needs
+#   kstate_start_broker     start a test broker unless KSTATE_BOOTSTRAP is set,
+#                           stop it again when the calling script exits
+# The EXIT trap (kstate_on_exit) stops a broker started here and removes the
+# files listed in KSTATE_TMPFILES.
+
+KSTATE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KSTATE_KAFKA_SH=$KSTATE_ROOT/testing/kafka.sh
+KSTATE_STARTED_BROKER=0
+KSTATE_TMPFILES=()
+
+# shellcheck disable=SC2317 # called through the trap
+kstate_on_exit() {
+    kstate_stop_broker
+    if ((${#KSTATE_TMPFILES[@]} > 0)); then rm -f "${KSTATE_TMPFILES[@]}"; fi
+}
+# EXIT also runs on Ctrl-C / SIGTERM through these exits.
+trap kstate_on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+kstate_log() { echo "kstate: $*" >&2; }
+
+kstate_dpkg_installed() {
+    [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) == installed ]]
+}
+
+# Debian packages the build and the test broker need:
+#   clang, libclang-dev  librocksdb-sys (bindgen loads libclang at build time)
+#   build-essential      make + C/C++ compilers for librdkafka and RocksDB
+#                        (only checked by command: cc, c++, make)
+#   default-jre-headless, maven   the test broker (only without KSTATE_BOOTSTRAP)
+kstate_ensure_packages() {
+    if ! command -v dpkg-query >/dev/null 2>&1; then
+        kstate_log "not a Debian system: make sure clang, libclang, make and a C/C++ compiler are installed"
+        return 0
+    fi
+    local -a missing=()
+    local pkg
+    for pkg in clang libclang-dev; do
+        kstate_dpkg_installed "$pkg" || missing+=("$pkg")
+    done
+    if ! command -v make >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1 ||
+        ! command -v c++ >/dev/null 2>&1; then
+        missing+=(build-essential)
+    fi
+    if [[ -z ${KSTATE_BOOTSTRAP:-} ]]; then
+        command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+        command -v mvn >/dev/null 2>&1 || missing+=(maven)
+    fi
+    ((${#missing[@]} > 0)) || return 0
+
+    if [[ $(id -u) != 0 ]]; then
+        kstate_log "missing Debian packages: ${missing[*]}. Install them with:"
+        echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+    kstate_log "installing missing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+kstate_stop_broker() {
+    if [[ $KSTATE_STARTED_BROKER == 1 ]]; then
+        KSTATE_STARTED_BROKER=0
+        bash "$KSTATE_KAFKA_SH" stop || true
+    fi
+}
+
+kstate_start_broker() {
+    if [[ -n ${KSTATE_BOOTSTRAP:-} ]]; then
+        kstate_log "using the broker at KSTATE_BOOTSTRAP=$KSTATE_BOOTSTRAP"
+        export KSTATE_BOOTSTRAP
+        return 0
+    fi
+    if bash "$KSTATE_KAFKA_SH" status >/dev/null 2>&1; then
+        # Started earlier with `testing/kafka.sh start`: reuse it, leave it running.
+        KSTATE_BOOTSTRAP=$(bash "$KSTATE_KAFKA_SH" start | tail -n 1)
+        kstate_log "reusing the test broker already running at $KSTATE_BOOTSTRAP (left running)"
+    else
+        KSTATE_STARTED_BROKER=1
+        KSTATE_BOOTSTRAP=$(bash "$KSTATE_KAFKA_SH" start | tail -n 1)
+    fi
+    [[ -n $KSTATE_BOOTSTRAP ]] || { kstate_log "testing/kafka.sh start printed no address"; exit 1; }
+    export KSTATE_BOOTSTRAP
+    kstate_log "KSTATE_BOOTSTRAP=$KSTATE_BOOTSTRAP"
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs the whole kstate test suite against a real Kafka broker:
+#
+#   bash testing/test.sh                 # everything
+#   bash testing/test.sh restore         # extra args go to the first `cargo test`
+#   KSTATE_BOOTSTRAP=127.0.0.1:9092 bash testing/test.sh   # use a running broker
+#
+# 1. installs missing Debian packages (clang, libclang-dev, ...; as root only,
+#    otherwise prints the apt-get command and exits 1);
+# 2. unless KSTATE_BOOTSTRAP is set, starts a broker with testing/kafka.sh
+#    (stopped again on exit) and exports KSTATE_BOOTSTRAP;
+# 3. runs `cargo test --all-targets "$@"`, then `cargo test --doc`.
+# The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
+set -euo pipefail
+# shellcheck source=testing/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$KSTATE_ROOT"
+
+kstate_ensure_packages
+kstate_start_broker
+
+# libtest's result lines are tee'd to a file so a total can be printed at the end.
+results=$(mktemp "${TMPDIR:-/tmp}/kstate-test.XXXXXX")
+KSTATE_TMPFILES+=("$results")
+
+rc=0
+kstate_log "cargo test --all-targets $*"
+cargo test --all-targets "$@" | tee -a "$results" || rc=$?
+if ((rc == 0)); then
+    kstate_log "cargo test --doc"
+    cargo test --doc | tee -a "$results" || rc=$?
+else
+    kstate_log "skipping the doc tests: cargo test --all-targets failed (exit $rc)"
+fi
+
+# Sum of all "test result:" lines, e.g. "total: 42 passed, 0 failed, 1 skipped".
+awk '/^test result:/ {
+        for (i = 1; i <= NF; i++) {
+            if ($(i+1) ~ /^passed/) p += $i
+            if ($(i+1) ~ /^failed/) f += $i
+            if ($(i+1) ~ /^ignored/) s += $i
+        }
+        n++
+    }
+    END { if (n) printf "total: %d passed, %d failed, %d skipped\n", p, f, s }' "$results"
+exit "$rc"

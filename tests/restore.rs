@@ -1,0 +1,203 @@
+//! Restore behaviour against the real broker: tail-only restore after a
+//! clean shutdown, and full restores when local state is missing or
+//! corrupt, or the changelog was deleted and recreated, or compacted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use kstate::StoreDefinition;
+use rand::{Rng, SeedableRng};
+
+type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The processor of these tests: input key/value become a store put, a
+/// tombstone becomes a delete.
+fn apply_input(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::Error> {
+    let store = ctx.store("s")?;
+    match rec.value {
+        Some(v) => store.put(rec.key.unwrap(), v),
+        None => store.delete(rec.key.unwrap()),
+    }
+}
+
+fn seeded_input(seed: u64, partitions: i32, per_partition: usize) -> Vec<(i32, Vec<u8>, Option<Vec<u8>>)> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for p in 0..partitions {
+        for i in 0..per_partition {
+            let key = format!("p{p}-k{}", rng.random_range(0..40)).into_bytes();
+            let value = if rng.random_bool(0.15) { None } else { Some(format!("v{i}-{}", rng.random::<u32>()).into_bytes()) };
+            out.push((p, key, value));
+        }
+    }
+    out
+}
+
+fn model_of(records: &[(i32, Vec<u8>, Option<Vec<u8>>)], partition: i32) -> Model {
+    let mut m = Model::new();
+    for (_, k, v) in records.iter().filter(|r| r.0 == partition) {
+        apply(&mut m, k, v.as_deref());
+    }
+    m
+}
+
+/// Runs the app until `n_ends` store partitions finished restoring and it has
+/// processed everything up to `committed` per partition; returns the events.
+fn run_once(app: &str, input: &str, state: &Path, n_ends: usize, committed: &[(i32, i64)], store: StoreDefinition) -> Restores {
+    let restores = Restores::default();
+    let running = Running::start(
+        builder(app, input, state).store(store).restore_listener(restores.clone()),
+        apply_input,
+    );
+    wait_until("restores to end", TIMEOUT, || restores.ended() >= n_ends || running.is_finished());
+    for (p, end) in committed {
+        wait_until("input committed", TIMEOUT, || committed_offset(app, input, *p) == Some(*end) || running.is_finished());
+    }
+    running.stop().expect("clean run");
+    restores
+}
+
+fn assert_store_is_changelog_prefix(state: &Path, app: &str, p: i32, expected: &Model) {
+    let (data, checkpoint) = read_store_dir(state, app, "s", p);
+    assert_eq!(&data, expected, "partition {p}: store differs from the model");
+    let mut replayed = Model::new();
+    for (off, k, v) in read_partition(&kstate::changelog_topic(app, "s"), p) {
+        if Some(off) <= checkpoint {
+            apply(&mut replayed, &k, v.as_deref());
+        }
+    }
+    assert_eq!(data, replayed, "partition {p}: store is not the changelog prefix up to checkpoint {checkpoint:?}");
+}
+
+#[test]
+fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_recreated() {
+    init_tracing();
+    let input = unique("restore-in");
+    let app = unique("restore");
+    let state = tempfile::tempdir().unwrap();
+    let changelog = kstate::changelog_topic(&app, "s");
+    create_topic(&input, 2, &[]);
+    let records = seeded_input(7, 2, 300);
+    produce(&input, &records);
+    let ends = [(0, 300), (1, 300)];
+
+    // 1. First run processes everything; nothing to restore.
+    let r = run_once(&app, &input, state.path(), 2, &ends, StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), 0);
+    for p in 0..2 {
+        assert_store_is_changelog_prefix(state.path(), &app, p, &model_of(&records, p));
+    }
+
+    // 2. Restart after a clean shutdown: the checkpoint is at the changelog end.
+    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), 0, "a clean restart replays nothing");
+
+    // 3. Records appended past the checkpoint (as another owner would): exactly those are replayed.
+    let extra: Vec<_> = (0..37).map(|i| (0, format!("extra-{i}").into_bytes(), Some(b"x".to_vec()))).collect();
+    produce(&changelog, &extra);
+    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), 37, "only the 37-record tail past the checkpoint is restored");
+    let start = r.starts.lock().unwrap().iter().find(|s| s.partition == 0).cloned().unwrap();
+    assert_eq!(start.start_offset + 37, start.end_offset);
+    let mut model0 = model_of(&records, 0);
+    for (_, k, v) in &extra {
+        apply(&mut model0, k, v.as_deref());
+    }
+    assert_store_is_changelog_prefix(state.path(), &app, 0, &model0);
+    let len = |p| read_partition(&changelog, p).len() as u64;
+
+    // 4. Local state of partition 1 deleted: full restore of partition 1 only.
+    std::fs::remove_dir_all(state.path().join(&app).join("s").join("1")).unwrap();
+    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), len(1), "full restore of the lost partition, tail of the other");
+    assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
+
+    // 5. Corrupt checkpoint in partition 0: detected, wiped, fully restored.
+    {
+        let path = store_db_path(state.path(), &app, "s", 0);
+        let opts = rocksdb::Options::default();
+        let db = rocksdb::DB::open_cf(&opts, &path, ["default", "kstate_meta"]).unwrap();
+        db.put_cf(db.cf_handle("kstate_meta").unwrap(), b"changelog.checkpoint", b"garbage!?").unwrap();
+        db.put(b"stale-key-not-in-changelog", b"!").unwrap();
+    }
+    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), len(0));
+    let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 0).unwrap().full_restore_reason.clone();
+    assert!(reason.is_some_and(|r| r.contains("checkpoint")), "full restore says why");
+    assert_store_is_changelog_prefix(state.path(), &app, 0, &model0);
+
+    // 6. Unreadable RocksDB files in partition 1: detected, wiped, fully restored.
+    std::fs::write(store_db_path(state.path(), &app, "s", 1).join("CURRENT"), b"not-a-manifest\n").unwrap();
+    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), len(1));
+    let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 1).unwrap().full_restore_reason.clone();
+    assert!(reason.is_some_and(|r| r.contains("unreadable")));
+    assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
+
+    // 7. Changelog deleted and recreated (empty): checkpoints are past its end,
+    //    so both stores are wiped and restored from the (empty) changelog.
+    delete_topic(&changelog);
+    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    assert_eq!(r.restored_records(), 0);
+    for s in r.starts.lock().unwrap().iter() {
+        let why = s.full_restore_reason.clone().unwrap_or_default();
+        assert!(why.contains("past the changelog's end"), "partition {}: {why}", s.partition);
+    }
+    for p in 0..2 {
+        assert_store_is_changelog_prefix(state.path(), &app, p, &Model::new());
+    }
+}
+
+#[test]
+fn empty_changelog_and_compacted_changelog_restore() {
+    init_tracing();
+    let input = unique("compact-in");
+    let app = unique("compact");
+    let state = tempfile::tempdir().unwrap();
+    let changelog = kstate::changelog_topic(&app, "s");
+    create_topic(&input, 1, &[]);
+    let store = || {
+        StoreDefinition::new("s")
+            .changelog_config("segment.ms", "200")
+            .changelog_config("min.cleanable.dirty.ratio", "0.01")
+            .changelog_config("delete.retention.ms", "100")
+            .changelog_config("min.compaction.lag.ms", "0")
+    };
+
+    // An empty changelog: the restore ends at once with nothing replayed.
+    let r = run_once(&app, &input, state.path(), 1, &[], store());
+    assert_eq!((r.ended(), r.restored_records()), (1, 0));
+
+    // 400 writes over 8 keys, so compaction can drop most of them.
+    let mut records: Vec<_> = (0..400).map(|i| (0, format!("k{}", i % 8).into_bytes(), Some(format!("v{i}").into_bytes()))).collect();
+    records.push((0, b"k3".to_vec(), None));
+    produce(&input, &records);
+    run_once(&app, &input, state.path(), 1, &[(0, records.len() as i64)], store());
+
+    // Roll the segment with further writes until the cleaner has removed the head.
+    let mut n = 0;
+    wait_until("log cleaner to compact the changelog", Duration::from_secs(90), || {
+        std::thread::sleep(Duration::from_millis(300));
+        produce(&changelog, &[(0, format!("roll-{n}").into_bytes(), Some(b"r".to_vec()))]);
+        n += 1;
+        let present = read_partition(&changelog, 0);
+        present.first().map(|r| r.0) != Some(0) && present.len() < 100
+    });
+    let present = read_partition(&changelog, 0);
+    let mut model = Model::new();
+    for (_, k, v) in &present {
+        apply(&mut model, k, v.as_deref());
+    }
+
+    std::fs::remove_dir_all(state.path().join(&app)).unwrap();
+    let r = run_once(&app, &input, state.path(), 1, &[], store());
+    assert_eq!(r.restored_records(), present.len() as u64, "restored what compaction left, gaps and all");
+    let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
+    assert_eq!(data, model);
+    assert_eq!(checkpoint, Some(present.last().unwrap().0));
+    assert!(!data.contains_key(&b"k3"[..]), "the tombstone's delete survived compaction");
+}

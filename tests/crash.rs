@@ -87,7 +87,7 @@ fn check_invariants(round: usize, app: &str, input_topic: &str, state: &Path, in
                 apply(&mut replayed, &k, v.as_deref());
             }
         }
-        assert_eq!(data, replayed, "round {round} p{p}: store is not the changelog prefix to {checkpoint:?}");
+        assert_same_state(&data, &replayed, &format!("round {round} p{p}: store vs changelog prefix to {checkpoint:?}"));
         // Reflects the input at least up to the committed offset.
         let committed = committed_offset(app, input_topic, p).unwrap_or(0) as usize;
         let records: Vec<_> = input.iter().filter(|r| r.0 == p).collect();
@@ -135,6 +135,8 @@ fn crash_kill_restart_loop_never_loses_or_invents_state() {
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         check_invariants(round, &app, &input_topic, state.path(), &input);
+        let committed: Vec<_> = (0..PARTITIONS).map(|p| committed_offset(&app, &input_topic, p)).collect();
+        eprintln!("round {round}: committed input offsets after the kill: {committed:?}");
     }
     let progressed: i64 = (0..PARTITIONS).map(|p| committed_offset(&app, &input_topic, p).unwrap_or(0)).sum();
     assert!(progressed > 0, "the children never committed anything");
@@ -153,7 +155,7 @@ fn crash_kill_restart_loop_never_loses_or_invents_state() {
             apply(&mut model, k, v.as_deref());
         }
         let (data, _) = read_store_dir(state.path(), &app, "s", p);
-        assert_eq!(data, model, "p{p}: final store differs from the model of the whole input");
+        assert_same_state(&data, &model, &format!("p{p}: final store vs model of the whole input"));
     }
     check_invariants(ROUNDS, &app, &input_topic, state.path(), &input);
 }

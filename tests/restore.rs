@@ -63,14 +63,14 @@ fn run_once(app: &str, input: &str, state: &Path, n_ends: usize, committed: &[(i
 
 fn assert_store_is_changelog_prefix(state: &Path, app: &str, p: i32, expected: &Model) {
     let (data, checkpoint) = read_store_dir(state, app, "s", p);
-    assert_eq!(&data, expected, "partition {p}: store differs from the model");
+    assert_same_state(&data, expected, &format!("partition {p}: store vs model"));
     let mut replayed = Model::new();
     for (off, k, v) in read_partition(&kstate::changelog_topic(app, "s"), p) {
         if Some(off) <= checkpoint {
             apply(&mut replayed, &k, v.as_deref());
         }
     }
-    assert_eq!(data, replayed, "partition {p}: store is not the changelog prefix up to checkpoint {checkpoint:?}");
+    assert_same_state(&data, &replayed, &format!("partition {p}: store vs changelog prefix to {checkpoint:?}"));
 }
 
 #[test]

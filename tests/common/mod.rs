@@ -261,3 +261,26 @@ pub fn builder(app_id: &str, input: &str, state_dir: &Path) -> AppBuilder {
         .kafka_config("session.timeout.ms", "6000")
         .kafka_config("heartbeat.interval.ms", "500")
 }
+
+/// Panics with a short description of how two key-value maps differ.
+#[track_caller]
+pub fn assert_same_state(actual: &BTreeMap<Vec<u8>, Vec<u8>>, expected: &BTreeMap<Vec<u8>, Vec<u8>>, what: &str) {
+    if actual == expected {
+        return;
+    }
+    let show = |k: &[u8]| String::from_utf8_lossy(k).into_owned();
+    let mut diffs = Vec::new();
+    for (k, v) in actual {
+        match expected.get(k) {
+            None => diffs.push(format!("unexpected {}", show(k))),
+            Some(e) if e != v => diffs.push(format!("{}: {} != expected {}", show(k), show(v), show(e))),
+            _ => {}
+        }
+    }
+    for k in expected.keys().filter(|k| !actual.contains_key(*k)) {
+        diffs.push(format!("missing {}", show(k)));
+    }
+    let n = diffs.len();
+    diffs.truncate(8);
+    panic!("{what}: {n} keys differ ({} actual vs {} expected entries), e.g. {diffs:?}", actual.len(), expected.len());
+}

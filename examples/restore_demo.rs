@@ -73,6 +73,10 @@ fn app(bootstrap: &str, app_id: &str, state: &Path) -> kstate::AppBuilder {
         .state_dir(state)
         .store(StoreDefinition::new("latest"))
         .commit_interval(Duration::from_millis(500))
+        // Static membership: a restarted instance takes over the crashed one's
+        // partitions at once instead of waiting out its session timeout.
+        .kafka_config("group.instance.id", format!("{app_id}-instance"))
+        .kafka_config("session.timeout.ms", "10000")
 }
 
 /// Stores the latest value per key, then aborts once everything was processed.

@@ -300,17 +300,28 @@ impl RestoreLoop {
         let partition = job.partition;
         let n = job.stores.len();
         self.jobs.insert(partition, job);
+        let mut up_to_date = Vec::new();
         for i in 0..n {
-            if let Err(e) = self.begin(partition, i) {
-                self.fail(partition, e);
-                return;
+            match self.begin(partition, i) {
+                Ok(Some(key)) => up_to_date.push(key),
+                Ok(None) => {}
+                Err(e) => {
+                    self.fail(partition, e);
+                    return;
+                }
             }
+        }
+        // Finish stores with nothing to replay only after every store of the
+        // job has begun, so the job is not handed back early.
+        for key in up_to_date {
+            self.finish(&key);
         }
         self.complete_if_done(partition);
     }
 
     /// Validates the checkpoint and starts replaying one store partition.
-    fn begin(&mut self, partition: i32, index: usize) -> Result<()> {
+    /// Returns its key if there is nothing to replay (the caller finishes it).
+    fn begin(&mut self, partition: i32, index: usize) -> Result<Option<(String, i32)>> {
         let timeout = self.timeout;
         let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
         let topic = store.changelog_topic().to_string();
@@ -363,8 +374,7 @@ impl RestoreLoop {
         };
         if start >= high {
             self.active.insert(key.clone(), active);
-            self.finish(&key);
-            return Ok(());
+            return Ok(Some(key));
         }
         store.metrics.restore_remaining.set((high - start) as f64);
         store.engine_mut().start_bulk_load()?;
@@ -372,7 +382,7 @@ impl RestoreLoop {
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
         self.consumer.incremental_assign(&tpl)?;
         self.active.insert(key, active);
-        Ok(())
+        Ok(None)
     }
 
     /// Writes the pending batch with the checkpoint of its last record.
@@ -528,10 +538,16 @@ impl RestoreLoop {
             .iter()
             .filter_map(|k| self.active.remove(k).map(|a| (a.partition, a.store_index)))
             .collect();
+        let mut up_to_date = Vec::new();
         for (p, i) in starts {
-            if let Err(e) = self.begin(p, i) {
-                self.fail(p, e);
+            match self.begin(p, i) {
+                Ok(Some(key)) => up_to_date.push(key),
+                Ok(None) => {}
+                Err(e) => self.fail(p, e),
             }
+        }
+        for key in up_to_date {
+            self.finish(&key);
         }
     }
 }

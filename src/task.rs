@@ -160,7 +160,18 @@ impl TaskManager {
 
     /// Moves restored tasks to running and resumes their input.
     pub(crate) fn collect_restored<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
-        while let Ok(outcome) = self.restorer.outcomes.try_recv() {
+        loop {
+            let outcome = match self.restorer.outcomes.try_recv() {
+                Ok(o) => o,
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    return Err(crate::error::Error::Restore {
+                        topic: String::new(),
+                        partition: -1,
+                        detail: "the restore thread stopped unexpectedly".into(),
+                    })
+                }
+            };
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
                 RestoreOutcome::Failed(job, e) => {
@@ -183,7 +194,6 @@ impl TaskManager {
             consumer.resume(&tpl)?;
             tracing::info!(partition = task.partition, "task running");
         }
-        Ok(())
     }
 
     /// Total uncommitted bytes over every store.

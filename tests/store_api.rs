@@ -37,6 +37,10 @@ struct Observed {
 #[test]
 fn crud_scans_and_read_your_writes_before_commit() {
     init_tracing();
+    // The only test in this binary that records metrics: a process-wide recorder.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("first recorder of this test binary");
     let input = unique("crud-in");
     let app = unique("crud");
     create_topic(&input, 1, &[]);
@@ -119,4 +123,42 @@ fn crud_scans_and_read_your_writes_before_commit() {
     assert_eq!(checkpoint, Some(changelog.last().unwrap().0));
     assert_eq!(changelog[7].2, None, "a delete is a tombstone");
     assert_eq!(committed_offset(&app, &input, 0), Some(1), "input offset committed after the store");
+
+    // Metrics through the `metrics` facade, labelled by store and partition.
+    let mut seen = std::collections::HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        seen.insert(format!("{}{{{}}}", key.key().name(), labels.join(",")), value);
+    }
+    use metrics_util::debugging::DebugValue;
+    assert_eq!(seen.get("kstate_store_puts_total{store=kv,partition=0}"), Some(&DebugValue::Counter(7)));
+    assert_eq!(seen.get("kstate_store_deletes_total{store=kv,partition=0}"), Some(&DebugValue::Counter(2)));
+    assert!(matches!(seen.get("kstate_store_gets_total{store=kv,partition=0}"), Some(DebugValue::Counter(n)) if *n >= 3));
+    assert!(
+        matches!(seen.get("kstate_commit_seconds{}"), Some(DebugValue::Histogram(h)) if !h.is_empty()),
+        "commit latency recorded: {:?}", seen.keys().collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn run_async_processes_and_stops_on_shutdown() {
+    init_tracing();
+    let input = unique("async-in");
+    let app = unique("async");
+    create_topic(&input, 1, &[]);
+    let state = tempfile::tempdir().unwrap();
+    produce(&input, &[(0, b"k".to_vec(), Some(b"v".to_vec()))]);
+    // Not named `kv`: the metrics assertions of the other test count `kv` puts.
+    let app = builder(&app, &input, state.path()).store(StoreDefinition::new("async-kv")).build().unwrap();
+    let stop = app.shutdown_handle();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = rt.spawn(app.run_async(move |ctx, rec| {
+        ctx.store("async-kv")?.put(rec.key.unwrap(), rec.value.unwrap())?;
+        tx.send(rec.offset).unwrap();
+        Ok::<(), kstate::Error>(())
+    }));
+    assert_eq!(rx.recv_timeout(TIMEOUT).unwrap(), 0);
+    stop.shutdown();
+    rt.block_on(handle).unwrap().expect("clean shutdown");
 }

@@ -1,0 +1,307 @@
+//! Rust contenders of the benchmark suite; driven by `testing/bench/run.py`.
+//!
+//! Every subcommand prints one JSON line on stdout:
+//!
+//! * `consume --topic T` — plain rdkafka consumer reading every partition to the end (the physical limit);
+//! * `rocksdb-raw --topic T --dir D` — the same consumer writing WAL-less WriteBatches into RocksDB;
+//! * `kstate-restore --app A --store S --input I --state-dir D` — kstate restoring `A-S-changelog`;
+//! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
+//! * `kstate-write --app A --input I --records N --state-dir D` — kstate putting every input record.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kstate::{App, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer, DefaultProducerContext};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if args.is_empty() {
+        // `cargo test --all-targets` runs this binary without arguments.
+        eprintln!("kstate_bench: contenders for testing/bench/run.py; see the module docs");
+        return;
+    }
+    let result = run(&args);
+    match result {
+        Ok(json) => println!("{json}"),
+        Err(e) => {
+            println!("{{\"error\":{:?}}}", e.to_string());
+            std::process::exit(1);
+        }
+    }
+}
+
+fn opt<'a>(args: &'a [String], name: &str) -> Result<&'a str, BoxError> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+        .ok_or_else(|| format!("missing {name}").into())
+}
+
+fn bootstrap(args: &[String]) -> String {
+    opt(args, "--bootstrap").map(str::to_string).unwrap_or_else(|_| {
+        std::env::var("KSTATE_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into())
+    })
+}
+
+fn run(args: &[String]) -> Result<String, BoxError> {
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    let b = bootstrap(args);
+    match cmd {
+        "consume" => consume(&b, opt(args, "--topic")?, None),
+        "rocksdb-raw" => consume(&b, opt(args, "--topic")?, Some(opt(args, "--dir")?)),
+        "kstate-restore" => kstate_restore(&b, opt(args, "--app")?, opt(args, "--store")?, opt(args, "--input")?, opt(args, "--state-dir")?),
+        "produce" => produce(&b, opt(args, "--topic")?, opt(args, "--source")?),
+        "kstate-write" => kstate_write(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--input")?,
+            opt(args, "--records")?.parse()?,
+            opt(args, "--state-dir")?,
+        ),
+        _ => Err(format!("unknown subcommand `{cmd}`").into()),
+    }
+}
+
+fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<(i32, i64, i64)>, BoxError> {
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let t = md.topics().iter().find(|t| t.name() == topic).ok_or("topic missing")?;
+    let mut out = Vec::new();
+    for p in t.partitions() {
+        let (lo, hi) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+        out.push((p.id(), lo, hi));
+    }
+    Ok(out)
+}
+
+/// Reads `topic` to its end; with `dir`, writes WAL-less WriteBatches into RocksDB there.
+fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, BoxError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "kstate-bench-consume")
+        .set("enable.auto.commit", "false")
+        .set("fetch.max.bytes", "104857600")
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("queued.max.messages.kbytes", "262144")
+        .create()?;
+    let parts = partitions_of(&consumer, topic)?;
+    let db = match dir {
+        Some(d) => {
+            let _ = std::fs::remove_dir_all(d);
+            let mut o = rocksdb::Options::default();
+            o.create_if_missing(true);
+            o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            Some(rocksdb::DB::open(&o, d)?)
+        }
+        None => None,
+    };
+    let mut wo = rocksdb::WriteOptions::default();
+    wo.disable_wal(true);
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0;
+    let mut ends = HashMap::new();
+    for (p, lo, hi) in &parts {
+        if hi > lo {
+            tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+            ends.insert(*p, *hi);
+            remaining += 1;
+        }
+    }
+    let started = Instant::now();
+    consumer.assign(&tpl)?;
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut batch = rocksdb::WriteBatch::default();
+    while remaining > 0 {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                records += 1;
+                let k = m.key().unwrap_or_default();
+                bytes += (k.len() + m.payload().map_or(0, <[u8]>::len)) as u64;
+                if db.is_some() {
+                    match m.payload() {
+                        Some(v) => batch.put(k, v),
+                        None => batch.delete(k),
+                    }
+                    if batch.len() >= 20_000 {
+                        db.as_ref().unwrap().write_opt(std::mem::take(&mut batch), &wo)?;
+                    }
+                }
+                if m.offset() + 1 >= ends[&m.partition()] {
+                    remaining -= 1;
+                }
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    if let Some(db) = &db {
+        db.write_opt(batch, &wo)?;
+        db.flush()?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let contender = if dir.is_some() { "rocksdb-raw" } else { "plain-consumer" };
+    Ok(format!(
+        "{{\"contender\":\"{contender}\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        records as f64 / secs
+    ))
+}
+
+#[derive(Default, Clone)]
+struct Times {
+    first_start: Arc<Mutex<Option<Instant>>>,
+    ends: Arc<Mutex<Vec<(Instant, RestoreEnd)>>>,
+}
+
+impl RestoreListener for Times {
+    fn on_restore_start(&self, _: &RestoreStart) {
+        self.first_start.lock().unwrap().get_or_insert_with(Instant::now);
+    }
+    fn on_restore_end(&self, e: &RestoreEnd) {
+        self.ends.lock().unwrap().push((Instant::now(), e.clone()));
+    }
+}
+
+fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &str) -> Result<String, BoxError> {
+    let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let partitions = partitions_of(&admin, input)?.len();
+    let times = Times::default();
+    let app = App::builder()
+        .application_id(app)
+        .bootstrap_servers(bootstrap)
+        .input_topic(input)
+        .state_dir(state)
+        .store(StoreDefinition::new(store))
+        .restore_listener(times.clone())
+        .build()?;
+    let stop = app.shutdown_handle();
+    let started = Instant::now();
+    let runner = std::thread::spawn(move || app.run(|_, _| Ok::<(), kstate::Error>(())));
+    while times.ends.lock().unwrap().len() < partitions {
+        if runner.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let to_running = started.elapsed().as_secs_f64();
+    stop.shutdown();
+    runner.join().map_err(|_| "runtime panicked")??;
+    let ends = times.ends.lock().unwrap();
+    let first = times.first_start.lock().unwrap().ok_or("no restore started")?;
+    let last = ends.iter().map(|e| e.0).max().ok_or("no restore ended")?;
+    let records: u64 = ends.iter().map(|e| e.1.records).sum();
+    let bytes: u64 = ends.iter().map(|e| e.1.bytes).sum();
+    let secs = (last - first).as_secs_f64().max(1e-6);
+    Ok(format!(
+        "{{\"contender\":\"kstate\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4}}}",
+        records as f64 / secs
+    ))
+}
+
+/// Re-sends every record of `source` to `topic` (same partition) with a plain producer.
+fn produce(bootstrap: &str, topic: &str, source: &str) -> Result<String, BoxError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "kstate-bench-produce")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    // Load the records first so that only producing is timed.
+    let parts = partitions_of(&consumer, source)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for (p, lo, hi) in &parts {
+        if hi > lo {
+            tpl.add_partition_offset(source, *p, Offset::Beginning)?;
+            ends.insert(*p, *hi);
+        }
+    }
+    consumer.assign(&tpl)?;
+    let mut recs: Vec<(i32, Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut remaining = ends.len();
+    while remaining > 0 {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m?;
+            recs.push((m.partition(), m.key().unwrap_or_default().to_vec(), m.payload().unwrap_or_default().to_vec()));
+            if m.offset() + 1 >= ends[&m.partition()] {
+                remaining -= 1;
+            }
+        }
+    }
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    for (p, k, v) in &recs {
+        bytes += (k.len() + v.len()) as u64;
+        let mut r = BaseRecord::<[u8], [u8]>::to(topic).partition(*p).key(k).payload(v);
+        loop {
+            match producer.send(r) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    r = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    let secs = started.elapsed().as_secs_f64();
+    Ok(format!(
+        "{{\"contender\":\"plain-producer\",\"records\":{},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        recs.len(),
+        recs.len() as f64 / secs
+    ))
+}
+
+fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &str) -> Result<String, BoxError> {
+    let app = App::builder()
+        .application_id(app)
+        .bootstrap_servers(bootstrap)
+        .input_topic(input)
+        .state_dir(state)
+        .store(StoreDefinition::new("kv"))
+        .commit_interval(Duration::from_millis(100))
+        .build()?;
+    let stop = app.shutdown_handle();
+    let seen = Arc::new(AtomicU64::new(0));
+    let first = Arc::new(Mutex::new(None::<Instant>));
+    let last = Arc::new(Mutex::new(None::<Instant>));
+    let (s, f, l) = (seen.clone(), first.clone(), last.clone());
+    let runner = std::thread::spawn(move || {
+        app.run(move |ctx, rec| {
+            if s.load(Ordering::Relaxed) == 0 {
+                *f.lock().unwrap() = Some(Instant::now());
+            }
+            let store = ctx.store("kv")?;
+            match rec.value {
+                Some(v) => store.put(rec.key.unwrap_or_default(), v)?,
+                None => store.delete(rec.key.unwrap_or_default())?,
+            }
+            if s.fetch_add(1, Ordering::Relaxed) + 1 == records {
+                *l.lock().unwrap() = Some(Instant::now());
+                stop.shutdown();
+            }
+            Ok::<(), kstate::Error>(())
+        })
+    });
+    runner.join().map_err(|_| "runtime panicked")??;
+    let (f, l) = (first.lock().unwrap().ok_or("nothing processed")?, last.lock().unwrap().ok_or("did not finish")?);
+    let secs = (l - f).as_secs_f64();
+    Ok(format!(
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        records as f64 / secs
+    ))
+}

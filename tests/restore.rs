@@ -195,7 +195,14 @@ fn empty_changelog_and_compacted_changelog_restore() {
 
     std::fs::remove_dir_all(state.path().join(&app)).unwrap();
     let r = run_once(&app, &input, state.path(), 1, &[], store());
-    assert_eq!(r.restored_records(), present.len() as u64, "restored what compaction left, gaps and all");
+    // The cleaner may run again meanwhile (dropping the k3 tombstone), so
+    // the restore sees at most what we read, and at least one record per key.
+    let restored = r.restored_records();
+    assert!(
+        (model.len() as u64..=present.len() as u64).contains(&restored),
+        "restored {restored} records; compaction left {} over {} keys", present.len(), model.len()
+    );
+    assert!(restored < records.len() as u64, "the compacted head was skipped, not replayed");
     let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
     assert_eq!(data, model);
     assert_eq!(checkpoint, Some(present.last().unwrap().0));

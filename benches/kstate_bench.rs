@@ -21,12 +21,33 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// `KSTATE_BENCH_RDKAFKA="k=v,k=v"` adds librdkafka settings (for experiments).
+trait FromEnv {
+    fn extend_from_env(&mut self) -> &mut Self;
+}
+
+impl FromEnv for ClientConfig {
+    fn extend_from_env(&mut self) -> &mut Self {
+        if let Ok(extra) = std::env::var("KSTATE_BENCH_RDKAFKA") {
+            for kv in extra.split(',').filter(|s| !s.is_empty()) {
+                if let Some((k, v)) = kv.split_once('=') {
+                    self.set(k, v);
+                }
+            }
+        }
+        self
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     if args.is_empty() {
         // `cargo test --all-targets` runs this binary without arguments.
         eprintln!("kstate_bench: contenders for testing/bench/run.py; see the module docs");
         return;
+    }
+    if let Ok(filter) = std::env::var("KSTATE_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     }
     let result = run(&args);
     match result {
@@ -90,7 +111,11 @@ fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, Bo
         .set("enable.auto.commit", "false")
         .set("fetch.max.bytes", "104857600")
         .set("max.partition.fetch.bytes", "16777216")
-        .set("queued.max.messages.kbytes", "262144")
+        // The same bulk-read settings as kstate's restore consumer.
+        .set("queued.max.messages.kbytes", "131072")
+        .set("queued.min.messages", "10000000")
+        .set("fetch.queue.backoff.ms", "0")
+        .extend_from_env()
         .create()?;
     let parts = partitions_of(&consumer, topic)?;
     let db = match dir {
@@ -99,6 +124,7 @@ fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, Bo
             let mut o = rocksdb::Options::default();
             o.create_if_missing(true);
             o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            o.set_write_buffer_size(16 << 20); // as kstate's default
             Some(rocksdb::DB::open(&o, d)?)
         }
         None => None,

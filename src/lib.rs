@@ -50,6 +50,7 @@ mod lock;
 pub mod metrics;
 mod overlay;
 pub mod restore;
+mod restore_batch;
 mod runtime;
 mod store;
 mod task;

@@ -25,9 +25,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use rocksdb::WriteBatch;
 
 use crate::engine::Engine;
+use crate::restore_batch::SortedBatch;
 use crate::error::{Error, Result};
 use crate::store::KeyValueStore;
 
@@ -139,9 +139,19 @@ impl Restorer {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false");
+        // Bulk reading: librdkafka's defaults (queued.min.messages=100000 per
+        // partition, then a fetch.queue.backoff.ms=1000 pause) throttle a
+        // backlog read to a fraction of what the broker serves; the queue is
+        // bounded by bytes instead (measured in BENCHMARKS.md).
         crate::config::set_default(&mut config, "fetch.max.bytes", "104857600");
         crate::config::set_default(&mut config, "max.partition.fetch.bytes", "16777216");
-        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "262144");
+        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "131072");
+        crate::config::set_default(&mut config, "queued.min.messages", "10000000");
+        crate::config::set_default(&mut config, "fetch.queue.backoff.ms", "0");
+        // A fetch parked at the broker (default up to 500 ms once a partition
+        // is caught up) delays every request behind it on the connection:
+        // the next restore's watermark query and its first fetch.
+        crate::config::set_default(&mut config, "fetch.wait.max.ms", "10");
         let consumer: BaseConsumer = config.create()?;
         let (ctx, crx) = mpsc::channel();
         let (otx, orx) = mpsc::channel();
@@ -178,14 +188,14 @@ impl Drop for Restorer {
 /// Restore state of one store partition.
 struct Active {
     partition: i32,
+    /// Whether the changelog partition is assigned to the restore consumer.
+    assigned: bool,
     store_index: usize,
     end: i64,
     last_offset: i64,
     records: u64,
     bytes: u64,
-    batch: WriteBatch,
-    batch_records: usize,
-    batch_bytes: usize,
+    batch: SortedBatch,
     started: Instant,
 }
 
@@ -243,33 +253,33 @@ impl RestoreLoop {
 
             match self.consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(msg)) => {
-                    let key = (msg.topic().to_string(), msg.partition());
-                    let Some(a) = self.active.get_mut(&key) else { continue };
+                    // Few restores run at once: a scan beats allocating a key per record.
+                    let (topic, partition) = (msg.topic(), msg.partition());
+                    let Some((key, a)) = self.active.iter_mut().find(|(k, _)| k.1 == partition && k.0 == topic)
+                    else {
+                        continue;
+                    };
                     let offset = msg.offset();
                     match msg.key() {
                         Some(k) => {
                             let v = msg.payload();
-                            let n = k.len() + v.map_or(0, <[u8]>::len);
-                            match v {
-                                Some(v) => a.batch.put(k, v),
-                                None => a.batch.delete(k),
-                            }
-                            a.batch_bytes += n;
-                            a.bytes += n as u64;
+                            a.batch.push(k, v);
+                            a.bytes += (k.len() + v.map_or(0, <[u8]>::len)) as u64;
                         }
-                        None => tracing::warn!(topic = %key.0, partition = key.1, offset,
-                            "changelog record without a key skipped"),
+                        None => tracing::warn!(topic, partition, offset, "changelog record without a key skipped"),
                     }
-                    a.batch_records += 1;
                     a.records += 1;
                     a.last_offset = offset;
-                    let full = a.batch_records >= BATCH_RECORDS || a.batch_bytes >= BATCH_BYTES;
+                    let full = a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES;
                     let at_end = offset + 1 >= a.end;
-                    drop(msg);
-                    if at_end {
-                        self.finish(&key);
-                    } else if full {
-                        self.write_batch(&key);
+                    if at_end || full {
+                        let key = key.clone();
+                        drop(msg);
+                        if at_end {
+                            self.finish(&key);
+                        } else {
+                            self.write_batch(&key);
+                        }
                     }
                 }
                 Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
@@ -360,16 +370,15 @@ impl RestoreLoop {
         tracing::info!(store = %event.store, partition, start, end = high, "restore starting");
         self.listener.on_restore_start(&event);
         let key = (topic.clone(), partition);
-        let active = Active {
+        let mut active = Active {
             partition,
+            assigned: false,
             store_index: index,
             end: high,
             last_offset: start - 1,
             records: 0,
             bytes: 0,
-            batch: WriteBatch::default(),
-            batch_records: 0,
-            batch_bytes: 0,
+            batch: Default::default(),
             started: Instant::now(),
         };
         if start >= high {
@@ -381,6 +390,7 @@ impl RestoreLoop {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
         self.consumer.incremental_assign(&tpl)?;
+        active.assigned = true;
         self.active.insert(key, active);
         Ok(None)
     }
@@ -389,12 +399,11 @@ impl RestoreLoop {
     fn write_batch(&mut self, key: &(String, i32)) {
         let listener = self.listener.clone();
         let Some((a, store)) = self.store_of(key) else { return };
-        if a.batch_records == 0 {
+        if a.batch.len() == 0 {
             return;
         }
-        let batch = std::mem::take(&mut a.batch);
-        let records = std::mem::take(&mut a.batch_records) as u64;
-        a.batch_bytes = 0;
+        let records = a.batch.len() as u64;
+        let batch = a.batch.take_sorted();
         let last = a.last_offset;
         let result = store.engine().commit(batch, last);
         match result {
@@ -419,7 +428,7 @@ impl RestoreLoop {
     /// Completes one store partition: last batch, checkpoint at `end - 1`, flush.
     fn finish(&mut self, key: &(String, i32)) {
         self.write_batch(key);
-        let Some(a) = self.active.remove(key) else { return };
+        let Some(a) = self.remove_active(key) else { return };
         let Some(job) = self.jobs.get_mut(&a.partition) else { return };
         let store = &mut job.stores[a.store_index];
         let result = (|| -> Result<()> {
@@ -432,7 +441,6 @@ impl RestoreLoop {
             store.engine_mut().finish_bulk_load()?;
             Ok(())
         })();
-        let _ = self.unassign(key);
         if let Err(e) = result {
             self.fail(a.partition, e);
             return;
@@ -466,11 +474,27 @@ impl RestoreLoop {
         }
     }
 
+    /// Keys of the active restores of `partition`.
+    fn active_keys(&self, partition: i32) -> Vec<(String, i32)> {
+        self.active.iter().filter(|(_, a)| a.partition == partition).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Stops tracking one store partition and releases its changelog partition.
+    fn remove_active(&mut self, key: &(String, i32)) -> Option<Active> {
+        let a = self.active.remove(key)?;
+        if a.assigned {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&key.0, key.1);
+            if let Err(e) = self.consumer.incremental_unassign(&tpl) {
+                tracing::warn!(topic = %key.0, partition = key.1, error = %e, "unassigning a restored changelog partition failed");
+            }
+        }
+        Some(a)
+    }
+
     fn fail(&mut self, partition: i32, error: Error) {
-        let keys: Vec<_> = self.active.iter().filter(|(_, a)| a.partition == partition).map(|(k, _)| k.clone()).collect();
-        for k in keys {
-            self.active.remove(&k);
-            let _ = self.unassign(&k);
+        for k in self.active_keys(partition) {
+            self.remove_active(&k);
         }
         if let Some(mut job) = self.jobs.remove(&partition) {
             for s in &mut job.stores {
@@ -481,11 +505,9 @@ impl RestoreLoop {
     }
 
     fn cancel_job(&mut self, partition: i32) -> Option<RestoreJob> {
-        let keys: Vec<_> = self.active.iter().filter(|(_, a)| a.partition == partition).map(|(k, _)| k.clone()).collect();
-        for k in keys {
+        for k in self.active_keys(partition) {
             self.write_batch(&k);
-            self.active.remove(&k);
-            let _ = self.unassign(&k);
+            self.remove_active(&k);
         }
         let mut job = self.jobs.remove(&partition)?;
         for s in &mut job.stores {
@@ -494,13 +516,6 @@ impl RestoreLoop {
             }
         }
         Some(job)
-    }
-
-    fn unassign(&self, key: &(String, i32)) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&key.0, key.1);
-        self.consumer.incremental_unassign(&tpl)?;
-        Ok(())
     }
 
     /// Completes restores whose position reached the end offset even though
@@ -530,14 +545,13 @@ impl RestoreLoop {
     /// Re-validates every active restore from its last written checkpoint.
     fn restart_all(&mut self) {
         let keys: Vec<_> = self.active.keys().cloned().collect();
+        let mut starts = Vec::new();
         for k in &keys {
             self.write_batch(k);
-            let _ = self.unassign(k);
+            if let Some(a) = self.remove_active(k) {
+                starts.push((a.partition, a.store_index));
+            }
         }
-        let starts: Vec<(i32, usize)> = keys
-            .iter()
-            .filter_map(|k| self.active.remove(k).map(|a| (a.partition, a.store_index)))
-            .collect();
         let mut up_to_date = Vec::new();
         for (p, i) in starts {
             match self.begin(p, i) {

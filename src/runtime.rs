@@ -210,6 +210,10 @@ where
         .set("enable.auto.offset.store", "false")
         .set("partition.assignment.strategy", config.assignment.librdkafka_name(config.input_topics.len()));
     crate::config::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
+    // As for restores: librdkafka otherwise pauses fetching for up to 1 s
+    // whenever 100k messages per partition are queued, starving a busy loop.
+    crate::config::set_default(&mut consumer_config, "queued.min.messages", "1000000");
+    crate::config::set_default(&mut consumer_config, "fetch.queue.backoff.ms", "0");
     let consumer: BaseConsumer<RuntimeContext> =
         consumer_config.create_with_context(RuntimeContext { shared: shared.clone() })?;
     let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();

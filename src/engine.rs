@@ -12,11 +12,11 @@
 //! [`Engine::finish_bulk_load`] flushes before any WAL write follows.
 
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, FlushOptions, IteratorMode,
-    Options, ReadOptions, WriteBatch, WriteOptions, DB,
+    MemtableFactory, Options, ReadOptions, WriteBatch, WriteOptions, DB,
 };
 
 use crate::error::{Error, Result};
@@ -50,13 +50,30 @@ impl EngineResources {
 
 /// One store partition's RocksDB instance.
 pub(crate) struct Engine {
-    db: DB,
+    /// Always `Some` outside of [`Engine::reopen`].
+    db: Option<DB>,
+    path: PathBuf,
+    resources: EngineResources,
     bulk_loading: bool,
 }
 
 impl Engine {
     /// Opens (or creates) the database at `path`.
     pub(crate) fn open(path: &Path, res: &EngineResources) -> Result<Engine> {
+        Ok(Engine {
+            db: Some(Self::open_db(path, res, false)?),
+            path: path.to_path_buf(),
+            resources: res.clone(),
+            bulk_loading: false,
+        })
+    }
+
+    /// Opens RocksDB; `bulk` selects the restore tuning: a vector memtable
+    /// (appends instead of skiplist inserts; sorted once at flush, which is
+    /// RocksDB's own bulk-load advice), uncompressed flushes and no
+    /// auto-compaction. Measured on 2M records: +15% (vector), +10% (no
+    /// compression); see BENCHMARKS.md.
+    fn open_db(path: &Path, res: &EngineResources, bulk: bool) -> Result<DB> {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&res.block_cache);
         table.set_cache_index_and_filter_blocks(true);
@@ -65,8 +82,15 @@ impl Engine {
         cf_opts.set_block_based_table_factory(&table);
         cf_opts.set_write_buffer_size(res.write_buffer_bytes);
         cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        if bulk {
+            cf_opts.set_memtable_factory(MemtableFactory::Vector);
+            cf_opts.set_disable_auto_compactions(true);
+            // Flushes during a restore compete with it for CPU; their files
+            // are compressed later, when compaction rewrites them.
+            cf_opts.set_compression_type(rocksdb::DBCompressionType::None);
+        }
 
-        let mut db_opts = cf_opts.clone();
+        let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
         db_opts.set_atomic_flush(true);
@@ -74,11 +98,22 @@ impl Engine {
         db_opts.set_keep_log_file_num(2);
 
         let cfs = vec![
-            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, cf_opts.clone()),
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, cf_opts),
             ColumnFamilyDescriptor::new(META_CF, Options::default()),
         ];
-        let db = DB::open_cf_descriptors(&db_opts, path, cfs)?;
-        Ok(Engine { db, bulk_loading: false })
+        Ok(DB::open_cf_descriptors(&db_opts, path, cfs)?)
+    }
+
+    fn db(&self) -> &DB {
+        self.db.as_ref().expect("database is open")
+    }
+
+    /// Closes and reopens the database with bulk-load tuning on or off.
+    fn reopen(&mut self, bulk: bool) -> Result<()> {
+        self.flush()?;
+        drop(self.db.take());
+        self.db = Some(Self::open_db(&self.path, &self.resources, bulk)?);
+        Ok(())
     }
 
     /// Removes every file of the database at `path`.
@@ -91,12 +126,12 @@ impl Engine {
     }
 
     fn meta(&self) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(META_CF).expect("meta column family is created at open")
+        self.db().cf_handle(META_CF).expect("meta column family is created at open")
     }
 
     /// Reads the changelog checkpoint.
     pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
-        Ok(match self.db.get_cf(self.meta(), CHECKPOINT_KEY)? {
+        Ok(match self.db().get_cf(self.meta(), CHECKPOINT_KEY)? {
             None => Checkpoint::None,
             Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
                 Ok(b) if i64::from_be_bytes(b) >= 0 => Checkpoint::At(i64::from_be_bytes(b)),
@@ -107,7 +142,7 @@ impl Engine {
 
     /// Reads one key from the data.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.db.get_pinned(key)?.map(|v| v.to_vec()))
+        Ok(self.db().get_pinned(key)?.map(|v| v.to_vec()))
     }
 
     /// Iterates the data over `[start, end)` bounds in key order.
@@ -131,7 +166,7 @@ impl Engine {
             Bound::Included(s) => (IteratorMode::From(s, Direction::Forward), None),
             Bound::Excluded(s) => (IteratorMode::From(s, Direction::Forward), Some(s.to_vec())),
         };
-        self.db
+        self.db()
             .iterator_opt(mode, ro)
             .filter(move |r| match (r, &skip) {
                 (Ok((k, _)), Some(s)) => k.as_ref() != s.as_slice(),
@@ -150,14 +185,17 @@ impl Engine {
         batch.put_cf(self.meta(), CHECKPOINT_KEY, checkpoint.to_be_bytes());
         let mut wo = WriteOptions::default();
         wo.disable_wal(self.bulk_loading);
-        self.db.write_opt(batch, &wo)?;
+        self.db().write_opt(batch, &wo)?;
         Ok(())
     }
 
-    /// Switches to restore mode: WAL off and auto-compaction deferred.
+    /// Switches to restore mode: WAL off, vector memtable, auto-compaction
+    /// deferred. The store must not be read until [`Engine::finish_bulk_load`].
     pub(crate) fn start_bulk_load(&mut self) -> Result<()> {
-        self.db.set_options(&[("disable_auto_compactions", "true")])?;
-        self.bulk_loading = true;
+        if !self.bulk_loading {
+            self.reopen(true)?;
+            self.bulk_loading = true;
+        }
         Ok(())
     }
 
@@ -168,8 +206,7 @@ impl Engine {
         if !self.bulk_loading {
             return Ok(());
         }
-        self.flush()?;
-        self.db.set_options(&[("disable_auto_compactions", "false")])?;
+        self.reopen(false)?;
         self.bulk_loading = false;
         Ok(())
     }
@@ -178,14 +215,18 @@ impl Engine {
     pub(crate) fn flush(&self) -> Result<()> {
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
-        let default = self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).expect("default cf");
-        self.db.flush_cfs_opt(&[default, self.meta()], &fo)?;
+        let Some(db) = self.db.as_ref() else {
+            // A reopen failed earlier; its error was already reported.
+            return Err(Error::io(&self.path, std::io::Error::other("database is closed after a failed reopen")));
+        };
+        let default = db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).expect("default cf");
+        db.flush_cfs_opt(&[default, self.meta()], &fo)?;
         Ok(())
     }
 
     /// An integer RocksDB property of the data column family, e.g. `rocksdb.estimate-num-keys`.
     pub(crate) fn property(&self, name: &str) -> Option<u64> {
-        self.db.property_int_value(name).ok().flatten()
+        self.db().property_int_value(name).ok().flatten()
     }
 }
 
@@ -193,7 +234,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // A store dropped mid-restore must not leave WAL-less writes that a
         // later WAL write could overtake; flushing is cheap if nothing is there.
-        if self.bulk_loading {
+        if self.bulk_loading && self.db.is_some() {
             let _ = self.flush();
         }
     }
@@ -220,6 +261,26 @@ mod tests {
         let e = Engine::open(dir.path(), &res()).unwrap();
         assert_eq!(e.checkpoint().unwrap(), Checkpoint::At(41));
         assert_eq!(e.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+
+    #[test]
+    fn bulk_load_is_durable_and_reopens_in_normal_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut e = Engine::open(dir.path(), &res()).unwrap();
+            e.start_bulk_load().unwrap();
+            let mut b = Engine::batch();
+            b.put(b"z", b"1");
+            b.put(b"a", b"2");
+            e.commit(b, 7).unwrap();
+            e.finish_bulk_load().unwrap();
+            assert_eq!(e.get(b"a").unwrap().as_deref(), Some(&b"2"[..]));
+            e.commit(Engine::batch(), 8).unwrap(); // a WAL write after the WAL-less ones
+        }
+        let e = Engine::open(dir.path(), &res()).unwrap();
+        assert_eq!(e.checkpoint().unwrap(), Checkpoint::At(8));
+        let keys: Vec<_> = e.scan(Bound::Unbounded, Bound::Unbounded).map(|r| r.unwrap().0).collect();
+        assert_eq!(keys, [b"a".to_vec(), b"z".to_vec()]);
     }
 
     #[test]

@@ -241,6 +241,12 @@ impl KeyValueStore {
         self.overlay.bytes()
     }
 
+    /// Whether a commit has anything to write (uncommitted writes, or
+    /// acknowledgements past the checkpoint, or a delivery failure to report).
+    pub(crate) fn has_commit_work(&self) -> bool {
+        !self.overlay.is_empty() || self.tracker.settle().map_or(true, |acked| acked != self.checkpoint)
+    }
+
     /// Step 2 of a commit, after the producer was flushed: moves the overlay
     /// into RocksDB with the checkpoint of the last acknowledged record.
     pub(crate) fn commit_flushed(&mut self) -> Result<()> {

@@ -199,7 +199,7 @@ fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &
     let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
     let partitions = partitions_of(&admin, input)?.len();
     let times = Times::default();
-    let app = App::builder()
+    let app = with_env_kafka_config(App::builder())
         .application_id(app)
         .bootstrap_servers(bootstrap)
         .input_topic(input)
@@ -292,8 +292,20 @@ fn produce(bootstrap: &str, topic: &str, source: &str) -> Result<String, BoxErro
     ))
 }
 
+/// `KSTATE_BENCH_RDKAFKA` settings as kstate `kafka_config` entries.
+fn with_env_kafka_config(mut b: kstate::AppBuilder) -> kstate::AppBuilder {
+    if let Ok(extra) = std::env::var("KSTATE_BENCH_RDKAFKA") {
+        for kv in extra.split(',').filter(|s| !s.is_empty()) {
+            if let Some((k, v)) = kv.split_once('=') {
+                b = b.kafka_config(k, v);
+            }
+        }
+    }
+    b
+}
+
 fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &str) -> Result<String, BoxError> {
-    let app = App::builder()
+    let app = with_env_kafka_config(App::builder())
         .application_id(app)
         .bootstrap_servers(bootstrap)
         .input_topic(input)

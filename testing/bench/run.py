@@ -158,7 +158,12 @@ class Suite:
             for name, results in contenders.items():
                 rps = median_of(results, "records_per_sec")
                 secs = median_of(results, "seconds")
-                mbs = median_of([dict(r, mb=r["bytes"] / r["seconds"] / 1e6) for r in results if r.get("bytes")], "mb")
+                # Contenders that report no bytes (Kafka Streams) read the same
+                # records, so their MB/s follows from the scenario's record size.
+                per_record = next((r["bytes"] / r["records"] for rs in contenders.values() for r in rs
+                                   if r.get("bytes") and r.get("records")), None)
+                mbs = median_of([dict(r, mb=(r.get("bytes") or r["records"] * (per_record or 0)) / r["seconds"] / 1e6)
+                                 for r in results if r.get("seconds")], "mb")
                 rss = median_of(results, "peak_rss_bytes")
                 ratio = (base_secs / secs) if scenario == "tail-restore" else (rps / base if base else None)
                 print(f"| {name} | {int(median_of(results, 'records'))} | {rps:,.0f} | "

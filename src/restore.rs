@@ -139,16 +139,16 @@ impl Restorer {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false");
-        // Bulk reading: once a partition has queued.min.messages (100000)
-        // queued, librdkafka pauses its fetches for fetch.queue.backoff.ms
-        // (1 s), which throttled restores to a fraction of the broker's rate.
-        // Without the pause, the default queue size keeps the restore fed
-        // (about 0.9M records/s) at a bounded memory cost: every queued
-        // message costs a few hundred bytes beyond its payload, so larger
-        // queues bought speed the RocksDB side cannot use for 2-3x the RSS
-        // (measured in BENCHMARKS.md).
+        // Bulk reading: once a partition has queued.min.messages (default
+        // 100000) queued, librdkafka pauses its fetches for
+        // fetch.queue.backoff.ms (default 1 s), which throttled restores to a
+        // fraction of the broker's rate. No pause, a deeper per-partition
+        // queue, and a 32 MiB payload cap on the whole queue: every queued
+        // message costs a few hundred bytes beyond its payload, so the cap
+        // is what bounds RSS (measured in BENCHMARKS.md).
         crate::config::set_default(&mut config, "fetch.queue.backoff.ms", "0");
-        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "65536");
+        crate::config::set_default(&mut config, "queued.min.messages", "500000");
+        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "32768");
         crate::config::set_default(&mut config, "max.partition.fetch.bytes", "8388608");
         // A fetch parked at the broker (default up to 500 ms once a partition
         // is caught up) delays every request behind it on the connection:

@@ -151,13 +151,13 @@ fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, Bo
                 records += 1;
                 let k = m.key().unwrap_or_default();
                 bytes += (k.len() + m.payload().map_or(0, <[u8]>::len)) as u64;
-                if db.is_some() {
+                if let Some(db) = &db {
                     match m.payload() {
                         Some(v) => batch.put(k, v),
                         None => batch.delete(k),
                     }
                     if batch.len() >= 20_000 {
-                        db.as_ref().unwrap().write_opt(std::mem::take(&mut batch), &wo)?;
+                        db.write_opt(std::mem::take(&mut batch), &wo)?;
                     }
                 }
                 if m.offset() + 1 >= ends[&m.partition()] {

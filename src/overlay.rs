@@ -67,13 +67,16 @@ impl Overlay {
     }
 }
 
+/// Overlay entries in key order: `None` marks a delete.
+type OverlayIter<'a> = Box<dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a>;
+
 /// Merges the overlay over an engine scan: overlay entries win, deletes hide
 /// engine entries. Both inputs must be in ascending key order.
 pub(crate) struct MergeIter<'a, E>
 where
     E: Iterator<Item = crate::Result<(Vec<u8>, Vec<u8>)>>,
 {
-    overlay: std::iter::Peekable<Box<dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a>>,
+    overlay: std::iter::Peekable<OverlayIter<'a>>,
     engine: std::iter::Peekable<E>,
 }
 
@@ -85,7 +88,7 @@ where
         overlay: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a,
         engine: E,
     ) -> Self {
-        let overlay: Box<dyn Iterator<Item = _> + 'a> = Box::new(overlay);
+        let overlay: OverlayIter<'a> = Box::new(overlay);
         MergeIter { overlay: overlay.peekable(), engine: engine.peekable() }
     }
 }

@@ -21,7 +21,7 @@ use kstate::StoreDefinition;
 use rand::{Rng, SeedableRng};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
-type Input = Vec<(i32, Vec<u8>, Option<Vec<u8>>)>;
+type Input = Vec<KeyedRecord>;
 
 const PARTITIONS: i32 = 3;
 const PER_PARTITION: usize = 4000;

@@ -24,7 +24,7 @@ fn apply_input(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>)
     }
 }
 
-fn seeded_input(seed: u64, partitions: i32, per_partition: usize) -> Vec<(i32, Vec<u8>, Option<Vec<u8>>)> {
+fn seeded_input(seed: u64, partitions: i32, per_partition: usize) -> Vec<KeyedRecord> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
     for p in 0..partitions {
@@ -37,7 +37,7 @@ fn seeded_input(seed: u64, partitions: i32, per_partition: usize) -> Vec<(i32, V
     out
 }
 
-fn model_of(records: &[(i32, Vec<u8>, Option<Vec<u8>>)], partition: i32) -> Model {
+fn model_of(records: &[KeyedRecord], partition: i32) -> Model {
     let mut m = Model::new();
     for (_, k, v) in records.iter().filter(|r| r.0 == partition) {
         apply(&mut m, k, v.as_deref());

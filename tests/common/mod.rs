@@ -19,6 +19,9 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// An input or changelog record: `(partition, key, value)`; `None` is a tombstone.
+pub type KeyedRecord = (i32, Vec<u8>, Option<Vec<u8>>);
+
 pub fn bootstrap() -> String {
     std::env::var("KSTATE_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
 }
@@ -83,7 +86,7 @@ pub fn delete_topic(name: &str) {
 }
 
 /// Produces `(partition, key, value)` records and waits for every ack.
-pub fn produce(topic: &str, records: &[(i32, Vec<u8>, Option<Vec<u8>>)]) {
+pub fn produce(topic: &str, records: &[KeyedRecord]) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("enable.idempotence", "true")

@@ -118,6 +118,13 @@ impl AppConfig {
         if self.max_uncommitted_bytes == 0 {
             return Err(Error::Config("max_uncommitted_bytes must be greater than zero".into()));
         }
+        if self.assignment == crate::assignment::AssignmentStrategy::CooperativeSticky && self.input_topics.len() > 1 {
+            return Err(Error::Config(
+                "cooperative-sticky assignment does not keep partition p of several input topics on one member; \
+                 use AssignmentStrategy::Auto or Range with more than one input topic"
+                    .into(),
+            ));
+        }
         for (k, _) in &self.kafka_overrides {
             if matches!(k.as_str(), "group.id" | "enable.auto.commit" | "enable.idempotence" | "bootstrap.servers") {
                 return Err(Error::Config(format!("kafka config `{k}` is managed by kstate and cannot be overridden")));

@@ -55,9 +55,17 @@ impl Overlay {
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
-        self.entries
-            .range::<[u8], _>((start, end))
-            .map(|(k, v)| (k.as_slice(), v.as_deref()))
+        // BTreeMap::range panics on inverted or empty-exclusive bounds; a
+        // store answers those with nothing, like RocksDB does.
+        let empty = match (start, end) {
+            (Bound::Included(s), Bound::Included(e)) => s > e,
+            (Bound::Included(s) | Bound::Excluded(s), Bound::Excluded(e)) | (Bound::Excluded(s), Bound::Included(e)) => {
+                s >= e
+            }
+            _ => false,
+        };
+        let range = if empty { None } else { Some(self.entries.range::<[u8], _>((start, end))) };
+        range.into_iter().flatten().map(|(k, v)| (k.as_slice(), v.as_deref()))
     }
 
     /// Takes every entry out, leaving the overlay empty.
@@ -144,6 +152,15 @@ mod tests {
         assert_eq!(o.get(b"k"), Some(None));
         o.drain();
         assert_eq!(o.bytes(), 0);
+    }
+
+    #[test]
+    fn inverted_ranges_are_empty_not_a_panic() {
+        let mut o = Overlay::default();
+        o.write(b"a", Some(b"1".to_vec()));
+        assert_eq!(o.range(Bound::Included(&b"z"[..]), Bound::Excluded(&b"a"[..])).count(), 0);
+        assert_eq!(o.range(Bound::Excluded(&b"a"[..]), Bound::Excluded(&b"a"[..])).count(), 0);
+        assert_eq!(o.range(Bound::Included(&b"a"[..]), Bound::Included(&b"a"[..])).count(), 1);
     }
 
     #[test]

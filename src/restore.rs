@@ -284,7 +284,11 @@ impl RestoreLoop {
                         }
                     }
                 }
-                Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                // With auto.offset.reset=error librdkafka reports
+                // _AUTO_OFFSET_RESET and stops fetching the partition.
+                Some(Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset,
+                ))) => {
                     // The changelog lost records under us (e.g. truncated):
                     // validate every checkpoint again; the affected store falls
                     // back to a full restore.
@@ -556,6 +560,9 @@ impl RestoreLoop {
         }
         let mut up_to_date = Vec::new();
         for (p, i) in starts {
+            if !self.jobs.contains_key(&p) {
+                continue; // failed while restarting another of its stores
+            }
             match self.begin(p, i) {
                 Ok(Some(key)) => up_to_date.push(key),
                 Ok(None) => {}

@@ -105,10 +105,15 @@ impl ConsumerContext for RuntimeContext {
                 tracing::info!(partitions = ?tps, "partitions revoked; committing and closing");
                 AssignmentEvent::Revoked(tps)
             };
-            let mut tasks = self.shared.tasks.lock().expect("task lock");
+            // A poisoned lock means the processor panicked mid-record: its
+            // writes are uncommitted, so close without committing.
+            let (mut tasks, event) = match self.shared.tasks.lock() {
+                Ok(t) => (t, event),
+                Err(poisoned) => (poisoned.into_inner(), AssignmentEvent::Lost(partitions(tpl))),
+            };
             if let Err(e) = tasks.on_event(consumer, event) {
                 tracing::error!(error = %e, "commit on revoke failed");
-                self.shared.fatal.lock().expect("fatal lock").get_or_insert(e);
+                self.shared.fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
             }
         }
     }
@@ -123,7 +128,7 @@ impl ConsumerContext for RuntimeContext {
                 }
                 let tps = partitions(tpl);
                 tracing::info!(partitions = ?tps, "partitions assigned");
-                let mut tasks = self.shared.tasks.lock().expect("task lock");
+                let mut tasks = self.shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 let _ = tasks.on_event(consumer, AssignmentEvent::Assigned(tps));
             }
             Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
@@ -273,10 +278,16 @@ where
         }
         {
             let mut tasks = shared.tasks.lock().expect("task lock");
-            tasks.open_pending()?;
+            tasks.open_pending(consumer)?;
             tasks.collect_restored(consumer)?;
         }
-        match consumer.poll(Duration::from_millis(50)) {
+        let polled = consumer.poll(Duration::from_millis(50));
+        // A rebalance callback inside poll may have failed (e.g. the commit
+        // on revoke): stop before committing anything else.
+        if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
+            return Err(e);
+        }
+        match polled {
             Some(Ok(msg)) => {
                 let mut tasks = shared.tasks.lock().expect("task lock");
                 process_one(&mut tasks, store_index, &msg, processor)?;

@@ -68,8 +68,10 @@ impl std::fmt::Debug for KeyValueStore {
 }
 
 impl KeyValueStore {
-    /// Locks the directory and opens RocksDB; an unreadable database is
-    /// wiped and reopened empty, with `open_problem` saying why.
+    /// Locks the directory and opens RocksDB. A corrupt database or
+    /// checkpoint is wiped and reopened empty, with `open_problem` saying
+    /// why; any other error (too many open files, no space, permissions) is
+    /// returned, never a reason to delete state.
     pub(crate) fn open(args: StoreOpenArgs<'_>) -> Result<KeyValueStore> {
         let lock = DirLock::acquire(&args.dir, args.lock_timeout)?;
         let db_dir = args.dir.join("db");
@@ -80,15 +82,17 @@ impl KeyValueStore {
                     (Self::reopen_empty(&db_dir, args.resources)?, Some(why))
                 }
                 Ok(_) => (e, None),
-                Err(err) => {
+                Err(Error::RocksDb(err)) if err.kind() == rocksdb::ErrorKind::Corruption => {
                     drop(e);
                     (Self::reopen_empty(&db_dir, args.resources)?, Some(format!("checkpoint unreadable: {err}")))
                 }
+                Err(err) => return Err(err),
             },
-            Err(err) => (
+            Err(Error::RocksDb(err)) if err.kind() == rocksdb::ErrorKind::Corruption => (
                 Self::reopen_empty(&db_dir, args.resources)?,
                 Some(format!("local store unreadable: {err}")),
             ),
+            Err(err) => return Err(err),
         };
         let checkpoint = match engine.checkpoint()? {
             Checkpoint::At(c) => Some(c),
@@ -244,14 +248,15 @@ impl KeyValueStore {
     /// Whether a commit has anything to write (uncommitted writes, or
     /// acknowledgements past the checkpoint, or a delivery failure to report).
     pub(crate) fn has_commit_work(&self) -> bool {
-        !self.overlay.is_empty() || self.tracker.settle().map_or(true, |acked| acked != self.checkpoint)
+        !self.overlay.is_empty()
+            || self.tracker.settle().map_or(true, |acked| acked.is_some_and(|a| Some(a) != self.checkpoint))
     }
 
     /// Step 2 of a commit, after the producer was flushed: moves the overlay
     /// into RocksDB with the checkpoint of the last acknowledged record.
     pub(crate) fn commit_flushed(&mut self) -> Result<()> {
         let acked = self.tracker.settle()?;
-        if self.overlay.is_empty() && acked == self.checkpoint {
+        if self.overlay.is_empty() && acked.is_none_or(|a| Some(a) == self.checkpoint) {
             return Ok(());
         }
         let Some(checkpoint) = acked.or(self.checkpoint) else {

@@ -104,9 +104,9 @@ impl TaskManager {
         if closing.is_empty() {
             return Ok(());
         }
-        if !lost {
-            self.commit(consumer, Some(&closing))?;
-        }
+        // Close the tasks even if their commit fails: the partitions are
+        // leaving this member either way, and nothing may commit them later.
+        let committed = if lost { Ok(()) } else { self.commit(consumer, Some(&closing)) };
         for p in closing {
             let Some(mut task) = self.tasks.remove(&p) else { continue };
             if task.state == TaskState::Restoring {
@@ -118,13 +118,21 @@ impl TaskManager {
             }
             tracing::info!(partition = p, lost, "task closed");
         }
-        Ok(())
+        committed
     }
 
     /// Opens the stores of newly assigned partitions and starts their restore.
-    pub(crate) fn open_pending(&mut self) -> Result<()> {
+    pub(crate) fn open_pending<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        let mut resume = Vec::new();
         for (topic, p) in std::mem::take(&mut self.pending) {
             if let Some(task) = self.tasks.get_mut(&p) {
+                // Another input topic of a task that exists: it was paused on
+                // assignment; resume it at once if the task already runs.
+                if task.state == TaskState::Running {
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition(&topic, p);
+                    resume.push(tpl);
+                }
                 task.topics.insert(topic);
                 continue;
             }
@@ -155,6 +163,9 @@ impl TaskManager {
                 },
             );
         }
+        for tpl in resume {
+            consumer.resume(&tpl)?;
+        }
         Ok(())
     }
 
@@ -175,6 +186,10 @@ impl TaskManager {
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
                 RestoreOutcome::Failed(job, e) => {
+                    if !self.tasks.contains_key(&job.partition) {
+                        tracing::warn!(partition = job.partition, error = %e, "restore of a revoked task failed; ignored");
+                        continue;
+                    }
                     tracing::error!(partition = job.partition, error = %e, "restore failed");
                     return Err(e);
                 }

@@ -126,6 +126,10 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("policy override", base().store(StoreDefinition::new("s").changelog_config("cleanup.policy", "delete"))),
         ("managed kafka key", base().kafka_config("group.id", "other")),
         ("no input", App::builder().application_id("a").bootstrap_servers("x:1").state_dir("/tmp/x")),
+        (
+            "cooperative-sticky with two topics",
+            base().input_topic("t2").assignment_strategy(kstate::AssignmentStrategy::CooperativeSticky),
+        ),
     ];
     for (what, b) in cases {
         assert!(matches!(b.build(), Err(Error::Config(_))), "{what} must be Error::Config");

@@ -131,7 +131,9 @@ fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_
     assert_store_is_changelog_prefix(state.path(), &app, 0, &model0);
 
     // 6. Unreadable RocksDB files in partition 1: detected, wiped, fully restored.
-    std::fs::write(store_db_path(state.path(), &app, "s", 1).join("CURRENT"), b"not-a-manifest\n").unwrap();
+    // (No trailing newline: RocksDB reports Corruption. Other open errors,
+    // such as too many open files, are returned and never wipe a store.)
+    std::fs::write(store_db_path(state.path(), &app, "s", 1).join("CURRENT"), b"garbage").unwrap();
     let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
     assert_eq!(r.restored_records(), len(1));
     let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 1).unwrap().full_restore_reason.clone();

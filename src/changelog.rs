@@ -180,6 +180,8 @@ pub(crate) struct DeliveryTracker {
     pub(crate) partition: i32,
     in_flight: AtomicU64,
     last_acked: AtomicI64,
+    /// Acknowledgements since the last [`DeliveryTracker::take_acked_count`].
+    acked: AtomicU64,
     failure: Mutex<Option<KafkaError>>,
 }
 
@@ -190,6 +192,7 @@ impl DeliveryTracker {
             partition,
             in_flight: AtomicU64::new(0),
             last_acked: AtomicI64::new(-1),
+            acked: AtomicU64::new(0),
             failure: Mutex::new(None),
         })
     }
@@ -209,6 +212,11 @@ impl DeliveryTracker {
         }
         let last = self.last_acked.load(Ordering::Acquire);
         Ok((last >= 0).then_some(last))
+    }
+
+    /// How many records were acknowledged since the last call.
+    pub(crate) fn take_acked_count(&self) -> u64 {
+        self.acked.swap(0, Ordering::AcqRel)
     }
 }
 
@@ -230,6 +238,7 @@ impl ProducerContext for DeliveryContext {
         match result {
             Ok(msg) => {
                 tracker.last_acked.fetch_max(msg.offset(), Ordering::AcqRel);
+                tracker.acked.fetch_add(1, Ordering::AcqRel);
             }
             Err((e, _)) => {
                 let mut f = tracker.failure.lock().expect("tracker lock");

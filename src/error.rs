@@ -91,6 +91,26 @@ pub enum Error {
         source: rdkafka::error::KafkaError,
     },
 
+    /// Records this member did not write appeared in a changelog partition it
+    /// owns (e.g. a zombie instance that lost the partition kept producing).
+    /// The commit was abandoned; local state stays at its checkpoint and a
+    /// restart restores the changelog as it is.
+    #[error(
+        "changelog `{topic}` [{partition}] has records this instance did not write: expected its last \
+         offset at {expected}, found {found} (another instance writing the same partition?); \
+         local state kept at the previous checkpoint"
+    )]
+    ChangelogDiverged {
+        /// The changelog topic.
+        topic: String,
+        /// The changelog partition.
+        partition: i32,
+        /// Where our last record would be if only we wrote.
+        expected: i64,
+        /// Where it is.
+        found: i64,
+    },
+
     /// A commit did not finish in time (producer flush or offset commit).
     #[error("commit timed out after {0:?} waiting for changelog acknowledgements")]
     CommitTimeout(Duration),

@@ -259,6 +259,23 @@ impl KeyValueStore {
         if self.overlay.is_empty() && acked.is_none_or(|a| Some(a) == self.checkpoint) {
             return Ok(());
         }
+        // Only this store writes its changelog partition, so since the last
+        // checkpoint our n acknowledged records must be exactly the next n
+        // offsets. Anything else means a foreign writer interleaved records
+        // we never applied: committing would break "state == changelog
+        // prefix", so stop instead (a restart restores what is there).
+        let ours = self.tracker.take_acked_count();
+        if let Some(found) = acked {
+            let expected = self.checkpoint.unwrap_or(-1) + ours as i64;
+            if ours > 0 && found != expected {
+                return Err(Error::ChangelogDiverged {
+                    topic: self.changelog_topic.clone(),
+                    partition: self.partition,
+                    expected,
+                    found,
+                });
+            }
+        }
         let Some(checkpoint) = acked.or(self.checkpoint) else {
             return Err(Error::Restore {
                 topic: self.changelog_topic.clone(),

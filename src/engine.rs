@@ -23,6 +23,9 @@ use crate::error::{Error, Result};
 
 const META_CF: &str = "kstate_meta";
 const CHECKPOINT_KEY: &[u8] = b"changelog.checkpoint";
+/// L0 files after a restore from which it compacts before going live
+/// (below RocksDB's default level0_slowdown_writes_trigger of 20).
+const L0_COMPACT_AFTER_RESTORE: u64 = 16;
 
 /// What the meta column family says about the changelog position.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,6 +211,16 @@ impl Engine {
         }
         self.reopen(false)?;
         self.bulk_loading = false;
+        // Auto-compaction was off, so a large restore can leave more L0
+        // files than RocksDB's write slowdown (20) and stop (36) triggers
+        // allow; the first commits would then stall the processing thread.
+        // Compact before the store goes live when that is near.
+        let l0 = self.db().property_int_value("rocksdb.num-files-at-level0").ok().flatten().unwrap_or(0);
+        if l0 >= L0_COMPACT_AFTER_RESTORE {
+            let started = std::time::Instant::now();
+            self.db().compact_range(None::<&[u8]>, None::<&[u8]>);
+            tracing::info!(l0_files = l0, seconds = started.elapsed().as_secs_f64(), "compacted after restore");
+        }
         Ok(())
     }
 
@@ -281,6 +294,27 @@ mod tests {
         assert_eq!(e.checkpoint().unwrap(), Checkpoint::At(8));
         let keys: Vec<_> = e.scan(Bound::Unbounded, Bound::Unbounded).map(|r| r.unwrap().0).collect();
         assert_eq!(keys, [b"a".to_vec(), b"z".to_vec()]);
+    }
+
+    #[test]
+    fn large_restore_is_compacted_before_going_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let res = EngineResources::new(8 << 20, 64 << 10); // 64 KiB memtables: many flushes
+        let mut e = Engine::open(dir.path(), &res).unwrap();
+        e.start_bulk_load().unwrap();
+        for round in 0..40 {
+            let mut b = Engine::batch();
+            for i in 0..1000u32 {
+                b.put(format!("k{round:03}-{i:05}"), [7u8; 100]);
+            }
+            e.commit(b, round).unwrap();
+            e.flush().unwrap();
+        }
+        let l0 = |e: &Engine| e.property("rocksdb.num-files-at-level0").unwrap();
+        assert!(l0(&e) >= L0_COMPACT_AFTER_RESTORE, "the test must build up L0 files");
+        e.finish_bulk_load().unwrap();
+        assert!(l0(&e) < L0_COMPACT_AFTER_RESTORE, "{} L0 files left", l0(&e));
+        assert_eq!(e.get(b"k039-00999").unwrap().as_deref(), Some(&[7u8; 100][..]));
     }
 
     #[test]

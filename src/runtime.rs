@@ -273,17 +273,14 @@ where
 {
     let mut last_commit = Instant::now();
     while !shutdown.is_shutdown() {
-        if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
-            return Err(e);
-        }
         {
             let mut tasks = shared.tasks.lock().expect("task lock");
             tasks.open_pending(consumer)?;
             tasks.collect_restored(consumer)?;
         }
         let polled = consumer.poll(Duration::from_millis(50));
-        // A rebalance callback inside poll may have failed (e.g. the commit
-        // on revoke): stop before committing anything else.
+        // Rebalance callbacks run inside poll and report failures (e.g. the
+        // commit on revoke) here: stop before committing anything else.
         if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
             return Err(e);
         }

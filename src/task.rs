@@ -129,6 +129,9 @@ impl TaskManager {
                 // Another input topic of a task that exists: it was paused on
                 // assignment; resume it at once if the task already runs.
                 if task.state == TaskState::Running {
+                    if let Some(offset) = task.rewind.remove(&topic) {
+                        consumer.seek(&topic, p, Offset::Offset(offset), Duration::from_secs(10))?;
+                    }
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition(&topic, p);
                     resume.push(tpl);

@@ -215,7 +215,7 @@ impl Engine {
         // files than RocksDB's write slowdown (20) and stop (36) triggers
         // allow; the first commits would then stall the processing thread.
         // Compact before the store goes live when that is near.
-        let l0 = self.db().property_int_value("rocksdb.num-files-at-level0").ok().flatten().unwrap_or(0);
+        let l0 = self.property("rocksdb.num-files-at-level0").unwrap_or(0);
         if l0 >= L0_COMPACT_AFTER_RESTORE {
             let started = std::time::Instant::now();
             self.db().compact_range(None::<&[u8]>, None::<&[u8]>);

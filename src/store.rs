@@ -255,10 +255,10 @@ impl KeyValueStore {
     /// Step 2 of a commit, after the producer was flushed: moves the overlay
     /// into RocksDB with the checkpoint of the last acknowledged record.
     pub(crate) fn commit_flushed(&mut self) -> Result<()> {
-        let acked = self.tracker.settle()?;
-        if self.overlay.is_empty() && acked.is_none_or(|a| Some(a) == self.checkpoint) {
+        if !self.has_commit_work() {
             return Ok(());
         }
+        let acked = self.tracker.settle()?;
         // Only this store writes its changelog partition, so since the last
         // checkpoint our n acknowledged records must be exactly the next n
         // offsets. Anything else means a foreign writer interleaved records

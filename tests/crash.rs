@@ -109,11 +109,7 @@ fn check_invariants(round: usize, app: &str, input_topic: &str, state: &Path, in
 
 #[test]
 fn crash_kill_restart_loop_never_loses_or_invents_state() {
-    init_tracing();
-    let app = unique("crash");
-    let input_topic = unique("crash-in");
-    let state = tempfile::tempdir().unwrap();
-    create_topic(&input_topic, PARTITIONS, &[]);
+    let Fixture { input: input_topic, app, state } = fixture("crash", PARTITIONS);
     let input = seeded_input(2024);
     produce(&input_topic, &input);
 

@@ -12,11 +12,7 @@ use kstate::{App, Error, StoreDefinition};
 
 #[test]
 fn oversize_value_fails_before_reaching_store_or_changelog() {
-    init_tracing();
-    let input = unique("big-in");
-    let app = unique("big");
-    let state = tempfile::tempdir().unwrap();
-    create_topic(&input, 1, &[]);
+    let Fixture { input, app, state } = fixture("big", 1);
     produce(&input, &[(0, b"go".to_vec(), Some(b"".to_vec()))]);
     let (tx, rx) = mpsc::channel();
     let store = StoreDefinition::new("s").changelog_config("max.message.bytes", "20000");
@@ -61,10 +57,7 @@ fn run_expecting_error(app: &str, input: &str) -> Error {
 
 #[test]
 fn changelog_with_wrong_partition_count_is_a_startup_error() {
-    init_tracing();
-    let input = unique("parts-in");
-    let app = unique("parts");
-    create_topic(&input, 2, &[]);
+    let Fixture { input, app, .. } = fixture("parts", 2);
     create_topic(&kstate::changelog_topic(&app, "s"), 3, &[("cleanup.policy", "compact")]);
     match run_expecting_error(&app, &input) {
         Error::ChangelogTopicMismatch { problem, .. } => assert!(problem.contains("3 partitions"), "{problem}"),
@@ -74,10 +67,7 @@ fn changelog_with_wrong_partition_count_is_a_startup_error() {
 
 #[test]
 fn changelog_with_delete_policy_is_a_startup_error() {
-    init_tracing();
-    let input = unique("policy-in");
-    let app = unique("policy");
-    create_topic(&input, 1, &[]);
+    let Fixture { input, app, .. } = fixture("policy", 1);
     create_topic(&kstate::changelog_topic(&app, "s"), 1, &[("cleanup.policy", "delete")]);
     match run_expecting_error(&app, &input) {
         Error::ChangelogTopicMismatch { problem, .. } => assert!(problem.contains("cleanup.policy"), "{problem}"),
@@ -139,11 +129,7 @@ fn bad_configuration_is_rejected_before_connecting() {
 
 #[test]
 fn processor_error_stops_the_app_and_keeps_state_at_the_checkpoint() {
-    init_tracing();
-    let input = unique("fail-in");
-    let app = unique("fail");
-    let state = tempfile::tempdir().unwrap();
-    create_topic(&input, 1, &[]);
+    let Fixture { input, app, state } = fixture("fail", 1);
     produce(&input, &[(0, b"a".to_vec(), Some(b"1".to_vec())), (0, b"boom".to_vec(), Some(b"x".to_vec()))]);
     let app_built = builder(&app, &input, state.path())
         .store(StoreDefinition::new("s"))
@@ -174,11 +160,7 @@ fn processor_error_stops_the_app_and_keeps_state_at_the_checkpoint() {
 
 #[test]
 fn a_foreign_writer_in_the_changelog_stops_the_commit() {
-    init_tracing();
-    let input = unique("zombie-in");
-    let app = unique("zombie");
-    let state = tempfile::tempdir().unwrap();
-    create_topic(&input, 1, &[]);
+    let Fixture { input, app, state } = fixture("zombie", 1);
     let (tx, rx) = mpsc::channel();
     let running = Running::start(builder(&app, &input, state.path()).store(StoreDefinition::new("s")), move |ctx, rec| {
         ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())?;

@@ -75,12 +75,8 @@ fn assert_store_is_changelog_prefix(state: &Path, app: &str, p: i32, expected: &
 
 #[test]
 fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_recreated() {
-    init_tracing();
-    let input = unique("restore-in");
-    let app = unique("restore");
-    let state = tempfile::tempdir().unwrap();
+    let Fixture { input, app, state } = fixture("restore", 2);
     let changelog = kstate::changelog_topic(&app, "s");
-    create_topic(&input, 2, &[]);
     let records = seeded_input(7, 2, 300);
     produce(&input, &records);
     let ends = [(0, 300), (1, 300)];
@@ -156,12 +152,8 @@ fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_
 
 #[test]
 fn empty_changelog_and_compacted_changelog_restore() {
-    init_tracing();
-    let input = unique("compact-in");
-    let app = unique("compact");
-    let state = tempfile::tempdir().unwrap();
+    let Fixture { input, app, state } = fixture("compact", 1);
     let changelog = kstate::changelog_topic(&app, "s");
-    create_topic(&input, 1, &[]);
     let store = || {
         StoreDefinition::new("s")
             .changelog_config("segment.ms", "200")

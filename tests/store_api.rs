@@ -41,10 +41,7 @@ fn crud_scans_and_read_your_writes_before_commit() {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder.install().expect("first recorder of this test binary");
-    let input = unique("crud-in");
-    let app = unique("crud");
-    create_topic(&input, 1, &[]);
-    let state = tempfile::tempdir().unwrap();
+    let Fixture { input, app, state } = fixture("crud", 1);
     produce(&input, &[(0, b"script".to_vec(), Some(b"go".to_vec()))]);
 
     let (tx, rx) = mpsc::channel();
@@ -142,11 +139,7 @@ fn crud_scans_and_read_your_writes_before_commit() {
 
 #[test]
 fn run_async_processes_and_stops_on_shutdown() {
-    init_tracing();
-    let input = unique("async-in");
-    let app = unique("async");
-    create_topic(&input, 1, &[]);
-    let state = tempfile::tempdir().unwrap();
+    let Fixture { input, app, state } = fixture("async", 1);
     produce(&input, &[(0, b"k".to_vec(), Some(b"v".to_vec()))]);
     // Not named `kv`: the metrics assertions of the other test count `kv` puts.
     let app = builder(&app, &input, state.path()).store(StoreDefinition::new("async-kv")).build().unwrap();

@@ -35,6 +35,26 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// What most tests start from: a fresh input topic, application id and state dir.
+pub struct Fixture {
+    pub input: String,
+    pub app: String,
+    pub state: tempfile::TempDir,
+}
+
+/// Creates the input topic `<name>-in-…` with `partitions` partitions, an
+/// application id `<name>-…` and an empty state directory.
+pub fn fixture(name: &str, partitions: i32) -> Fixture {
+    init_tracing();
+    let f = Fixture {
+        input: unique(&format!("{name}-in")),
+        app: unique(name),
+        state: tempfile::tempdir().unwrap(),
+    };
+    create_topic(&f.input, partitions, &[]);
+    f
+}
+
 /// A name unique to this test run.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);

@@ -44,6 +44,7 @@ mod assignment;
 mod changelog;
 pub mod codec;
 mod config;
+mod consumer_batch;
 mod engine;
 mod error;
 mod lock;

@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
 
+use crate::consumer_batch::PolledBatch;
 use crate::engine::Engine;
 use crate::restore_batch::SortedBatch;
 use crate::error::{Error, Result};
@@ -35,6 +36,8 @@ use crate::store::KeyValueStore;
 const BATCH_RECORDS: usize = 20_000;
 /// Bytes written to RocksDB per restore batch.
 const BATCH_BYTES: usize = 8 << 20;
+/// Messages taken from the consumer per poll.
+const POLL_BATCH: usize = 1024;
 /// How often restore progress and completion are checked when records keep coming.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -128,7 +131,7 @@ pub(crate) struct Restorer {
 }
 
 /// librdkafka's pause for a partition whose fetch queue is full: short
-/// enough that a 32 MiB queue never runs dry, long enough that the fetch
+/// enough that a 16 MiB queue never runs dry, long enough that the fetch
 /// thread sleeps instead of spinning (shared with the processing consumer).
 pub(crate) const FETCH_QUEUE_BACKOFF_MS: &str = "10";
 
@@ -144,19 +147,23 @@ impl Restorer {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false");
+        // Batch polling needs the consumer queue, which only a group consumer
+        // has (the group is never joined: partitions are assigned directly).
+        crate::config::set_default(&mut config, "group.id", "kstate-restore");
         // Bulk reading: once a partition has queued.min.messages (default
         // 100000) queued, librdkafka pauses its fetches for
         // fetch.queue.backoff.ms (default 1 s), which throttled restores to a
         // fraction of the broker's rate. A short pause, a deeper
-        // per-partition queue, and a 32 MiB payload cap on the whole queue:
-        // every queued message costs a few hundred bytes beyond its payload,
-        // so the cap is what bounds RSS (measured in BENCHMARKS.md). The
+        // per-partition queue, and a 16 MiB payload cap on the whole queue:
+        // every queued message costs several hundred bytes beyond its
+        // payload, so the cap is what bounds RSS (5M records: 32 MiB ->
+        // ~450 MiB RSS, 16 MiB -> ~280 MiB, same rate; BENCHMARKS.md). The
         // pause must not be 0: with a full queue librdkafka's fetch thread
         // then re-checks it in a busy loop (2M records: 2.97 s of fetch
         // thread CPU instead of 0.58 s, and a 40% slower restore).
         crate::config::set_default(&mut config, "fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
         crate::config::set_default(&mut config, "queued.min.messages", "500000");
-        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "32768");
+        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "16384");
         crate::config::set_default(&mut config, "max.partition.fetch.bytes", "8388608");
         // A fetch parked at the broker (default up to 500 ms once a partition
         // is caught up) delays every request behind it on the connection:
@@ -210,7 +217,7 @@ struct Active {
 }
 
 struct RestoreLoop {
-    consumer: BaseConsumer,
+    consumer: Arc<BaseConsumer>,
     listener: Arc<dyn RestoreListener>,
     timeout: Duration,
     outcomes: Sender<RestoreOutcome>,
@@ -225,10 +232,13 @@ impl RestoreLoop {
         timeout: Duration,
         outcomes: Sender<RestoreOutcome>,
     ) -> Self {
-        RestoreLoop { consumer, listener, timeout, outcomes, jobs: HashMap::new(), active: HashMap::new() }
+        RestoreLoop { consumer: Arc::new(consumer), listener, timeout, outcomes, jobs: HashMap::new(), active: HashMap::new() }
     }
 
     fn run(mut self, commands: Receiver<Command>) {
+        // Declared before the batch, so the batch's messages are destroyed first.
+        let consumer = self.consumer.clone();
+        let mut polled = PolledBatch::new(&consumer, POLL_BATCH);
         let mut last_progress = Instant::now();
         loop {
             // Take commands; block only while there is nothing to restore.
@@ -261,54 +271,57 @@ impl RestoreLoop {
                 }
             }
 
-            match self.consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(msg)) => {
-                    // Few restores run at once: a scan beats allocating a key per record.
-                    let (topic, partition) = (msg.topic(), msg.partition());
-                    let Some((key, a)) = self.active.iter_mut().find(|(k, _)| k.1 == partition && k.0 == topic)
-                    else {
-                        continue;
-                    };
-                    let offset = msg.offset();
-                    match msg.key() {
-                        Some(k) => {
-                            let v = msg.payload();
-                            a.batch.push(k, v);
-                            a.bytes += (k.len() + v.map_or(0, <[u8]>::len)) as u64;
-                        }
-                        None => tracing::warn!(topic, partition, offset, "changelog record without a key skipped"),
+            polled.poll(Duration::from_millis(100));
+            for msg in polled.iter() {
+                match msg.error() {
+                    None => self.on_record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.payload()),
+                    // With auto.offset.reset=error librdkafka reports
+                    // _AUTO_OFFSET_RESET and stops fetching the partition.
+                    Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset) => {
+                        // The changelog lost records under us (e.g.
+                        // truncated): validate every checkpoint again; the
+                        // affected store falls back to a full restore. The
+                        // rest of this batch predates the new assignment.
+                        tracing::warn!("changelog offset out of range during restore; re-validating checkpoints");
+                        self.restart_all();
+                        break;
                     }
-                    a.records += 1;
-                    a.last_offset = offset;
-                    let full = a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES;
-                    let at_end = offset + 1 >= a.end;
-                    if at_end || full {
-                        let key = key.clone();
-                        drop(msg);
-                        if at_end {
-                            self.finish(&key);
-                        } else {
-                            self.write_batch(&key);
-                        }
-                    }
+                    Some(e) => tracing::warn!(error = %e, "restore consumer error"),
                 }
-                // With auto.offset.reset=error librdkafka reports
-                // _AUTO_OFFSET_RESET and stops fetching the partition.
-                Some(Err(KafkaError::MessageConsumption(
-                    RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset,
-                ))) => {
-                    // The changelog lost records under us (e.g. truncated):
-                    // validate every checkpoint again; the affected store falls
-                    // back to a full restore.
-                    tracing::warn!("changelog offset out of range during restore; re-validating checkpoints");
-                    self.restart_all();
-                }
-                Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
-                None => {}
             }
+            polled.clear();
             if last_progress.elapsed() >= PROGRESS_INTERVAL {
                 last_progress = Instant::now();
                 self.check_positions();
+            }
+        }
+    }
+
+    /// Adds one changelog record to its store's pending batch; writes the
+    /// batch when full and finishes the store at the end offset.
+    fn on_record(&mut self, topic: &[u8], partition: i32, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>) {
+        // Few restores run at once: a scan beats allocating a key per record.
+        let Some((id, a)) = self.active.iter_mut().find(|(k, _)| k.1 == partition && k.0.as_bytes() == topic) else {
+            return;
+        };
+        match key {
+            Some(k) => {
+                a.batch.push(k, value);
+                a.bytes += (k.len() + value.map_or(0, <[u8]>::len)) as u64;
+            }
+            None => tracing::warn!(topic = %String::from_utf8_lossy(topic), partition, offset,
+                "changelog record without a key skipped"),
+        }
+        a.records += 1;
+        a.last_offset = offset;
+        let full = a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES;
+        let at_end = offset + 1 >= a.end;
+        if at_end || full {
+            let id = id.clone();
+            if at_end {
+                self.finish(&id);
+            } else {
+                self.write_batch(&id);
             }
         }
     }

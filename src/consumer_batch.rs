@@ -11,8 +11,15 @@
 //! as messages with `err` set, control records are skipped, and the
 //! application position advances past every message handed out.
 //!
-//! Only for consumers without rebalance callbacks of their own (the restore
-//! consumer assigns partitions itself).
+//! Differences that constrain where this is used (the restore consumer):
+//! - the consumer needs a `group.id` (without one it has no consumer queue
+//!   and `poll` returns nothing at once), must not join the group (no
+//!   rebalance events) and must not auto-commit (librdkafka aborts on an
+//!   offset-commit reply served this way);
+//! - the position moves past error messages too, so the caller must not
+//!   trust a partition's position after an error on it;
+//! - librdkafka's log lines and client-wide errors are served by librdkafka's
+//!   own printer (stderr) instead of rust-rdkafka's context (`tracing`).
 
 use std::ffi::CStr;
 use std::marker::PhantomData;

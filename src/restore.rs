@@ -272,24 +272,45 @@ impl RestoreLoop {
             }
 
             polled.poll(Duration::from_millis(100));
+            // Restarted in this pass: the rest of the batch predates their new assignment.
+            let mut restarted: Vec<(String, i32)> = Vec::new();
             for msg in polled.iter() {
+                let (topic, partition) = (msg.topic(), msg.partition());
+                if restarted.iter().any(|k| k.1 == partition && k.0.as_bytes() == topic) {
+                    continue;
+                }
                 match msg.error() {
-                    None => self.on_record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.payload()),
+                    None => self.on_record(topic, partition, msg.offset(), msg.key(), msg.payload()),
                     // With auto.offset.reset=error librdkafka reports
                     // _AUTO_OFFSET_RESET and stops fetching the partition.
                     Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset) => {
                         // The changelog lost records under us (e.g.
                         // truncated): validate every checkpoint again; the
-                        // affected store falls back to a full restore. The
-                        // rest of this batch predates the new assignment.
+                        // affected store falls back to a full restore.
                         tracing::warn!("changelog offset out of range during restore; re-validating checkpoints");
-                        self.restart_all();
-                        break;
+                        restarted = self.active.keys().cloned().collect();
+                        self.restart(&restarted);
                     }
-                    Some(e) => tracing::warn!(error = %e, "restore consumer error"),
+                    Some(e) => {
+                        tracing::warn!(error = %e, topic = %String::from_utf8_lossy(topic), partition,
+                            offset = msg.offset(), "restore consumer error");
+                        // A batch poll moves the position past error messages
+                        // too, so the position could claim the end offset
+                        // without its last record: restart the partition from
+                        // its last written checkpoint.
+                        let key = self.active.keys().find(|k| k.1 == partition && k.0.as_bytes() == topic).cloned();
+                        if let Some(key) = key {
+                            self.restart(std::slice::from_ref(&key));
+                            restarted.push(key);
+                        }
+                    }
                 }
             }
             polled.clear();
+            if !restarted.is_empty() {
+                // Positions may still show the old assignment for a moment.
+                last_progress = Instant::now();
+            }
             if last_progress.elapsed() >= PROGRESS_INTERVAL {
                 last_progress = Instant::now();
                 self.check_positions();
@@ -569,11 +590,11 @@ impl RestoreLoop {
         }
     }
 
-    /// Re-validates every active restore from its last written checkpoint.
-    fn restart_all(&mut self) {
-        let keys: Vec<_> = self.active.keys().cloned().collect();
+    /// Re-validates the given active restores from their last written
+    /// checkpoints and assigns them again.
+    fn restart(&mut self, keys: &[(String, i32)]) {
         let mut starts = Vec::new();
-        for k in &keys {
+        for k in keys {
             self.write_batch(k);
             if let Some(a) = self.remove_active(k) {
                 starts.push((a.partition, a.store_index));

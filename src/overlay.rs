@@ -68,6 +68,11 @@ impl Overlay {
         range.into_iter().flatten().map(|(k, v)| (k.as_slice(), v.as_deref()))
     }
 
+    /// Every entry, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        self.entries.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))
+    }
+
     /// Takes every entry out, leaving the overlay empty.
     pub(crate) fn drain(&mut self) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
         self.bytes = 0;
@@ -77,6 +82,30 @@ impl Overlay {
 
 /// Overlay entries in key order: `None` marks a delete.
 type OverlayIter<'a> = Box<dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a>;
+
+/// Merges two overlay layers in key order; on equal keys the `newer` entry
+/// wins (a delete included, so it still hides the engine's entry).
+pub(crate) fn layered<'a>(
+    newer: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a,
+    older: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a,
+) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
+    let (mut newer, mut older) = (newer.peekable(), older.peekable());
+    std::iter::from_fn(move || match (newer.peek(), older.peek()) {
+        (None, None) => None,
+        (Some(_), None) => newer.next(),
+        (None, Some(_)) => older.next(),
+        (Some((n, _)), Some((o, _))) => {
+            if n == o {
+                older.next(); // shadowed
+                newer.next()
+            } else if n < o {
+                newer.next()
+            } else {
+                older.next()
+            }
+        }
+    })
+}
 
 /// Merges the overlay over an engine scan: overlay entries win, deletes hide
 /// engine entries. Both inputs must be in ascending key order.
@@ -161,6 +190,22 @@ mod tests {
         assert_eq!(o.range(Bound::Included(&b"z"[..]), Bound::Excluded(&b"a"[..])).count(), 0);
         assert_eq!(o.range(Bound::Excluded(&b"a"[..]), Bound::Excluded(&b"a"[..])).count(), 0);
         assert_eq!(o.range(Bound::Included(&b"a"[..]), Bound::Included(&b"a"[..])).count(), 1);
+    }
+
+    #[test]
+    fn newer_layer_wins_and_keeps_its_deletes() {
+        let mut newer = Overlay::default();
+        newer.write(b"b", None);
+        newer.write(b"c", Some(b"C2".to_vec()));
+        let mut older = Overlay::default();
+        older.write(b"a", Some(b"A".to_vec()));
+        older.write(b"b", Some(b"B".to_vec()));
+        older.write(b"c", Some(b"C".to_vec()));
+        older.write(b"d", None);
+        let got: Vec<(&[u8], Option<&[u8]>)> = layered(newer.iter(), older.iter()).collect();
+        let want: Vec<(&[u8], Option<&[u8]>)> =
+            vec![(&b"a"[..], Some(&b"A"[..])), (b"b", None), (b"c", Some(b"C2")), (b"d", None)];
+        assert_eq!(got, want);
     }
 
     #[test]

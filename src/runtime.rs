@@ -280,6 +280,7 @@ where
             let mut tasks = shared.tasks.lock().expect("task lock");
             tasks.open_pending(consumer)?;
             tasks.collect_restored(consumer)?;
+            tasks.poll_inflight(consumer)?;
         }
         let polled = consumer.poll(Duration::from_millis(50));
         // Rebalance callbacks run inside poll and report failures (e.g. the
@@ -291,8 +292,8 @@ where
             Some(Ok(msg)) => {
                 let mut tasks = shared.tasks.lock().expect("task lock");
                 process_one(&mut tasks, store_index, &msg, processor)?;
-                if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
-                    tasks.commit(consumer, None)?;
+                if tasks.unsealed_bytes() >= config.max_uncommitted_bytes {
+                    tasks.commit_pipelined(consumer)?;
                     last_commit = Instant::now();
                 }
             }
@@ -301,7 +302,7 @@ where
             None => {}
         }
         if last_commit.elapsed() >= config.commit_interval {
-            shared.tasks.lock().expect("task lock").commit(consumer, None)?;
+            shared.tasks.lock().expect("task lock").commit_pipelined(consumer)?;
             last_commit = Instant::now();
         }
     }

@@ -18,7 +18,7 @@ use crate::engine::{Checkpoint, Engine, EngineResources};
 use crate::error::{Error, Result};
 use crate::lock::DirLock;
 use crate::metrics::StoreMetrics;
-use crate::overlay::{MergeIter, Overlay};
+use crate::overlay::{layered, MergeIter, Overlay};
 
 /// Everything a store partition needs to open.
 pub(crate) struct StoreOpenArgs<'a> {
@@ -42,6 +42,9 @@ pub struct KeyValueStore {
     partition: i32,
     changelog_topic: String,
     overlay: Overlay,
+    /// Writes of the commit in flight: being written to RocksDB in the
+    /// background, and read from here until that write has landed.
+    sealed: Overlay,
     producer: Arc<ChangelogProducer>,
     tracker: Arc<DeliveryTracker>,
     max_record_bytes: usize,
@@ -52,8 +55,24 @@ pub struct KeyValueStore {
     db_dir: PathBuf,
     resources: EngineResources,
     // Field order matters: the engine closes before the lock is released.
-    engine: Option<Engine>,
+    /// Shared with the background writer while a commit is in flight.
+    engine: Option<Arc<Engine>>,
     _lock: DirLock,
+}
+
+/// A store's part of a commit, sealed on the processing thread and written
+/// to RocksDB by [`SealedCommit::write`] (on any thread).
+pub(crate) struct SealedCommit {
+    engine: Arc<Engine>,
+    batch: rocksdb::WriteBatch,
+    checkpoint: i64,
+}
+
+impl SealedCommit {
+    /// Writes the sealed data and its checkpoint in one RocksDB batch.
+    pub(crate) fn write(self) -> Result<()> {
+        self.engine.commit(self.batch, self.checkpoint)
+    }
 }
 
 impl std::fmt::Debug for KeyValueStore {
@@ -62,7 +81,7 @@ impl std::fmt::Debug for KeyValueStore {
             .field("name", &self.name)
             .field("partition", &self.partition)
             .field("checkpoint", &self.checkpoint)
-            .field("uncommitted", &self.overlay.len())
+            .field("uncommitted", &(self.overlay.len() + self.sealed.len()))
             .finish()
     }
 }
@@ -104,6 +123,7 @@ impl KeyValueStore {
             tracker: DeliveryTracker::new(args.changelog_topic.clone(), args.partition),
             changelog_topic: args.changelog_topic,
             overlay: Overlay::default(),
+            sealed: Overlay::default(),
             producer: args.producer,
             max_record_bytes: args.max_record_bytes,
             checkpoint,
@@ -111,7 +131,7 @@ impl KeyValueStore {
             open_problem,
             db_dir,
             resources: args.resources.clone(),
-            engine: Some(engine),
+            engine: Some(Arc::new(engine)),
             _lock: lock,
         })
     }
@@ -125,15 +145,19 @@ impl KeyValueStore {
         self.engine.as_ref().expect("engine is open")
     }
 
+    /// Exclusive access, for restore mode switches: only while no commit
+    /// is in flight (the task manager waits for it before a store leaves
+    /// the running state).
     pub(crate) fn engine_mut(&mut self) -> &mut Engine {
-        self.engine.as_mut().expect("engine is open")
+        Arc::get_mut(self.engine.as_mut().expect("engine is open")).expect("no commit in flight")
     }
 
     /// Deletes all local state so a full restore can start from scratch.
     pub(crate) fn wipe(&mut self) -> Result<()> {
         self.overlay.drain();
+        self.sealed.drain();
         drop(self.engine.take());
-        self.engine = Some(Self::reopen_empty(&self.db_dir, &self.resources)?);
+        self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
         self.checkpoint = None;
         Ok(())
     }
@@ -165,7 +189,7 @@ impl KeyValueStore {
     /// Reads a key, seeing uncommitted writes.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.metrics.gets.increment(1);
-        match self.overlay.get(key) {
+        match self.overlay.get(key).or_else(|| self.sealed.get(key)) {
             Some(v) => Ok(v.map(<[u8]>::to_vec)),
             None => self.engine().get(key),
         }
@@ -215,7 +239,8 @@ impl KeyValueStore {
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
-        MergeIter::new(self.overlay.range(start, end), self.engine().scan(start, end))
+        let overlays = layered(self.overlay.range(start, end), self.sealed.range(start, end));
+        MergeIter::new(overlays, self.engine().scan(start, end))
     }
 
     /// Every entry whose key starts with `prefix`, in key order.
@@ -237,11 +262,17 @@ impl KeyValueStore {
     /// Cheap, and approximate by design (deletes and overwrites are counted
     /// until compaction).
     pub fn approximate_num_entries(&self) -> u64 {
-        self.engine().property("rocksdb.estimate-num-keys").unwrap_or(0) + self.overlay.len() as u64
+        self.engine().property("rocksdb.estimate-num-keys").unwrap_or(0)
+            + (self.overlay.len() + self.sealed.len()) as u64
     }
 
-    /// Bytes held by uncommitted writes.
+    /// Bytes held by uncommitted writes (including those of a commit in flight).
     pub fn uncommitted_bytes(&self) -> usize {
+        self.overlay.bytes() + self.sealed.bytes()
+    }
+
+    /// Bytes written since the last commit started: what the next commit takes.
+    pub(crate) fn unsealed_bytes(&self) -> usize {
         self.overlay.bytes()
     }
 
@@ -252,11 +283,15 @@ impl KeyValueStore {
             || self.tracker.settle().map_or(true, |acked| acked.is_some_and(|a| Some(a) != self.checkpoint))
     }
 
-    /// Step 2 of a commit, after the producer was flushed: moves the overlay
-    /// into RocksDB with the checkpoint of the last acknowledged record.
-    pub(crate) fn commit_flushed(&mut self) -> Result<()> {
+    /// Step 2 of a commit, after the producer was flushed: turns the
+    /// overlay into the RocksDB batch that takes the store to the last
+    /// acknowledged changelog offset. The writes stay readable (as the
+    /// sealed layer) until [`commit_landed`](Self::commit_landed). `None`
+    /// if there is nothing to write.
+    pub(crate) fn seal(&mut self) -> Result<Option<SealedCommit>> {
+        debug_assert!(self.sealed.is_empty(), "one commit in flight at a time");
         if !self.has_commit_work() {
-            return Ok(());
+            return Ok(None);
         }
         let acked = self.tracker.settle()?;
         // Only this store writes its changelog partition, so since the last
@@ -284,25 +319,33 @@ impl KeyValueStore {
             });
         };
         let mut batch = Engine::batch();
-        for (k, v) in self.overlay.drain() {
+        for (k, v) in self.overlay.iter() {
             match v {
                 Some(v) => batch.put(k, v),
                 None => batch.delete(k),
             }
         }
-        self.engine().commit(batch, checkpoint)?;
+        self.sealed = std::mem::take(&mut self.overlay);
+        // The next seal checks its acknowledgements against this checkpoint.
         self.checkpoint = Some(checkpoint);
         self.metrics.overlay_bytes.set(0.0);
-        Ok(())
+        Ok(Some(SealedCommit { engine: self.engine.clone().expect("engine is open"), batch, checkpoint }))
+    }
+
+    /// The sealed writes are in RocksDB: stop reading them from memory.
+    pub(crate) fn commit_landed(&mut self) {
+        self.sealed.drain();
     }
 
     /// Drops uncommitted writes; local state stays at the last checkpoint.
     pub(crate) fn discard_uncommitted(&mut self) {
-        if !self.overlay.is_empty() {
-            tracing::warn!(store = %self.name, partition = self.partition, writes = self.overlay.len(),
+        let writes = self.overlay.len() + self.sealed.len();
+        if writes > 0 {
+            tracing::warn!(store = %self.name, partition = self.partition, writes,
                 "discarding uncommitted writes; they will be replayed from the changelog or reprocessed");
         }
         self.overlay.drain();
+        self.sealed.drain();
         self.metrics.overlay_bytes.set(0.0);
     }
 

@@ -18,7 +18,7 @@ use crate::config::AppConfig;
 use crate::engine::EngineResources;
 use crate::error::Result;
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
-use crate::store::{KeyValueStore, StoreOpenArgs};
+use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
 
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +54,20 @@ pub(crate) struct TaskManager {
     restorer: Restorer,
     pending: Vec<(String, i32)>,
     last_engine_metrics: Instant,
+    inflight: Option<InFlightCommit>,
+}
+
+/// A pipelined commit whose RocksDB writes run on a background thread while
+/// processing goes on. DESIGN.md §1's order holds: the changelog records
+/// were acknowledged before it was sealed, and its input offsets are
+/// committed only after every store's write has landed.
+struct InFlightCommit {
+    writer: std::thread::JoinHandle<Result<()>>,
+    /// Tasks whose stores hold the sealed writes.
+    partitions: Vec<i32>,
+    offsets: TopicPartitionList,
+    started: Instant,
+    flushed: f64,
 }
 
 impl TaskManager {
@@ -73,6 +87,7 @@ impl TaskManager {
             restorer,
             pending: Vec::new(),
             last_engine_metrics: Instant::now(),
+            inflight: None,
         }
     }
 
@@ -106,7 +121,9 @@ impl TaskManager {
         }
         // Close the tasks even if their commit fails: the partitions are
         // leaving this member either way, and nothing may commit them later.
-        let committed = if lost { Ok(()) } else { self.commit(consumer, Some(&closing)) };
+        // A lost assignment may not commit offsets, but the RocksDB writes
+        // in flight must land before their stores close.
+        let committed = if lost { self.land_inflight(consumer, None) } else { self.commit(consumer, Some(&closing)) };
         for p in closing {
             let Some(mut task) = self.tasks.remove(&p) else { continue };
             if task.state == TaskState::Restoring {
@@ -214,9 +231,84 @@ impl TaskManager {
         }
     }
 
-    /// Total uncommitted bytes over every store.
-    pub(crate) fn uncommitted_bytes(&self) -> usize {
-        self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::uncommitted_bytes).sum()
+    /// Bytes written since the last commit started, over every store.
+    pub(crate) fn unsealed_bytes(&self) -> usize {
+        self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::unsealed_bytes).sum()
+    }
+
+    /// Starts a pipelined commit: waits for the previous one to land, flushes
+    /// the producer and waits for every acknowledgement, seals each store's
+    /// writes and hands them to a background writer. Its input offsets are
+    /// committed by [`TaskManager::poll_inflight`] once the writes landed.
+    pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        self.land_inflight(consumer, Some(CommitMode::Async))?;
+        let started = Instant::now();
+        self.producer.flush(self.config.commit_timeout)?;
+        let flushed = started.elapsed().as_secs_f64();
+        let mut offsets = TopicPartitionList::new();
+        let mut sealed = Vec::new();
+        let mut partitions = Vec::new();
+        for task in self.tasks.values_mut().filter(|t| t.state == TaskState::Running) {
+            for (topic, offset) in task.offsets.drain() {
+                offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
+            }
+            let before = sealed.len();
+            for store in &mut task.stores {
+                sealed.extend(store.seal()?);
+            }
+            if sealed.len() > before {
+                partitions.push(task.partition);
+            }
+        }
+        if sealed.is_empty() {
+            if offsets.count() > 0 {
+                consumer.commit(&offsets, CommitMode::Async)?;
+            }
+            return Ok(());
+        }
+        let writer = std::thread::Builder::new()
+            .name("kstate-commit".into())
+            .spawn(move || write_sealed(sealed))
+            .map_err(|e| crate::error::Error::io("kstate-commit thread", e))?;
+        self.inflight = Some(InFlightCommit { writer, partitions, offsets, started, flushed });
+        Ok(())
+    }
+
+    /// Completes the pipelined commit in flight if its writes have landed.
+    pub(crate) fn poll_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        if self.inflight.as_ref().is_some_and(|c| c.writer.is_finished()) {
+            self.land_inflight(consumer, Some(CommitMode::Async))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the pipelined commit in flight, if any, to land; then
+    /// commits its input offsets with `mode` (`None`: not at all).
+    fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, mode: Option<CommitMode>) -> Result<()> {
+        let Some(c) = self.inflight.take() else { return Ok(()) };
+        let written = c.writer.join().unwrap_or_else(|_| {
+            Err(crate::error::Error::Restore {
+                topic: String::new(),
+                partition: -1,
+                detail: "the commit writer thread panicked".into(),
+            })
+        });
+        written?;
+        for p in &c.partitions {
+            if let Some(task) = self.tasks.get_mut(p) {
+                task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
+            }
+        }
+        let stored = c.started.elapsed().as_secs_f64();
+        if let Some(mode) = mode {
+            if c.offsets.count() > 0 {
+                consumer.commit(&c.offsets, mode)?;
+            }
+        }
+        let seconds = c.started.elapsed().as_secs_f64();
+        metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
+        tracing::debug!(seconds, flushed = c.flushed, stored, offsets = c.offsets.count(), "pipelined commit landed");
+        Ok(())
     }
 
     /// The commit protocol (DESIGN.md §1) for `only` these partitions or all:
@@ -224,21 +316,27 @@ impl TaskManager {
     /// each store's overlay and checkpoint in one RocksDB batch, then commit
     /// the input offsets.
     pub(crate) fn commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
+        self.land_inflight(consumer, Some(CommitMode::Sync))?;
         let started = Instant::now();
         self.producer.flush(self.config.commit_timeout)?;
         let flushed = started.elapsed().as_secs_f64();
         let mut offsets = TopicPartitionList::new();
-        let mut stores = Vec::new();
+        let mut sealed = Vec::new();
         for task in self.tasks.values_mut() {
             if only.is_some_and(|o| !o.contains(&task.partition)) || task.state != TaskState::Running {
                 continue;
             }
-            stores.extend(task.stores.iter_mut());
+            for store in &mut task.stores {
+                sealed.extend(store.seal()?);
+            }
             for (topic, offset) in task.offsets.drain() {
                 offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
             }
         }
-        commit_stores(&mut stores)?;
+        write_sealed(sealed)?;
+        for task in self.tasks.values_mut() {
+            task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
+        }
         let stored = started.elapsed().as_secs_f64();
         if offsets.count() > 0 {
             consumer.commit(&offsets, CommitMode::Sync)?;
@@ -257,6 +355,7 @@ impl TaskManager {
 
     /// Drops every task's uncommitted writes (after a failure).
     pub(crate) fn discard_all(&mut self) {
+        self.wait_inflight();
         for s in self.tasks.values_mut().flat_map(|t| &mut t.stores) {
             s.discard_uncommitted();
         }
@@ -264,6 +363,7 @@ impl TaskManager {
 
     /// Closes every task (after a final commit, or a failure).
     pub(crate) fn close_all(&mut self) {
+        self.wait_inflight();
         let restoring: Vec<i32> =
             self.tasks.values().filter(|t| t.state == TaskState::Restoring).map(|t| t.partition).collect();
         for p in restoring {
@@ -273,23 +373,49 @@ impl TaskManager {
     }
 }
 
-
-/// Writes each store's overlay and checkpoint, spreading the stores over
-/// the machine's cores: every store is its own RocksDB instance, and a
-/// commit's memtable inserts (about 1 µs per key) stall processing.
-fn commit_stores(stores: &mut [&mut KeyValueStore]) -> Result<()> {
-    let busy: Vec<&mut &mut KeyValueStore> = stores.iter_mut().filter(|s| s.has_commit_work()).collect();
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(busy.len());
-    if workers <= 1 {
-        return busy.into_iter().try_for_each(|s| s.commit_flushed());
+impl TaskManager {
+    /// Lets the writes in flight land (without committing offsets), so no
+    /// store closes under the background writer.
+    fn wait_inflight(&mut self) {
+        if let Some(c) = self.inflight.take() {
+            match c.writer.join() {
+                Ok(Ok(())) => {
+                    for p in &c.partitions {
+                        if let Some(task) = self.tasks.get_mut(p) {
+                            task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
+                        }
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted"),
+                Err(_) => tracing::warn!("the commit writer thread panicked"),
+            }
+        }
     }
-    let mut busy = busy;
-    let chunk = busy.len().div_ceil(workers);
+}
+
+impl Drop for TaskManager {
+    fn drop(&mut self) {
+        self.wait_inflight();
+    }
+}
+
+/// Writes sealed commits, spread over the machine's cores (each store is
+/// its own RocksDB instance).
+fn write_sealed(sealed: Vec<SealedCommit>) -> Result<()> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sealed.len());
+    if workers <= 1 {
+        return sealed.into_iter().try_for_each(SealedCommit::write);
+    }
+    let mut parts: Vec<Vec<SealedCommit>> = (0..workers).map(|_| Vec::new()).collect();
+    for (i, c) in sealed.into_iter().enumerate() {
+        parts[i % workers].push(c);
+    }
+    let mut parts = parts.into_iter();
+    let mine = parts.next().unwrap_or_default();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = busy
-            .chunks_mut(chunk)
-            .map(|part| scope.spawn(move || part.iter_mut().try_for_each(|s| s.commit_flushed())))
-            .collect();
-        handles.into_iter().try_for_each(|h| h.join().expect("store commit thread panicked"))
+        let handles: Vec<_> =
+            parts.map(|part| scope.spawn(move || part.into_iter().try_for_each(SealedCommit::write))).collect();
+        let first = mine.into_iter().try_for_each(SealedCommit::write);
+        handles.into_iter().map(|h| h.join().expect("store commit thread panicked")).fold(first, Result::and)
     })
 }

@@ -171,7 +171,9 @@ impl AppBuilder {
         self
     }
 
-    /// Uncommitted bytes over all stores that force an early commit (default 64 MiB).
+    /// Uncommitted bytes over all stores that force an early commit (default
+    /// 64 MiB). They include a commit whose RocksDB write is in flight; that
+    /// write's batch is a copy, so peak memory for writes is about twice this.
     pub fn max_uncommitted_bytes(mut self, bytes: usize) -> Self {
         self.config.max_uncommitted_bytes = bytes;
         self

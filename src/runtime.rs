@@ -292,7 +292,7 @@ where
             Some(Ok(msg)) => {
                 let mut tasks = shared.tasks.lock().expect("task lock");
                 process_one(&mut tasks, store_index, &msg, processor)?;
-                if tasks.unsealed_bytes() >= config.max_uncommitted_bytes {
+                if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
                     tasks.commit_pipelined(consumer)?;
                     last_commit = Instant::now();
                 }

@@ -271,10 +271,6 @@ impl KeyValueStore {
         self.overlay.bytes() + self.sealed.bytes()
     }
 
-    /// Bytes written since the last commit started: what the next commit takes.
-    pub(crate) fn unsealed_bytes(&self) -> usize {
-        self.overlay.bytes()
-    }
 
     /// Whether a commit has anything to write (uncommitted writes, or
     /// acknowledgements past the checkpoint, or a delivery failure to report).

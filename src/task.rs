@@ -231,9 +231,9 @@ impl TaskManager {
         }
     }
 
-    /// Bytes written since the last commit started, over every store.
-    pub(crate) fn unsealed_bytes(&self) -> usize {
-        self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::unsealed_bytes).sum()
+    /// Uncommitted bytes over every store, including a commit in flight.
+    pub(crate) fn uncommitted_bytes(&self) -> usize {
+        self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::uncommitted_bytes).sum()
     }
 
     /// Starts a pipelined commit: waits for the previous one to land, flushes
@@ -241,7 +241,7 @@ impl TaskManager {
     /// writes and hands them to a background writer. Its input offsets are
     /// committed by [`TaskManager::poll_inflight`] once the writes landed.
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
-        self.land_inflight(consumer, Some(CommitMode::Async))?;
+        self.land_inflight(consumer, Some(CommitMode::Sync))?;
         let started = Instant::now();
         self.producer.flush(self.config.commit_timeout)?;
         let flushed = started.elapsed().as_secs_f64();
@@ -262,7 +262,7 @@ impl TaskManager {
         }
         if sealed.is_empty() {
             if offsets.count() > 0 {
-                consumer.commit(&offsets, CommitMode::Async)?;
+                consumer.commit(&offsets, CommitMode::Sync)?;
             }
             return Ok(());
         }
@@ -277,13 +277,17 @@ impl TaskManager {
     /// Completes the pipelined commit in flight if its writes have landed.
     pub(crate) fn poll_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         if self.inflight.as_ref().is_some_and(|c| c.writer.is_finished()) {
-            self.land_inflight(consumer, Some(CommitMode::Async))?;
+            // Sync: a failed offset commit is an error here, as in the
+            // unpipelined commit, and no older commit can land after a newer one.
+            self.land_inflight(consumer, Some(CommitMode::Sync))?;
         }
         Ok(())
     }
 
     /// Waits for the pipelined commit in flight, if any, to land; then
-    /// commits its input offsets with `mode` (`None`: not at all).
+    /// commits its input offsets with `mode`. With `None` (a lost
+    /// assignment) they go back to the tasks that remain, so the next
+    /// commit takes them.
     fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, mode: Option<CommitMode>) -> Result<()> {
         let Some(c) = self.inflight.take() else { return Ok(()) };
         let written = c.writer.join().unwrap_or_else(|_| {
@@ -300,11 +304,19 @@ impl TaskManager {
             }
         }
         let stored = c.started.elapsed().as_secs_f64();
-        if let Some(mode) = mode {
-            if c.offsets.count() > 0 {
-                consumer.commit(&c.offsets, mode)?;
+        match mode {
+            Some(mode) if c.offsets.count() > 0 => consumer.commit(&c.offsets, mode)?,
+            Some(_) => {}
+            None => {
+                for e in c.offsets.elements() {
+                    if let (Some(task), Offset::Offset(o)) = (self.tasks.get_mut(&e.partition()), e.offset()) {
+                        // Offsets processed after the seal are newer: they win.
+                        task.offsets.entry(e.topic().to_string()).or_insert(o);
+                    }
+                }
             }
         }
+        self.refresh_engine_metrics();
         let seconds = c.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
         tracing::debug!(seconds, flushed = c.flushed, stored, offsets = c.offsets.count(), "pipelined commit landed");
@@ -344,13 +356,18 @@ impl TaskManager {
         let seconds = started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
         tracing::debug!(seconds, flushed, stored, offsets = offsets.count(), "committed");
+        self.refresh_engine_metrics();
+        Ok(())
+    }
+
+    /// Publishes RocksDB gauges every 10 s (called after commits).
+    fn refresh_engine_metrics(&mut self) {
         if self.last_engine_metrics.elapsed() >= Duration::from_secs(10) {
             self.last_engine_metrics = Instant::now();
             for s in self.tasks.values().flat_map(|t| &t.stores) {
                 s.record_engine_metrics();
             }
         }
-        Ok(())
     }
 
     /// Drops every task's uncommitted writes (after a failure).

@@ -57,6 +57,16 @@ pub(crate) struct TaskManager {
     inflight: Option<InFlightCommit>,
 }
 
+/// A commit after its producer flush and seal (see `seal_running`).
+struct Sealing {
+    started: Instant,
+    flushed: f64,
+    offsets: TopicPartitionList,
+    sealed: Vec<SealedCommit>,
+    /// Tasks whose stores hold sealed writes.
+    partitions: Vec<i32>,
+}
+
 /// A pipelined commit whose RocksDB writes run on a background thread while
 /// processing goes on. DESIGN.md §1's order holds: the changelog records
 /// were acknowledged before it was sealed, and its input offsets are
@@ -241,25 +251,7 @@ impl TaskManager {
     /// writes and hands them to a background writer. Its input offsets are
     /// committed by [`TaskManager::poll_inflight`] once the writes landed.
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
-        self.land_inflight(consumer, Some(CommitMode::Sync))?;
-        let started = Instant::now();
-        self.producer.flush(self.config.commit_timeout)?;
-        let flushed = started.elapsed().as_secs_f64();
-        let mut offsets = TopicPartitionList::new();
-        let mut sealed = Vec::new();
-        let mut partitions = Vec::new();
-        for task in self.tasks.values_mut().filter(|t| t.state == TaskState::Running) {
-            for (topic, offset) in task.offsets.drain() {
-                offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
-            }
-            let before = sealed.len();
-            for store in &mut task.stores {
-                sealed.extend(store.seal()?);
-            }
-            if sealed.len() > before {
-                partitions.push(task.partition);
-            }
-        }
+        let Sealing { started, flushed, offsets, sealed, partitions } = self.seal_running(consumer, None)?;
         if sealed.is_empty() {
             if offsets.count() > 0 {
                 consumer.commit(&offsets, CommitMode::Sync)?;
@@ -298,11 +290,7 @@ impl TaskManager {
             })
         });
         written?;
-        for p in &c.partitions {
-            if let Some(task) = self.tasks.get_mut(p) {
-                task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
-            }
-        }
+        self.mark_landed(&c.partitions);
         let stored = c.started.elapsed().as_secs_f64();
         match mode {
             Some(mode) if c.offsets.count() > 0 => consumer.commit(&c.offsets, mode)?,
@@ -328,27 +316,9 @@ impl TaskManager {
     /// each store's overlay and checkpoint in one RocksDB batch, then commit
     /// the input offsets.
     pub(crate) fn commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
-        self.land_inflight(consumer, Some(CommitMode::Sync))?;
-        let started = Instant::now();
-        self.producer.flush(self.config.commit_timeout)?;
-        let flushed = started.elapsed().as_secs_f64();
-        let mut offsets = TopicPartitionList::new();
-        let mut sealed = Vec::new();
-        for task in self.tasks.values_mut() {
-            if only.is_some_and(|o| !o.contains(&task.partition)) || task.state != TaskState::Running {
-                continue;
-            }
-            for store in &mut task.stores {
-                sealed.extend(store.seal()?);
-            }
-            for (topic, offset) in task.offsets.drain() {
-                offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
-            }
-        }
+        let Sealing { started, flushed, offsets, sealed, partitions } = self.seal_running(consumer, only)?;
         write_sealed(sealed)?;
-        for task in self.tasks.values_mut() {
-            task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
-        }
+        self.mark_landed(&partitions);
         let stored = started.elapsed().as_secs_f64();
         if offsets.count() > 0 {
             consumer.commit(&offsets, CommitMode::Sync)?;
@@ -358,6 +328,45 @@ impl TaskManager {
         tracing::debug!(seconds, flushed, stored, offsets = offsets.count(), "committed");
         self.refresh_engine_metrics();
         Ok(())
+    }
+
+    /// Steps 1 and 2 of every commit, for `only` these partitions or all
+    /// running tasks: lands the commit in flight, flushes the producer and
+    /// waits for every acknowledgement, then seals each store's writes and
+    /// takes the tasks' input offsets.
+    fn seal_running<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<Sealing> {
+        self.land_inflight(consumer, Some(CommitMode::Sync))?;
+        let started = Instant::now();
+        self.producer.flush(self.config.commit_timeout)?;
+        let flushed = started.elapsed().as_secs_f64();
+        let mut offsets = TopicPartitionList::new();
+        let mut sealed = Vec::new();
+        let mut partitions = Vec::new();
+        for task in self.tasks.values_mut() {
+            if only.is_some_and(|o| !o.contains(&task.partition)) || task.state != TaskState::Running {
+                continue;
+            }
+            for (topic, offset) in task.offsets.drain() {
+                offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
+            }
+            let before = sealed.len();
+            for store in &mut task.stores {
+                sealed.extend(store.seal()?);
+            }
+            if sealed.len() > before {
+                partitions.push(task.partition);
+            }
+        }
+        Ok(Sealing { started, flushed, offsets, sealed, partitions })
+    }
+
+    /// The sealed writes of these tasks' stores are in RocksDB.
+    fn mark_landed(&mut self, partitions: &[i32]) {
+        for p in partitions {
+            if let Some(task) = self.tasks.get_mut(p) {
+                task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
+            }
+        }
     }
 
     /// Publishes RocksDB gauges every 10 s (called after commits).
@@ -397,11 +406,7 @@ impl TaskManager {
         if let Some(c) = self.inflight.take() {
             match c.writer.join() {
                 Ok(Ok(())) => {
-                    for p in &c.partitions {
-                        if let Some(task) = self.tasks.get_mut(p) {
-                            task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
-                        }
-                    }
+                    self.mark_landed(&c.partitions);
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted"),
                 Err(_) => tracing::warn!("the commit writer thread panicked"),

@@ -11,43 +11,101 @@
 //! as messages with `err` set, control records are skipped, and the
 //! application position advances past every message handed out.
 //!
-//! Differences that constrain where this is used (the restore consumer):
-//! - the consumer needs a `group.id` (without one it has no consumer queue
-//!   and `poll` returns nothing at once), must not join the group (no
-//!   rebalance events) and must not auto-commit (librdkafka aborts on an
-//!   offset-commit reply served this way);
+//! Two uses:
+//! - the restore consumer forwards each changelog partition it assigns;
+//! - the processing consumer forwards each assigned partition to a queue of
+//!   its own ([`QueueHandle::forward_partition`]) and reads that in
+//!   batches, while `BaseConsumer::poll` keeps serving the consumer queue's
+//!   events (rebalances, errors, logs) through rust-rdkafka.
+//!
+//! Differences from `poll`:
 //! - the position moves past error messages too, so the caller must not
 //!   trust a partition's position after an error on it;
-//! - librdkafka's log lines and client-wide errors are served by librdkafka's
-//!   own printer (stderr) instead of rust-rdkafka's context (`tracing`).
+//! - only partitions' records and consumer errors reach these queues, never
+//!   librdkafka's events: those stay on the consumer queue, where
+//!   rust-rdkafka routes them (serving events with librdkafka's callbacks
+//!   would print logs to stderr and abort on offset-commit replies).
 
-use std::ffi::CStr;
-use std::marker::PhantomData;
+use std::ffi::{CStr, CString};
+use std::ptr::NonNull;
 use std::time::Duration;
 
 use rdkafka::bindings as rdsys;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 
-/// Messages taken from a consumer in one call; destroyed on [`clear`] and
-/// on drop. Borrows the consumer, so it cannot outlive it.
-///
-/// [`clear`]: PolledBatch::clear
-pub(crate) struct PolledBatch<'c> {
-    consumer: &'c BaseConsumer,
-    messages: Vec<*mut rdsys::rd_kafka_message_t>,
-    _not_send: PhantomData<*mut ()>,
+/// A librdkafka queue reference of ours (released on drop).
+pub(crate) struct QueueHandle {
+    ptr: NonNull<rdsys::rd_kafka_queue_t>,
 }
 
-impl<'c> PolledBatch<'c> {
-    /// An empty batch for `consumer`, holding up to `capacity` messages.
-    pub(crate) fn new(consumer: &'c BaseConsumer, capacity: usize) -> Self {
-        PolledBatch { consumer, messages: Vec::with_capacity(capacity.max(1)), _not_send: PhantomData }
+// SAFETY: librdkafka queues are thread-safe (every operation takes the
+// queue's lock); the handle is only a reference count.
+unsafe impl Send for QueueHandle {}
+unsafe impl Sync for QueueHandle {}
+
+impl QueueHandle {
+    /// A new, empty queue that partitions can be forwarded to.
+    ///
+    /// # Safety
+    /// The handle must be dropped before `consumer` is.
+    pub(crate) unsafe fn new<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> QueueHandle {
+        let ptr = rdsys::rd_kafka_queue_new(consumer.client().native_ptr());
+        QueueHandle { ptr: NonNull::new(ptr).expect("rd_kafka_queue_new never returns NULL") }
     }
 
-    /// Replaces the batch with what the consumer has queued: returns at once
-    /// with every queued message (up to the capacity), or waits up to
-    /// `timeout` for the first one if none is queued. Returns how many.
+    /// Routes a partition's fetched records (and its consumer errors) to
+    /// this queue instead of the consumer queue; librdkafka keeps an
+    /// application's forwarding across (re-)assignments. `false` if the
+    /// partition cannot be forwarded (its records keep coming through the
+    /// consumer queue).
+    pub(crate) fn forward_partition<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: i32,
+    ) -> bool {
+        let Ok(topic) = CString::new(topic) else { return false };
+        // SAFETY: live consumer handle; the partition queue reference is
+        // released right after forwarding (the forward keeps its own
+        // reference to this queue).
+        unsafe {
+            let partq = rdsys::rd_kafka_queue_get_partition(consumer.client().native_ptr(), topic.as_ptr(), partition);
+            if partq.is_null() {
+                return false;
+            }
+            rdsys::rd_kafka_queue_forward(partq, self.ptr.as_ptr());
+            rdsys::rd_kafka_queue_destroy(partq);
+        }
+        true
+    }
+}
+
+impl Drop for QueueHandle {
+    fn drop(&mut self) {
+        // SAFETY: our reference, released once.
+        unsafe { rdsys::rd_kafka_queue_destroy(self.ptr.as_ptr()) };
+    }
+}
+
+/// Messages taken from a queue in one call; destroyed on [`clear`] and on
+/// drop. Borrows the queue, which cannot outlive its consumer.
+///
+/// [`clear`]: PolledBatch::clear
+pub(crate) struct PolledBatch<'q> {
+    queue: &'q QueueHandle,
+    messages: Vec<*mut rdsys::rd_kafka_message_t>,
+}
+
+impl<'q> PolledBatch<'q> {
+    /// An empty batch reading `queue`, holding up to `capacity` messages.
+    pub(crate) fn new(queue: &'q QueueHandle, capacity: usize) -> Self {
+        PolledBatch { queue, messages: Vec::with_capacity(capacity.max(1)) }
+    }
+
+    /// Replaces the batch with what the queue holds: returns at once with
+    /// every queued message (up to the capacity), or waits up to `timeout`
+    /// for the first one if none is queued. Returns how many.
     pub(crate) fn poll(&mut self, timeout: Duration) -> usize {
         self.clear();
         let capacity = self.messages.capacity();
@@ -62,19 +120,17 @@ impl<'c> PolledBatch<'c> {
     }
 
     fn consume(&mut self, timeout_ms: i32, max: usize) -> usize {
-        let rk = self.consumer.client().native_ptr();
-        // SAFETY: `rk` is a live consumer handle (borrowed for 'c). The
-        // consumer queue reference is released before returning. librdkafka
-        // writes at most `max` (<= capacity) message pointers into the
-        // vector's spare capacity, and each returned message is owned by us
-        // until `rd_kafka_message_destroy` in `clear`.
+        // SAFETY: the queue is live (borrowed). librdkafka writes at most
+        // `max` (<= capacity) message pointers into the vector's spare
+        // capacity; each returned message is ours until
+        // `rd_kafka_message_destroy` in `clear`.
         unsafe {
-            let queue = rdsys::rd_kafka_queue_get_consumer(rk);
-            if queue.is_null() {
-                return 0; // not a group consumer: it has no consumer queue
-            }
-            let n = rdsys::rd_kafka_consume_batch_queue(queue, timeout_ms, self.messages.as_mut_ptr(), max);
-            rdsys::rd_kafka_queue_destroy(queue);
+            let n = rdsys::rd_kafka_consume_batch_queue(
+                self.queue.ptr.as_ptr(),
+                timeout_ms,
+                self.messages.as_mut_ptr(),
+                max,
+            );
             let n = n.max(0) as usize;
             self.messages.set_len(n);
             n
@@ -139,6 +195,14 @@ impl<'b> PolledMessage<'b> {
         bytes(self.m.key as *const u8, self.m.key_len)
     }
 
+    /// Timestamp in milliseconds since the epoch, if the record has one.
+    pub(crate) fn timestamp(&self) -> Option<i64> {
+        let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        // SAFETY: reads the message's own fields.
+        let ts = unsafe { rdsys::rd_kafka_message_timestamp(self.m, &mut kind) };
+        (kind != rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && ts >= 0).then_some(ts)
+    }
+
     /// Value; `None` for a tombstone.
     pub(crate) fn payload(&self) -> Option<&'b [u8]> {
         bytes(self.m.payload as *const u8, self.m.len)
@@ -161,23 +225,18 @@ mod tests {
     use rdkafka::ClientConfig;
 
     #[test]
-    fn a_consumer_without_group_id_polls_nothing() {
-        let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", "127.0.0.1:1").create().unwrap();
-        let mut b = PolledBatch::new(&c, 16);
-        assert_eq!(b.poll(Duration::from_millis(1)), 0);
-        assert_eq!(b.iter().count(), 0);
-    }
-
-    #[test]
-    fn an_idle_group_consumer_returns_after_the_timeout() {
+    fn an_idle_queue_returns_after_the_timeout() {
         let c: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", "127.0.0.1:1")
             .set("group.id", "kstate-unit")
             .create()
             .unwrap();
-        let mut b = PolledBatch::new(&c, 16);
+        let queue = unsafe { QueueHandle::new(&c) };
+        assert!(queue.forward_partition(&c, "some-topic", 0));
+        let mut b = PolledBatch::new(&queue, 16);
         let t = std::time::Instant::now();
         assert_eq!(b.poll(Duration::from_millis(50)), 0);
         assert!(t.elapsed() >= Duration::from_millis(40), "{:?}", t.elapsed());
+        assert_eq!(b.iter().count(), 0);
     }
 }

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::consumer_batch::PolledBatch;
+use crate::consumer_batch::{PolledBatch, QueueHandle};
 use crate::engine::Engine;
 use crate::restore_batch::SortedBatch;
 use crate::error::{Error, Result};
@@ -147,9 +147,6 @@ impl Restorer {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false");
-        // Batch polling needs the consumer queue, which only a group consumer
-        // has (the group is never joined: partitions are assigned directly).
-        crate::config::set_default(&mut config, "group.id", "kstate-restore");
         // Bulk reading: once a partition has queued.min.messages (default
         // 100000) queued, librdkafka pauses its fetches for
         // fetch.queue.backoff.ms (default 1 s), which throttled restores to a
@@ -217,6 +214,9 @@ struct Active {
 }
 
 struct RestoreLoop {
+    /// Every changelog partition is forwarded here and read in batches.
+    /// Declared before the consumer: dropped first.
+    records: Arc<QueueHandle>,
     consumer: Arc<BaseConsumer>,
     listener: Arc<dyn RestoreListener>,
     timeout: Duration,
@@ -232,13 +232,17 @@ impl RestoreLoop {
         timeout: Duration,
         outcomes: Sender<RestoreOutcome>,
     ) -> Self {
-        RestoreLoop { consumer: Arc::new(consumer), listener, timeout, outcomes, jobs: HashMap::new(), active: HashMap::new() }
+        // SAFETY: the queue is a field declared before the consumer, and
+        // `run` drops its clone before returning.
+        let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
+        RestoreLoop { records, consumer: Arc::new(consumer), listener, timeout, outcomes, jobs: HashMap::new(), active: HashMap::new() }
     }
 
     fn run(mut self, commands: Receiver<Command>) {
         // Declared before the batch, so the batch's messages are destroyed first.
+        let records = self.records.clone();
         let consumer = self.consumer.clone();
-        let mut polled = PolledBatch::new(&consumer, POLL_BATCH);
+        let mut polled = PolledBatch::new(&records, POLL_BATCH);
         let mut last_progress = Instant::now();
         loop {
             // Take commands; block only while there is nothing to restore.
@@ -307,6 +311,14 @@ impl RestoreLoop {
                 }
             }
             polled.clear();
+            // The consumer queue carries librdkafka's events (logs, errors),
+            // served through rust-rdkafka's context; a record only lands there
+            // if its partition could not be forwarded.
+            match consumer.poll(Duration::ZERO) {
+                Some(Ok(m)) => self.on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), m.payload()),
+                Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
+                None => {}
+            }
             if !restarted.is_empty() {
                 // Positions may still show the old assignment for a moment.
                 last_progress = Instant::now();
@@ -437,6 +449,9 @@ impl RestoreLoop {
         store.engine_mut().start_bulk_load()?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
+        if !self.records.forward_partition(&self.consumer, &topic, partition) {
+            tracing::warn!(%topic, partition, "cannot forward the changelog partition to the restore queue; reading it one record at a time");
+        }
         self.consumer.incremental_assign(&tpl)?;
         active.assigned = true;
         self.active.insert(key, active);

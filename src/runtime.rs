@@ -10,13 +10,13 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Message, TopicPartitionList};
 
 use crate::app::ShutdownHandle;
 use crate::assignment::AssignmentEvent;
 use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
 use crate::codec::Codec;
+use crate::consumer_batch::{PolledBatch, QueueHandle};
 use crate::config::AppConfig;
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
@@ -82,7 +82,13 @@ impl<'t> ProcessorContext<'t> {
 struct Shared {
     tasks: Mutex<TaskManager>,
     fatal: Mutex<Option<Error>>,
+    /// Where assigned partitions' records go (read in batches by the loop);
+    /// taken out before the consumer is dropped.
+    records: Mutex<Option<Arc<QueueHandle>>>,
 }
+
+/// Records taken from the consumer per batch.
+const POLL_BATCH: usize = 1024;
 
 struct RuntimeContext {
     shared: Arc<Shared>,
@@ -96,6 +102,18 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 
 impl ConsumerContext for RuntimeContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            // Before the assignment takes effect, so no record of these
+            // partitions reaches the consumer queue first.
+            let records = self.shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(q) = records.as_ref() {
+                for (topic, p) in partitions(tpl) {
+                    if !q.forward_partition(consumer, &topic, p) {
+                        tracing::warn!(%topic, partition = p, "cannot forward the partition to the record queue; reading it one record at a time");
+                    }
+                }
+            }
+        }
         if let Rebalance::Revoke(tpl) = rebalance {
             let tps = partitions(tpl);
             let event = if consumer.assignment_lost() {
@@ -206,6 +224,7 @@ where
     let shared = Arc::new(Shared {
         tasks: Mutex::new(TaskManager::new(config.clone(), producer, resources, max_message_bytes, restorer)),
         fatal: Mutex::new(None),
+        records: Mutex::new(None),
     });
 
     let mut consumer_config = base.clone();
@@ -227,13 +246,16 @@ where
     crate::config::set_default(&mut consumer_config, "queued.min.messages", "1000000");
     let consumer: BaseConsumer<RuntimeContext> =
         consumer_config.create_with_context(RuntimeContext { shared: shared.clone() })?;
+    // SAFETY: taken out of `shared` and dropped (below) before the consumer.
+    let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
+    *shared.records.lock().expect("records lock") = Some(records.clone());
     let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
 
     let store_index: HashMap<String, usize> =
         config.stores.iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
-    let result = process_loop(&config, &shutdown, &consumer, &shared, &store_index, &mut processor);
+    let result = process_loop(&config, &shutdown, &consumer, &records, &shared, &store_index, &mut processor);
 
     let mut tasks = shared.tasks.lock().expect("task lock");
     let result = match result {
@@ -257,6 +279,8 @@ where
     while Instant::now() < deadline && consumer.assignment().map(|a| a.count() > 0).unwrap_or(false) {
         let _ = consumer.poll(Duration::from_millis(50));
     }
+    shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    drop(records);
     drop(consumer);
     tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
     result
@@ -266,6 +290,7 @@ fn process_loop<F, E>(
     config: &AppConfig,
     shutdown: &ShutdownHandle,
     consumer: &BaseConsumer<RuntimeContext>,
+    records: &QueueHandle,
     shared: &Shared,
     store_index: &HashMap<String, usize>,
     processor: &mut F,
@@ -274,6 +299,7 @@ where
     F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut last_commit = Instant::now();
     while !shutdown.is_shutdown() {
         {
@@ -282,24 +308,56 @@ where
             tasks.collect_restored(consumer)?;
             tasks.poll_inflight(consumer)?;
         }
-        let polled = consumer.poll(Duration::from_millis(50));
+        // The consumer queue: rebalance callbacks, errors and logs (served
+        // by rust-rdkafka), and records of partitions that could not be
+        // forwarded to the record queue.
+        let event = consumer.poll(Duration::ZERO);
         // Rebalance callbacks run inside poll and report failures (e.g. the
         // commit on revoke) here: stop before committing anything else.
         if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
             return Err(e);
         }
-        match polled {
+        let served_event = event.is_some();
+        match event {
             Some(Ok(msg)) => {
-                let mut tasks = shared.tasks.lock().expect("task lock");
-                process_one(&mut tasks, store_index, &msg, processor)?;
-                if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
-                    tasks.commit_pipelined(consumer)?;
-                    last_commit = Instant::now();
-                }
+                let record = Record {
+                    topic: msg.topic(),
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    timestamp: msg.timestamp().to_millis(),
+                    key: msg.key(),
+                    value: msg.payload(),
+                };
+                process_one(&mut shared.tasks.lock().expect("task lock"), store_index, &record, processor)?;
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {}
             Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
-            None => {}
+        }
+        // The record queue, in batches; waits (briefly) only when idle.
+        let wait = if served_event { Duration::ZERO } else { Duration::from_millis(50) };
+        if polled.poll(wait) > 0 {
+            let mut tasks = shared.tasks.lock().expect("task lock");
+            for msg in polled.iter() {
+                let (partition, offset) = (msg.partition(), msg.offset());
+                let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
+                if let Some(e) = msg.error() {
+                    tracing::warn!(error = %e, topic, partition, offset, "consumer error");
+                    continue;
+                }
+                let record = Record {
+                    topic,
+                    partition,
+                    offset,
+                    timestamp: msg.timestamp(),
+                    key: msg.key(),
+                    value: msg.payload(),
+                };
+                process_one(&mut tasks, store_index, &record, processor)?;
+            }
+            if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
+                tasks.commit_pipelined(consumer)?;
+                last_commit = Instant::now();
+            }
         }
         if last_commit.elapsed() >= config.commit_interval {
             shared.tasks.lock().expect("task lock").commit_pipelined(consumer)?;
@@ -312,14 +370,14 @@ where
 fn process_one<F, E>(
     tasks: &mut TaskManager,
     store_index: &HashMap<String, usize>,
-    msg: &BorrowedMessage<'_>,
+    record: &Record<'_>,
     processor: &mut F,
 ) -> Result<()>
 where
     F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+    let (topic, partition, offset) = (record.topic, record.partition, record.offset);
     let Some(task) = tasks.tasks.get_mut(&partition) else {
         return Ok(()); // revoked while the record was in flight
     };
@@ -329,16 +387,8 @@ where
         *r = (*r).min(offset);
         return Ok(());
     }
-    let record = Record {
-        topic,
-        partition,
-        offset,
-        timestamp: msg.timestamp().to_millis(),
-        key: msg.key(),
-        value: msg.payload(),
-    };
     let mut ctx = ProcessorContext { task, store_index };
-    processor(&mut ctx, &record).map_err(|e| Error::Processor {
+    processor(&mut ctx, record).map_err(|e| Error::Processor {
         topic: topic.to_string(),
         partition,
         offset,

@@ -55,10 +55,10 @@ impl QueueHandle {
     }
 
     /// Routes a partition's fetched records (and its consumer errors) to
-    /// this queue instead of the consumer queue; librdkafka keeps an
-    /// application's forwarding across (re-)assignments. `false` if the
-    /// partition cannot be forwarded (its records keep coming through the
-    /// consumer queue).
+    /// this queue instead of the consumer queue. librdkafka drops the
+    /// forwarding when the partition's fetcher stops (unassign), so forward
+    /// again before every (re-)assignment. `false` if the partition cannot
+    /// be forwarded (its records keep coming through the consumer queue).
     pub(crate) fn forward_partition<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
@@ -78,6 +78,21 @@ impl QueueHandle {
             rdsys::rd_kafka_queue_destroy(partq);
         }
         true
+    }
+}
+
+/// Events (and records of unforwarded partitions) waiting in a group
+/// consumer's queue; 0 for a consumer without one.
+pub(crate) fn pending_events<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> usize {
+    // SAFETY: live consumer handle; the queue reference is released at once.
+    unsafe {
+        let q = rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr());
+        if q.is_null() {
+            return 0;
+        }
+        let n = rdsys::rd_kafka_queue_length(q);
+        rdsys::rd_kafka_queue_destroy(q);
+        n
     }
 }
 

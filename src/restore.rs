@@ -26,7 +26,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::consumer_batch::{PolledBatch, QueueHandle};
+use crate::consumer_batch::{pending_events, PolledBatch, QueueHandle};
 use crate::engine::Engine;
 use crate::restore_batch::SortedBatch;
 use crate::error::{Error, Result};
@@ -38,6 +38,8 @@ const BATCH_RECORDS: usize = 20_000;
 const BATCH_BYTES: usize = 8 << 20;
 /// Messages taken from the consumer per poll.
 const POLL_BATCH: usize = 1024;
+/// Most consumer-queue events served in one loop pass.
+const MAX_EVENTS_PER_PASS: usize = 64;
 /// How often restore progress and completion are checked when records keep coming.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -248,9 +250,12 @@ impl RestoreLoop {
             // Take commands; block only while there is nothing to restore.
             loop {
                 let cmd = if self.active.is_empty() {
-                    match commands.recv_timeout(Duration::from_millis(500)) {
+                    match commands.recv_timeout(Duration::from_millis(100)) {
                         Ok(c) => c,
-                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Timeout) => {
+                            Self::serve_events(&consumer, |_, _, _, _, _| {});
+                            continue;
+                        }
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 } else {
@@ -311,14 +316,9 @@ impl RestoreLoop {
                 }
             }
             polled.clear();
-            // The consumer queue carries librdkafka's events (logs, errors),
-            // served through rust-rdkafka's context; a record only lands there
-            // if its partition could not be forwarded.
-            match consumer.poll(Duration::ZERO) {
-                Some(Ok(m)) => self.on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), m.payload()),
-                Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
-                None => {}
-            }
+            Self::serve_events(&consumer, |topic, partition, offset, key, value| {
+                self.on_record(topic, partition, offset, key, value)
+            });
             if !restarted.is_empty() {
                 // Positions may still show the old assignment for a moment.
                 last_progress = Instant::now();
@@ -326,6 +326,25 @@ impl RestoreLoop {
             if last_progress.elapsed() >= PROGRESS_INTERVAL {
                 last_progress = Instant::now();
                 self.check_positions();
+            }
+        }
+    }
+
+    /// Serves what waits in the consumer queue: librdkafka's events (logs,
+    /// errors, through rust-rdkafka's context) and records of partitions that
+    /// could not be forwarded (handed to `on_record`).
+    fn serve_events(
+        consumer: &BaseConsumer,
+        mut on_record: impl FnMut(&[u8], i32, i64, Option<&[u8]>, Option<&[u8]>),
+    ) {
+        for _ in 0..MAX_EVENTS_PER_PASS {
+            match consumer.poll(Duration::ZERO) {
+                Some(Ok(m)) => on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), m.payload()),
+                Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
+                None => {}
+            }
+            if pending_events(consumer) == 0 {
+                break;
             }
         }
     }
@@ -586,6 +605,12 @@ impl RestoreLoop {
     fn check_positions(&mut self) {
         if self.active.is_empty() {
             return;
+        }
+        // librdkafka drops a partition's forwarding when its fetcher stops,
+        // which an unassign does asynchronously: if that raced with the
+        // forward before a re-assignment, forward again (idempotent).
+        for (topic, partition) in self.active.iter().filter(|(_, a)| a.assigned).map(|(k, _)| k) {
+            self.records.forward_partition(&self.consumer, topic, *partition);
         }
         let Ok(positions) = self.consumer.position() else { return };
         let done: Vec<(String, i32)> = positions

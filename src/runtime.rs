@@ -10,13 +10,13 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientContext, Message, TopicPartitionList};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use crate::app::ShutdownHandle;
 use crate::assignment::AssignmentEvent;
 use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
 use crate::codec::Codec;
-use crate::consumer_batch::{PolledBatch, QueueHandle};
+use crate::consumer_batch::{pending_events, PolledBatch, QueueHandle};
 use crate::config::AppConfig;
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
@@ -89,6 +89,27 @@ struct Shared {
 
 /// Records taken from the consumer per batch.
 const POLL_BATCH: usize = 1024;
+/// How long an idle loop pass waits for records.
+const IDLE_WAIT: Duration = Duration::from_millis(10);
+/// Most consumer-queue events served in one loop pass.
+const MAX_EVENTS_PER_PASS: usize = 64;
+
+/// Keeps the record queue in `Shared` (for the rebalance callback) and takes
+/// it out again when dropped, so it never outlives the consumer.
+struct RecordQueueGuard<'s>(&'s Shared);
+
+impl<'s> RecordQueueGuard<'s> {
+    fn install(shared: &'s Shared, queue: Arc<QueueHandle>) -> Self {
+        *shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(queue);
+        RecordQueueGuard(shared)
+    }
+}
+
+impl Drop for RecordQueueGuard<'_> {
+    fn drop(&mut self) {
+        self.0.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    }
+}
 
 struct RuntimeContext {
     shared: Arc<Shared>,
@@ -246,9 +267,10 @@ where
     crate::config::set_default(&mut consumer_config, "queued.min.messages", "1000000");
     let consumer: BaseConsumer<RuntimeContext> =
         consumer_config.create_with_context(RuntimeContext { shared: shared.clone() })?;
-    // SAFETY: taken out of `shared` and dropped (below) before the consumer.
+    // SAFETY: `records` and the guard's copy in `shared` are declared after
+    // the consumer, so both are dropped before it on every path.
     let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
-    *shared.records.lock().expect("records lock") = Some(records.clone());
+    let _records_in_shared = RecordQueueGuard::install(&shared, records.clone());
     let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
@@ -279,7 +301,7 @@ where
     while Instant::now() < deadline && consumer.assignment().map(|a| a.count() > 0).unwrap_or(false) {
         let _ = consumer.poll(Duration::from_millis(50));
     }
-    shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    drop(_records_in_shared);
     drop(records);
     drop(consumer);
     tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
@@ -309,39 +331,52 @@ where
             tasks.poll_inflight(consumer)?;
         }
         // The consumer queue: rebalance callbacks, errors and logs (served
-        // by rust-rdkafka), and records of partitions that could not be
-        // forwarded to the record queue.
-        let event = consumer.poll(Duration::ZERO);
-        // Rebalance callbacks run inside poll and report failures (e.g. the
-        // commit on revoke) here: stop before committing anything else.
-        if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
-            return Err(e);
-        }
-        let served_event = event.is_some();
-        match event {
-            Some(Ok(msg)) => {
-                let record = Record {
-                    topic: msg.topic(),
-                    partition: msg.partition(),
-                    offset: msg.offset(),
-                    timestamp: msg.timestamp().to_millis(),
-                    key: msg.key(),
-                    value: msg.payload(),
-                };
-                process_one(&mut shared.tasks.lock().expect("task lock"), store_index, &record, processor)?;
+        // by rust-rdkafka, one per call), and records of partitions that
+        // could not be forwarded to the record queue.
+        for _ in 0..MAX_EVENTS_PER_PASS {
+            let event = consumer.poll(Duration::ZERO);
+            // Rebalance callbacks run inside poll and report failures (e.g.
+            // the commit on revoke) here: stop before committing anything else.
+            if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
+                return Err(e);
             }
-            Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-            Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+            match event {
+                Some(Ok(msg)) => {
+                    let record = Record {
+                        topic: msg.topic(),
+                        partition: msg.partition(),
+                        offset: msg.offset(),
+                        timestamp: msg.timestamp().to_millis(),
+                        key: msg.key(),
+                        value: msg.payload(),
+                    };
+                    process_one(&mut shared.tasks.lock().expect("task lock"), store_index, &record, processor)?;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+            }
+            if pending_events(consumer) == 0 {
+                break;
+            }
         }
         // The record queue, in batches; waits (briefly) only when idle.
-        let wait = if served_event { Duration::ZERO } else { Duration::from_millis(50) };
+        // Waiting here delays events, task openings and restored tasks, so
+        // only briefly, and not at all when something is already waiting.
+        let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
         if polled.poll(wait) > 0 {
             let mut tasks = shared.tasks.lock().expect("task lock");
+            let mut seek_back = Vec::new();
             for msg in polled.iter() {
                 let (partition, offset) = (msg.partition(), msg.offset());
                 let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
                 if let Some(e) = msg.error() {
                     tracing::warn!(error = %e, topic, partition, offset, "consumer error");
+                    // A batch poll moves the position past an error too, but
+                    // its offset is the next record not yet delivered: seek
+                    // back so no record is skipped.
+                    if offset >= 0 {
+                        seek_back.push((topic.to_string(), partition, offset));
+                    }
                     continue;
                 }
                 let record = Record {
@@ -353,6 +388,11 @@ where
                     value: msg.payload(),
                 };
                 process_one(&mut tasks, store_index, &record, processor)?;
+            }
+            for (topic, partition, offset) in seek_back {
+                if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
+                    tracing::warn!(error = %e, %topic, partition, offset, "seeking back after a consumer error failed");
+                }
             }
             if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
                 tasks.commit_pipelined(consumer)?;

@@ -121,6 +121,7 @@ impl TaskManager {
         for (topic, p) in &tps {
             if let Some(task) = self.tasks.get_mut(p) {
                 task.topics.remove(topic);
+                task.rewind.remove(topic); // a later re-assignment starts from the committed offset
                 if task.topics.is_empty() {
                     closing.push(*p);
                 }

@@ -48,7 +48,10 @@ pub struct KeyValueStore {
     producer: Arc<ChangelogProducer>,
     tracker: Arc<DeliveryTracker>,
     max_record_bytes: usize,
+    /// The changelog offset RocksDB reflects (durable).
     checkpoint: Option<i64>,
+    /// The offset the commit in flight takes RocksDB to, until it lands.
+    sealed_checkpoint: Option<i64>,
     pub(crate) metrics: StoreMetrics,
     /// Why the local state cannot be trusted, found while opening it.
     pub(crate) open_problem: Option<String>,
@@ -127,6 +130,7 @@ impl KeyValueStore {
             producer: args.producer,
             max_record_bytes: args.max_record_bytes,
             checkpoint,
+            sealed_checkpoint: None,
             metrics: StoreMetrics::new(args.name, args.partition),
             open_problem,
             db_dir,
@@ -159,6 +163,7 @@ impl KeyValueStore {
         drop(self.engine.take());
         self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
         self.checkpoint = None;
+        self.sealed_checkpoint = None;
         Ok(())
     }
 
@@ -177,9 +182,15 @@ impl KeyValueStore {
         &self.changelog_topic
     }
 
-    /// The changelog offset of the last committed write, if any.
+    /// The changelog offset of the last write that is in RocksDB, if any
+    /// (a commit whose write is still in flight does not count yet).
     pub fn checkpoint(&self) -> Option<i64> {
         self.checkpoint
+    }
+
+    /// The checkpoint after the commit in flight, if any, lands.
+    fn newest_checkpoint(&self) -> Option<i64> {
+        self.sealed_checkpoint.or(self.checkpoint)
     }
 
     pub(crate) fn set_checkpoint(&mut self, c: Option<i64>) {
@@ -276,7 +287,7 @@ impl KeyValueStore {
     /// acknowledgements past the checkpoint, or a delivery failure to report).
     pub(crate) fn has_commit_work(&self) -> bool {
         !self.overlay.is_empty()
-            || self.tracker.settle().map_or(true, |acked| acked.is_some_and(|a| Some(a) != self.checkpoint))
+            || self.tracker.settle().map_or(true, |acked| acked.is_some_and(|a| Some(a) != self.newest_checkpoint()))
     }
 
     /// Step 2 of a commit, after the producer was flushed: turns the
@@ -297,7 +308,7 @@ impl KeyValueStore {
         // prefix", so stop instead (a restart restores what is there).
         let ours = self.tracker.take_acked_count();
         if let Some(found) = acked {
-            let expected = self.checkpoint.unwrap_or(-1) + ours as i64;
+            let expected = self.newest_checkpoint().unwrap_or(-1) + ours as i64;
             if ours > 0 && found != expected {
                 return Err(Error::ChangelogDiverged {
                     topic: self.changelog_topic.clone(),
@@ -307,7 +318,7 @@ impl KeyValueStore {
                 });
             }
         }
-        let Some(checkpoint) = acked.or(self.checkpoint) else {
+        let Some(checkpoint) = acked.or(self.newest_checkpoint()) else {
             return Err(Error::Restore {
                 topic: self.changelog_topic.clone(),
                 partition: self.partition,
@@ -323,13 +334,16 @@ impl KeyValueStore {
         }
         self.sealed = std::mem::take(&mut self.overlay);
         // The next seal checks its acknowledgements against this checkpoint.
-        self.checkpoint = Some(checkpoint);
+        self.sealed_checkpoint = Some(checkpoint);
         self.metrics.overlay_bytes.set(0.0);
         Ok(Some(SealedCommit { engine: self.engine.clone().expect("engine is open"), batch, checkpoint }))
     }
 
     /// The sealed writes are in RocksDB: stop reading them from memory.
     pub(crate) fn commit_landed(&mut self) {
+        if let Some(c) = self.sealed_checkpoint.take() {
+            self.checkpoint = Some(c);
+        }
         self.sealed.drain();
     }
 
@@ -342,6 +356,7 @@ impl KeyValueStore {
         }
         self.overlay.drain();
         self.sealed.drain();
+        self.sealed_checkpoint = None;
         self.metrics.overlay_bytes.set(0.0);
     }
 

@@ -79,6 +79,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
     match cmd {
         "consume" => consume(&b, opt(args, "--topic")?, None),
         "rocksdb-raw" => consume(&b, opt(args, "--topic")?, Some(opt(args, "--dir")?)),
+        "consume-batch" => consume_batch(&b, opt(args, "--topic")?),
         "kstate-restore" => kstate_restore(&b, opt(args, "--app")?, opt(args, "--store")?, opt(args, "--input")?, opt(args, "--state-dir")?),
         "produce" => produce(&b, opt(args, "--topic")?, opt(args, "--source")?),
         "kstate-write" => kstate_write(
@@ -176,6 +177,76 @@ fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, Bo
     let contender = if dir.is_some() { "rocksdb-raw" } else { "plain-consumer" };
     Ok(format!(
         "{{\"contender\":\"{contender}\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        records as f64 / secs
+    ))
+}
+
+/// The plain consumer again, but taking up to 1024 records per call from a
+/// queue its partitions are forwarded to (`rd_kafka_consume_batch_queue`),
+/// as kstate's restore does: what librdkafka itself can deliver here.
+fn consume_batch(bootstrap: &str, topic: &str) -> Result<String, BoxError> {
+    use rdkafka::bindings as rdsys;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "kstate-bench-consume")
+        .set("enable.auto.commit", "false")
+        .set("fetch.max.bytes", "104857600")
+        .set("max.partition.fetch.bytes", "16777216")
+        .set("queued.max.messages.kbytes", "131072")
+        .set("queued.min.messages", "10000000")
+        .set("fetch.queue.backoff.ms", "0")
+        .extend_from_env()
+        .create()?;
+    let parts = partitions_of(&consumer, topic)?;
+    let rk = consumer.client().native_ptr();
+    let ctopic = std::ffi::CString::new(topic)?;
+    // SAFETY: the queue and every message are destroyed below, before the consumer.
+    let queue = unsafe { rdsys::rd_kafka_queue_new(rk) };
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for (p, lo, hi) in &parts {
+        if hi > lo {
+            unsafe {
+                let pq = rdsys::rd_kafka_queue_get_partition(rk, ctopic.as_ptr(), *p);
+                rdsys::rd_kafka_queue_forward(pq, queue);
+                rdsys::rd_kafka_queue_destroy(pq);
+            }
+            tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+            ends.insert(*p, *hi);
+        }
+    }
+    let mut remaining = ends.len();
+    let started = Instant::now();
+    consumer.assign(&tpl)?;
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut msgs: Vec<*mut rdsys::rd_kafka_message_t> = Vec::with_capacity(1024);
+    let mut failure = None;
+    while remaining > 0 && failure.is_none() {
+        let n = unsafe { rdsys::rd_kafka_consume_batch_queue(queue, 100, msgs.as_mut_ptr(), 1024) };
+        unsafe { msgs.set_len(n.max(0) as usize) };
+        for &m in &msgs {
+            let m = unsafe { &*m };
+            if m.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                failure = Some(format!("consumer error {:?}", m.err));
+                continue;
+            }
+            records += 1;
+            bytes += (m.key_len + if m.payload.is_null() { 0 } else { m.len }) as u64;
+            if m.offset + 1 >= ends[&m.partition] {
+                remaining -= 1;
+            }
+        }
+        for m in msgs.drain(..) {
+            unsafe { rdsys::rd_kafka_message_destroy(m) };
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    unsafe { rdsys::rd_kafka_queue_destroy(queue) };
+    if let Some(f) = failure {
+        return Err(f.into());
+    }
+    Ok(format!(
+        "{{\"contender\":\"plain-consumer-batch\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
         records as f64 / secs
     ))
 }

@@ -107,6 +107,8 @@ class Suite:
         ks_state = os.path.join(self.tmp, "ks-restore")
         for rep in range(self.a.reps):
             self.record("restore", "plain-consumer", run_json([self.rust, "consume", "--bootstrap", self.b, "--topic", changelog]))
+            self.record("restore", "plain-consumer-batch", run_json(
+                [self.rust, "consume-batch", "--bootstrap", self.b, "--topic", changelog]))
             self.record("restore", "rocksdb-raw", run_json(
                 [self.rust, "rocksdb-raw", "--bootstrap", self.b, "--topic", changelog, "--dir", os.path.join(self.tmp, "raw")]))
             kst = os.path.join(self.tmp, "kstate-restore")

@@ -3,9 +3,11 @@
 //! Every subcommand prints one JSON line on stdout:
 //!
 //! * `consume --topic T` — plain rdkafka consumer reading every partition to the end (the physical limit);
+//! * `consume-batch --topic T` — the same, reading up to 1024 records per call as kstate does;
 //! * `rocksdb-raw --topic T --dir D` — the same consumer writing WAL-less WriteBatches into RocksDB;
 //! * `kstate-restore --app A --store S --input I --state-dir D` — kstate restoring `A-S-changelog`;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
+//! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
 //! * `kstate-write --app A --input I --records N --state-dir D` — kstate putting every input record.
 
 use std::collections::HashMap;
@@ -80,6 +82,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
         "consume" => consume(&b, opt(args, "--topic")?, None),
         "rocksdb-raw" => consume(&b, opt(args, "--topic")?, Some(opt(args, "--dir")?)),
         "consume-batch" => consume_batch(&b, opt(args, "--topic")?),
+        "pipe" => pipe(&b, opt(args, "--input")?, opt(args, "--output")?),
         "kstate-restore" => kstate_restore(&b, opt(args, "--app")?, opt(args, "--store")?, opt(args, "--input")?, opt(args, "--state-dir")?),
         "produce" => produce(&b, opt(args, "--topic")?, opt(args, "--source")?),
         "kstate-write" => kstate_write(
@@ -181,11 +184,83 @@ fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, Bo
     ))
 }
 
-/// The plain consumer again, but taking up to 1024 records per call from a
-/// queue its partitions are forwarded to (`rd_kafka_consume_batch_queue`),
-/// as kstate's restore does: what librdkafka itself can deliver here.
+/// A consumer whose partitions of `topic` are forwarded to one queue that is
+/// read up to 1024 records per call (`rd_kafka_consume_batch_queue`), as
+/// kstate reads.
+struct BatchReader {
+    queue: *mut rdkafka::bindings::rd_kafka_queue_t,
+    /// End offset per partition still to be reached.
+    ends: HashMap<i32, i64>,
+    /// Kept alive (and dropped after the queue) while the queue is read.
+    _consumer: BaseConsumer,
+}
+
+impl BatchReader {
+    fn new(consumer: BaseConsumer, topic: &str) -> Result<BatchReader, BoxError> {
+        use rdkafka::bindings as rdsys;
+        let parts = partitions_of(&consumer, topic)?;
+        let rk = consumer.client().native_ptr();
+        let ctopic = std::ffi::CString::new(topic)?;
+        // SAFETY: destroyed in Drop, before the consumer (a later field).
+        let queue = unsafe { rdsys::rd_kafka_queue_new(rk) };
+        let mut tpl = TopicPartitionList::new();
+        let mut ends = HashMap::new();
+        for (p, lo, hi) in &parts {
+            if hi > lo {
+                unsafe {
+                    let pq = rdsys::rd_kafka_queue_get_partition(rk, ctopic.as_ptr(), *p);
+                    rdsys::rd_kafka_queue_forward(pq, queue);
+                    rdsys::rd_kafka_queue_destroy(pq);
+                }
+                tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+                ends.insert(*p, *hi);
+            }
+        }
+        consumer.assign(&tpl)?;
+        Ok(BatchReader { queue, ends, _consumer: consumer })
+    }
+
+    /// Calls `f(partition, key, value)` for every record until every
+    /// partition reached its end offset.
+    fn read_all(&mut self, mut f: impl FnMut(i32, &[u8], &[u8])) -> Result<(), BoxError> {
+        use rdkafka::bindings as rdsys;
+        let mut remaining = self.ends.len();
+        let mut msgs: Vec<*mut rdsys::rd_kafka_message_t> = Vec::with_capacity(1024);
+        let mut failure = None;
+        while remaining > 0 && failure.is_none() {
+            let n = unsafe { rdsys::rd_kafka_consume_batch_queue(self.queue, 100, msgs.as_mut_ptr(), 1024) };
+            unsafe { msgs.set_len(n.max(0) as usize) };
+            for &m in &msgs {
+                let m = unsafe { &*m };
+                if m.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    failure = Some(format!("consumer error {:?}", m.err));
+                    continue;
+                }
+                let bytes = |p: *mut std::ffi::c_void, len: usize| -> &[u8] {
+                    if p.is_null() { &[] } else { unsafe { std::slice::from_raw_parts(p as *const u8, len) } }
+                };
+                f(m.partition, bytes(m.key, m.key_len), bytes(m.payload, m.len));
+                if m.offset + 1 >= self.ends[&m.partition] {
+                    remaining -= 1;
+                }
+            }
+            for m in msgs.drain(..) {
+                unsafe { rdsys::rd_kafka_message_destroy(m) };
+            }
+        }
+        failure.map_or(Ok(()), |f| Err(f.into()))
+    }
+}
+
+impl Drop for BatchReader {
+    fn drop(&mut self) {
+        unsafe { rdkafka::bindings::rd_kafka_queue_destroy(self.queue) };
+    }
+}
+
+/// The plain consumer again, reading batches as kstate's restore does: what
+/// librdkafka itself can deliver here.
 fn consume_batch(bootstrap: &str, topic: &str) -> Result<String, BoxError> {
-    use rdkafka::bindings as rdsys;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "kstate-bench-consume")
@@ -197,56 +272,74 @@ fn consume_batch(bootstrap: &str, topic: &str) -> Result<String, BoxError> {
         .set("fetch.queue.backoff.ms", "0")
         .extend_from_env()
         .create()?;
-    let parts = partitions_of(&consumer, topic)?;
-    let rk = consumer.client().native_ptr();
-    let ctopic = std::ffi::CString::new(topic)?;
-    // SAFETY: the queue and every message are destroyed below, before the consumer.
-    let queue = unsafe { rdsys::rd_kafka_queue_new(rk) };
-    let mut tpl = TopicPartitionList::new();
-    let mut ends = HashMap::new();
-    for (p, lo, hi) in &parts {
-        if hi > lo {
-            unsafe {
-                let pq = rdsys::rd_kafka_queue_get_partition(rk, ctopic.as_ptr(), *p);
-                rdsys::rd_kafka_queue_forward(pq, queue);
-                rdsys::rd_kafka_queue_destroy(pq);
-            }
-            tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
-            ends.insert(*p, *hi);
-        }
-    }
-    let mut remaining = ends.len();
+    let mut reader = BatchReader::new(consumer, topic)?;
     let started = Instant::now();
-    consumer.assign(&tpl)?;
     let (mut records, mut bytes) = (0u64, 0u64);
-    let mut msgs: Vec<*mut rdsys::rd_kafka_message_t> = Vec::with_capacity(1024);
-    let mut failure = None;
-    while remaining > 0 && failure.is_none() {
-        let n = unsafe { rdsys::rd_kafka_consume_batch_queue(queue, 100, msgs.as_mut_ptr(), 1024) };
-        unsafe { msgs.set_len(n.max(0) as usize) };
-        for &m in &msgs {
-            let m = unsafe { &*m };
-            if m.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-                failure = Some(format!("consumer error {:?}", m.err));
-                continue;
-            }
-            records += 1;
-            bytes += (m.key_len + if m.payload.is_null() { 0 } else { m.len }) as u64;
-            if m.offset + 1 >= ends[&m.partition] {
-                remaining -= 1;
-            }
-        }
-        for m in msgs.drain(..) {
-            unsafe { rdsys::rd_kafka_message_destroy(m) };
-        }
-    }
+    reader.read_all(|_, k, v| {
+        records += 1;
+        bytes += (k.len() + v.len()) as u64;
+    })?;
     let secs = started.elapsed().as_secs_f64();
-    unsafe { rdsys::rd_kafka_queue_destroy(queue) };
-    if let Some(f) = failure {
-        return Err(f.into());
-    }
     Ok(format!(
         "{{\"contender\":\"plain-consumer-batch\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        records as f64 / secs
+    ))
+}
+
+/// The changelog producer's settings, shared by the producing contenders.
+fn bench_producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, BoxError> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?)
+}
+
+fn send_retrying(producer: &ThreadedProducer<DefaultProducerContext>, mut r: BaseRecord<'_, [u8], [u8]>) {
+    loop {
+        match producer.send(r) {
+            Ok(()) => return,
+            Err((_, back)) => {
+                r = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// Consume-then-produce with no store: every input record is read in
+/// batches (kstate's processing consumer settings) and sent to `output`
+/// (the changelog producer's settings). The ceiling of any
+/// consume-process-produce loop here; timed from the first record read to
+/// the last one acknowledged.
+fn pipe(bootstrap: &str, input: &str, output: &str) -> Result<String, BoxError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "kstate-bench-pipe")
+        .set("enable.auto.commit", "false")
+        .set("fetch.queue.backoff.ms", "10")
+        .set("queued.min.messages", "1000000")
+        .extend_from_env()
+        .create()?;
+    let producer = bench_producer(bootstrap)?;
+    let mut reader = BatchReader::new(consumer, input)?;
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let mut first = None;
+    reader.read_all(|p, k, v| {
+        first.get_or_insert_with(Instant::now);
+        records += 1;
+        bytes += (k.len() + v.len()) as u64;
+        send_retrying(&producer, BaseRecord::<[u8], [u8]>::to(output).partition(p).key(k).payload(v));
+    })?;
+    // Until every record is acknowledged, like the plain producer: with a
+    // 1M-message producer queue, N-th sent would leave half the data unsent.
+    producer.flush(Duration::from_secs(120))?;
+    let secs = first.ok_or("nothing read")?.elapsed().as_secs_f64();
+    Ok(format!(
+        "{{\"contender\":\"consume-produce\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
         records as f64 / secs
     ))
 }
@@ -331,28 +424,12 @@ fn produce(bootstrap: &str, topic: &str, source: &str) -> Result<String, BoxErro
             }
         }
     }
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("batch.size", "1000000")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
+    let producer = bench_producer(bootstrap)?;
     let started = Instant::now();
     let mut bytes = 0u64;
     for (p, k, v) in &recs {
         bytes += (k.len() + v.len()) as u64;
-        let mut r = BaseRecord::<[u8], [u8]>::to(topic).partition(*p).key(k).payload(v);
-        loop {
-            match producer.send(r) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    r = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
+        send_retrying(&producer, BaseRecord::<[u8], [u8]>::to(topic).partition(*p).key(k).payload(v));
     }
     producer.flush(Duration::from_secs(120))?;
     let secs = started.elapsed().as_secs_f64();

@@ -290,12 +290,12 @@ impl ChangelogProducer {
         if let Some(v) = value {
             record = record.payload(v);
         }
-        let started = Instant::now();
+        let mut started = None; // read the clock only when the queue is full
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                    if started.elapsed() < self.queue_timeout =>
+                    if started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout =>
                 {
                     record = r;
                     std::thread::sleep(Duration::from_millis(1));

@@ -434,6 +434,12 @@ where
         offset,
         source: e.into(),
     })?;
-    task.offsets.insert(topic.to_string(), offset + 1);
+    // No String allocation per record: the topic's entry exists after its first record.
+    match task.offsets.get_mut(topic) {
+        Some(next) => *next = offset + 1,
+        None => {
+            task.offsets.insert(topic.to_string(), offset + 1);
+        }
+    }
     Ok(())
 }

@@ -136,6 +136,8 @@ class Suite:
         for rep in range(self.a.reps):
             self.record("write", "plain-producer", run_json(
                 [self.rust, "produce", "--bootstrap", self.b, "--topic", self.fresh_topic(f"{self.run_id}-w-out{rep}"), "--source", inp]))
+            self.record("write", "consume-produce", run_json(
+                [self.rust, "pipe", "--bootstrap", self.b, "--input", inp, "--output", self.fresh_topic(f"{self.run_id}-w-pipe{rep}")]))
             self.record("write", "kstate", run_json(
                 [self.rust, "kstate-write", "--bootstrap", self.b, "--app", f"{self.run_id}-wk{rep}", "--input", inp,
                  "--records", str(self.a.records), "--state-dir", os.path.join(self.tmp, f"kstate-w{rep}")]))

@@ -183,6 +183,12 @@ impl Engine {
         WriteBatch::default()
     }
 
+    /// An empty batch with room for about `data_bytes` of keys and values
+    /// (growing a batch copies it each time it doubles).
+    pub(crate) fn batch_with_capacity(data_bytes: usize) -> WriteBatch {
+        WriteBatch::with_capacity_bytes(data_bytes + data_bytes / 8 + 64)
+    }
+
     /// Writes `batch` plus the new checkpoint atomically (WAL on, or off during a bulk load).
     pub(crate) fn commit(&self, mut batch: WriteBatch, checkpoint: i64) -> Result<()> {
         batch.put_cf(self.meta(), CHECKPOINT_KEY, checkpoint.to_be_bytes());

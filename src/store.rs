@@ -43,8 +43,9 @@ pub struct KeyValueStore {
     changelog_topic: String,
     overlay: Overlay,
     /// Writes of the commit in flight: being written to RocksDB in the
-    /// background, and read from here until that write has landed.
-    sealed: Overlay,
+    /// background (which shares them), and read from here until that write
+    /// has landed.
+    sealed: Arc<Overlay>,
     producer: Arc<ChangelogProducer>,
     tracker: Arc<DeliveryTracker>,
     max_record_bytes: usize,
@@ -67,14 +68,22 @@ pub struct KeyValueStore {
 /// to RocksDB by [`SealedCommit::write`] (on any thread).
 pub(crate) struct SealedCommit {
     engine: Arc<Engine>,
-    batch: rocksdb::WriteBatch,
+    writes: Arc<Overlay>,
     checkpoint: i64,
 }
 
 impl SealedCommit {
-    /// Writes the sealed data and its checkpoint in one RocksDB batch.
+    /// Writes the sealed data and its checkpoint in one RocksDB batch,
+    /// built here (off the processing thread).
     pub(crate) fn write(self) -> Result<()> {
-        self.engine.commit(self.batch, self.checkpoint)
+        let mut batch = Engine::batch_with_capacity(self.writes.bytes());
+        for (k, v) in self.writes.iter() {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        self.engine.commit(batch, self.checkpoint)
     }
 }
 
@@ -126,7 +135,7 @@ impl KeyValueStore {
             tracker: DeliveryTracker::new(args.changelog_topic.clone(), args.partition),
             changelog_topic: args.changelog_topic,
             overlay: Overlay::default(),
-            sealed: Overlay::default(),
+            sealed: Arc::default(),
             producer: args.producer,
             max_record_bytes: args.max_record_bytes,
             checkpoint,
@@ -159,7 +168,7 @@ impl KeyValueStore {
     /// Deletes all local state so a full restore can start from scratch.
     pub(crate) fn wipe(&mut self) -> Result<()> {
         self.overlay.drain();
-        self.sealed.drain();
+        self.sealed = Arc::default();
         drop(self.engine.take());
         self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
         self.checkpoint = None;
@@ -325,26 +334,25 @@ impl KeyValueStore {
                 detail: "uncommitted writes without an acknowledged changelog record".into(),
             });
         };
-        let mut batch = Engine::batch();
-        for (k, v) in self.overlay.iter() {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => batch.delete(k),
-            }
-        }
-        self.sealed = std::mem::take(&mut self.overlay);
+        self.sealed = Arc::new(std::mem::take(&mut self.overlay));
         // The next seal checks its acknowledgements against this checkpoint.
         self.sealed_checkpoint = Some(checkpoint);
         self.metrics.overlay_bytes.set(0.0);
-        Ok(Some(SealedCommit { engine: self.engine.clone().expect("engine is open"), batch, checkpoint }))
+        Ok(Some(SealedCommit {
+            engine: self.engine.clone().expect("engine is open"),
+            writes: self.sealed.clone(),
+            checkpoint,
+        }))
     }
 
     /// The sealed writes are in RocksDB: stop reading them from memory.
-    pub(crate) fn commit_landed(&mut self) {
+    /// Returns them, so that the caller can free them off the processing
+    /// thread.
+    pub(crate) fn commit_landed(&mut self) -> Arc<Overlay> {
         if let Some(c) = self.sealed_checkpoint.take() {
             self.checkpoint = Some(c);
         }
-        self.sealed.drain();
+        std::mem::take(&mut self.sealed)
     }
 
     /// Drops uncommitted writes; local state stays at the last checkpoint.
@@ -355,7 +363,7 @@ impl KeyValueStore {
                 "discarding uncommitted writes; they will be replayed from the changelog or reprocessed");
         }
         self.overlay.drain();
-        self.sealed.drain();
+        self.sealed = Arc::default();
         self.sealed_checkpoint = None;
         self.metrics.overlay_bytes.set(0.0);
     }

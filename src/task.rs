@@ -55,6 +55,9 @@ pub(crate) struct TaskManager {
     pending: Vec<(String, i32)>,
     last_engine_metrics: Instant,
     inflight: Option<InFlightCommit>,
+    /// Landed writes no store reads any more, freed by the next commit's
+    /// writer thread rather than the processing thread.
+    retired: Vec<Arc<crate::overlay::Overlay>>,
 }
 
 /// A commit after its producer flush and seal (see `seal_running`).
@@ -98,6 +101,7 @@ impl TaskManager {
             pending: Vec::new(),
             last_engine_metrics: Instant::now(),
             inflight: None,
+            retired: Vec::new(),
         }
     }
 
@@ -261,7 +265,14 @@ impl TaskManager {
         }
         let writer = std::thread::Builder::new()
             .name("kstate-commit".into())
-            .spawn(move || write_sealed(sealed))
+            .spawn({
+                let retired = std::mem::take(&mut self.retired);
+                move || {
+                    let written = write_sealed(sealed);
+                    drop(retired);
+                    written
+                }
+            })
             .map_err(|e| crate::error::Error::io("kstate-commit thread", e))?;
         self.inflight = Some(InFlightCommit { writer, partitions, offsets, started, flushed });
         Ok(())
@@ -365,7 +376,7 @@ impl TaskManager {
     fn mark_landed(&mut self, partitions: &[i32]) {
         for p in partitions {
             if let Some(task) = self.tasks.get_mut(p) {
-                task.stores.iter_mut().for_each(KeyValueStore::commit_landed);
+                self.retired.extend(task.stores.iter_mut().map(KeyValueStore::commit_landed));
             }
         }
     }

@@ -5,35 +5,90 @@
 //! checkpoint. Reads merge the overlay over the engine, so a processor always
 //! reads its own writes.
 
-use std::collections::BTreeMap;
+use std::borrow::Borrow;
+use std::collections::BTreeSet;
 use std::ops::Bound;
 
 /// Fixed per-entry cost added to key and value lengths when sizing the overlay.
 const ENTRY_OVERHEAD: usize = 48;
 
+/// One write: key and value in a single allocation (a put or delete costs
+/// one `malloc`, not one per key and value). Ordered and looked up by key.
+#[derive(Debug)]
+struct Entry {
+    bytes: Box<[u8]>,
+    key_len: u32,
+    tombstone: bool,
+}
+
+impl Entry {
+    fn new(key: &[u8], value: Option<&[u8]>) -> Entry {
+        let mut bytes = Vec::with_capacity(key.len() + value.map_or(0, <[u8]>::len));
+        bytes.extend_from_slice(key);
+        bytes.extend_from_slice(value.unwrap_or_default());
+        Entry { bytes: bytes.into_boxed_slice(), key_len: key.len() as u32, tombstone: value.is_none() }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.bytes[..self.key_len as usize]
+    }
+
+    /// `None` for a delete.
+    fn value(&self) -> Option<&[u8]> {
+        (!self.tombstone).then(|| &self.bytes[self.key_len as usize..])
+    }
+
+    fn size(&self) -> usize {
+        self.bytes.len() + ENTRY_OVERHEAD
+    }
+}
+
+impl Borrow<[u8]> for Entry {
+    fn borrow(&self) -> &[u8] {
+        self.key()
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(other.key())
+    }
+}
+
 /// Uncommitted writes of one store partition.
 #[derive(Default, Debug)]
 pub(crate) struct Overlay {
-    entries: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    entries: BTreeSet<Entry>,
     bytes: usize,
-}
-
-fn entry_size(key: &[u8], value: &Option<Vec<u8>>) -> usize {
-    key.len() + value.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD
 }
 
 impl Overlay {
     /// Records a put (`Some`) or delete (`None`).
-    pub(crate) fn write(&mut self, key: &[u8], value: Option<Vec<u8>>) {
-        self.bytes += entry_size(key, &value);
-        if let Some(old) = self.entries.insert(key.to_vec(), value) {
-            self.bytes -= entry_size(key, &old);
+    pub(crate) fn write(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let entry = Entry::new(key, value);
+        self.bytes += entry.size();
+        if let Some(old) = self.entries.replace(entry) {
+            self.bytes -= old.size();
         }
     }
 
     /// `None`: not in the overlay; `Some(None)`: deleted; `Some(Some(v))`: written.
     pub(crate) fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.entries.get(key).map(|v| v.as_deref())
+        self.entries.get(key).map(Entry::value)
     }
 
     /// Approximate memory held, in bytes.
@@ -65,18 +120,18 @@ impl Overlay {
             _ => false,
         };
         let range = if empty { None } else { Some(self.entries.range::<[u8], _>((start, end))) };
-        range.into_iter().flatten().map(|(k, v)| (k.as_slice(), v.as_deref()))
+        range.into_iter().flatten().map(|e| (e.key(), e.value()))
     }
 
     /// Every entry, in key order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
-        self.entries.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))
+        self.entries.iter().map(|e| (e.key(), e.value()))
     }
 
-    /// Takes every entry out, leaving the overlay empty.
-    pub(crate) fn drain(&mut self) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+    /// Drops every entry.
+    pub(crate) fn clear(&mut self) {
         self.bytes = 0;
-        std::mem::take(&mut self.entries)
+        self.entries.clear();
     }
 }
 
@@ -172,21 +227,21 @@ mod tests {
     #[test]
     fn size_accounting_follows_overwrites() {
         let mut o = Overlay::default();
-        o.write(b"k", Some(vec![0; 100]));
+        o.write(b"k", Some(&[0; 100]));
         let one = o.bytes();
-        o.write(b"k", Some(vec![0; 10]));
+        o.write(b"k", Some(&[0; 10]));
         assert_eq!(o.bytes(), one - 90);
         o.write(b"k", None);
         assert_eq!(o.bytes(), one - 100);
         assert_eq!(o.get(b"k"), Some(None));
-        o.drain();
+        o.clear();
         assert_eq!(o.bytes(), 0);
     }
 
     #[test]
     fn inverted_ranges_are_empty_not_a_panic() {
         let mut o = Overlay::default();
-        o.write(b"a", Some(b"1".to_vec()));
+        o.write(b"a", Some(b"1"));
         assert_eq!(o.range(Bound::Included(&b"z"[..]), Bound::Excluded(&b"a"[..])).count(), 0);
         assert_eq!(o.range(Bound::Excluded(&b"a"[..]), Bound::Excluded(&b"a"[..])).count(), 0);
         assert_eq!(o.range(Bound::Included(&b"a"[..]), Bound::Included(&b"a"[..])).count(), 1);
@@ -196,11 +251,11 @@ mod tests {
     fn newer_layer_wins_and_keeps_its_deletes() {
         let mut newer = Overlay::default();
         newer.write(b"b", None);
-        newer.write(b"c", Some(b"C2".to_vec()));
+        newer.write(b"c", Some(b"C2"));
         let mut older = Overlay::default();
-        older.write(b"a", Some(b"A".to_vec()));
-        older.write(b"b", Some(b"B".to_vec()));
-        older.write(b"c", Some(b"C".to_vec()));
+        older.write(b"a", Some(b"A"));
+        older.write(b"b", Some(b"B"));
+        older.write(b"c", Some(b"C"));
         older.write(b"d", None);
         let got: Vec<(&[u8], Option<&[u8]>)> = layered(newer.iter(), older.iter()).collect();
         let want: Vec<(&[u8], Option<&[u8]>)> =
@@ -211,9 +266,9 @@ mod tests {
     #[test]
     fn merge_prefers_overlay_and_hides_deletes() {
         let mut o = Overlay::default();
-        o.write(b"b", Some(b"B2".to_vec()));
+        o.write(b"b", Some(b"B2"));
         o.write(b"c", None);
-        o.write(b"e", Some(b"E".to_vec()));
+        o.write(b"e", Some(b"E"));
         let engine = vec![
             Ok((b"a".to_vec(), b"A".to_vec())),
             Ok((b"b".to_vec(), b"B".to_vec())),

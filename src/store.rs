@@ -167,7 +167,7 @@ impl KeyValueStore {
 
     /// Deletes all local state so a full restore can start from scratch.
     pub(crate) fn wipe(&mut self) -> Result<()> {
-        self.overlay.drain();
+        self.overlay.clear();
         self.sealed = Arc::default();
         drop(self.engine.take());
         self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
@@ -220,7 +220,7 @@ impl KeyValueStore {
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         self.check_size(key.len() + value.len())?;
         self.producer.send(&self.tracker, key, Some(value))?;
-        self.overlay.write(key, Some(value.to_vec()));
+        self.overlay.write(key, Some(value));
         self.metrics.puts.increment(1);
         self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
         Ok(())
@@ -362,7 +362,7 @@ impl KeyValueStore {
             tracing::warn!(store = %self.name, partition = self.partition, writes,
                 "discarding uncommitted writes; they will be replayed from the changelog or reprocessed");
         }
-        self.overlay.drain();
+        self.overlay.clear();
         self.sealed = Arc::default();
         self.sealed_checkpoint = None;
         self.metrics.overlay_bytes.set(0.0);

@@ -38,6 +38,8 @@ const BATCH_RECORDS: usize = 20_000;
 const BATCH_BYTES: usize = 8 << 20;
 /// Messages taken from the consumer per poll.
 const POLL_BATCH: usize = 1024;
+/// Consumer errors in a row on one changelog partition that fail its restore.
+const MAX_FAILED_FETCHES: u32 = 5;
 /// Most consumer-queue events served in one loop pass.
 const MAX_EVENTS_PER_PASS: usize = 64;
 /// How often restore progress and completion are checked when records keep coming.
@@ -224,6 +226,8 @@ struct RestoreLoop {
     timeout: Duration,
     outcomes: Sender<RestoreOutcome>,
     jobs: HashMap<i32, RestoreJob>,
+    /// Consecutive consumer errors per changelog partition (cleared by a record).
+    failed_fetches: HashMap<(String, i32), u32>,
     active: HashMap<(String, i32), Active>,
 }
 
@@ -237,7 +241,7 @@ impl RestoreLoop {
         // SAFETY: the queue is a field declared before the consumer, and
         // `run` drops its clone before returning.
         let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
-        RestoreLoop { records, consumer: Arc::new(consumer), listener, timeout, outcomes, jobs: HashMap::new(), active: HashMap::new() }
+        RestoreLoop { records, consumer: Arc::new(consumer), listener, timeout, outcomes, jobs: HashMap::new(), failed_fetches: HashMap::new(), active: HashMap::new() }
     }
 
     fn run(mut self, commands: Receiver<Command>) {
@@ -309,7 +313,20 @@ impl RestoreLoop {
                         // its last written checkpoint.
                         let key = self.active.keys().find(|k| k.1 == partition && k.0.as_bytes() == topic).cloned();
                         if let Some(key) = key {
-                            self.restart(std::slice::from_ref(&key));
+                            // An error that keeps coming back (no record in
+                            // between) fails the restore instead of looping.
+                            let failures = self.failed_fetches.entry(key.clone()).or_default();
+                            *failures += 1;
+                            if *failures >= MAX_FAILED_FETCHES {
+                                self.failed_fetches.remove(&key);
+                                self.fail(partition, Error::Restore {
+                                    topic: key.0.clone(),
+                                    partition,
+                                    detail: format!("fetching the changelog failed {MAX_FAILED_FETCHES} times in a row: {e}"),
+                                });
+                            } else {
+                                self.restart(std::slice::from_ref(&key));
+                            }
                             restarted.push(key);
                         }
                     }
@@ -356,6 +373,9 @@ impl RestoreLoop {
         let Some((id, a)) = self.active.iter_mut().find(|(k, _)| k.1 == partition && k.0.as_bytes() == topic) else {
             return;
         };
+        if !self.failed_fetches.is_empty() {
+            self.failed_fetches.remove(id);
+        }
         match key {
             Some(k) => {
                 a.batch.push(k, value);

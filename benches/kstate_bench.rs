@@ -107,20 +107,25 @@ fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<(i32, i64, 
     Ok(out)
 }
 
-/// Reads `topic` to its end; with `dir`, writes WAL-less WriteBatches into RocksDB there.
-fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, BoxError> {
-    let consumer: BaseConsumer = ClientConfig::new()
+/// The consumer of the restore contenders: librdkafka bulk-read settings
+/// (no fetch-queue backoff, deep queue), as kstate's restore consumer.
+fn bulk_consumer(bootstrap: &str) -> Result<BaseConsumer, BoxError> {
+    Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "kstate-bench-consume")
         .set("enable.auto.commit", "false")
         .set("fetch.max.bytes", "104857600")
         .set("max.partition.fetch.bytes", "16777216")
-        // The same bulk-read settings as kstate's restore consumer.
         .set("queued.max.messages.kbytes", "131072")
         .set("queued.min.messages", "10000000")
         .set("fetch.queue.backoff.ms", "0")
         .extend_from_env()
-        .create()?;
+        .create()?)
+}
+
+/// Reads `topic` to its end; with `dir`, writes WAL-less WriteBatches into RocksDB there.
+fn consume(bootstrap: &str, topic: &str, dir: Option<&str>) -> Result<String, BoxError> {
+    let consumer = bulk_consumer(bootstrap)?;
     let parts = partitions_of(&consumer, topic)?;
     let db = match dir {
         Some(d) => {
@@ -261,18 +266,7 @@ impl Drop for BatchReader {
 /// The plain consumer again, reading batches as kstate's restore does: what
 /// librdkafka itself can deliver here.
 fn consume_batch(bootstrap: &str, topic: &str) -> Result<String, BoxError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "kstate-bench-consume")
-        .set("enable.auto.commit", "false")
-        .set("fetch.max.bytes", "104857600")
-        .set("max.partition.fetch.bytes", "16777216")
-        .set("queued.max.messages.kbytes", "131072")
-        .set("queued.min.messages", "10000000")
-        .set("fetch.queue.backoff.ms", "0")
-        .extend_from_env()
-        .create()?;
-    let mut reader = BatchReader::new(consumer, topic)?;
+    let mut reader = BatchReader::new(bulk_consumer(bootstrap)?, topic)?;
     let started = Instant::now();
     let (mut records, mut bytes) = (0u64, 0u64);
     reader.read_all(|_, k, v| {

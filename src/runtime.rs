@@ -359,9 +359,9 @@ where
                 break;
             }
         }
-        // The record queue, in batches; waits (briefly) only when idle.
-        // Waiting here delays events, task openings and restored tasks, so
-        // only briefly, and not at all when something is already waiting.
+        // The record queue, in batches. Waiting here delays events, task
+        // openings and restored tasks: only briefly, and not at all when
+        // an event is already waiting.
         let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
         if polled.poll(wait) > 0 {
             let mut tasks = shared.tasks.lock().expect("task lock");
@@ -378,6 +378,10 @@ where
                         seek_back.push((topic.to_string(), partition, offset));
                     }
                     continue;
+                }
+                if !seek_back.is_empty() {
+                    // Delivered after all: no need to seek back for it.
+                    seek_back.retain(|(t, p, o)| !(*p == partition && t == topic && offset >= *o));
                 }
                 let record = Record {
                     topic,

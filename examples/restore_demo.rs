@@ -72,7 +72,7 @@ fn app(bootstrap: &str, app_id: &str, state: &Path) -> kstate::AppBuilder {
         .input_topic(format!("{app_id}-input"))
         .state_dir(state)
         .store(StoreDefinition::new("latest"))
-        .commit_interval(Duration::from_millis(500))
+        .commit_interval(Duration::from_millis(100))
         // Static membership: a restarted instance takes over the crashed one's
         // partitions at once instead of waiting out its session timeout.
         .kafka_config("group.instance.id", format!("{app_id}-instance"))
@@ -84,7 +84,13 @@ fn child(bootstrap: &str, app_id: &str, state: &Path, total: u64) -> Result<(), 
     let seen = AtomicU64::new(0);
     app(bootstrap, app_id, state).build()?.run(move |ctx, rec| {
         ctx.store("latest")?.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())?;
-        if seen.fetch_add(1, Ordering::Relaxed) + 1 == total {
+        let n = seen.fetch_add(1, Ordering::Relaxed) + 1;
+        // Stretch the work over several commit intervals (~0.4 s), so the
+        // crash lands between commits whatever the machine's speed.
+        if n % 500 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if n == total {
             eprintln!("child: all {total} records processed; aborting before the next commit");
             std::process::abort();
         }

@@ -9,7 +9,8 @@ use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use crate::app::ShutdownHandle;
@@ -113,6 +114,9 @@ impl Drop for RecordQueueGuard<'_> {
 
 struct RuntimeContext {
     shared: Arc<Shared>,
+    /// Whether the group uses the cooperative protocol (incremental
+    /// assign/unassign) rather than eager `assign`.
+    cooperative: bool,
 }
 
 impl ClientContext for RuntimeContext {}
@@ -122,6 +126,35 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
 }
 
 impl ConsumerContext for RuntimeContext {
+    /// rust-rdkafka's default asks librdkafka for the rebalance protocol on
+    /// every rebalance. That call, like `assign`, waits forever once the
+    /// group has terminated during the consumer's close (librdkafka#4041,
+    /// rust-rdkafka#509; seen here as a test hanging in `BaseConsumer`'s
+    /// drop on a stale rebalance event). kstate knows its protocol from its
+    /// configuration, and ignores rebalance events once the consumer closed.
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let rk = consumer.client().native_ptr();
+        // SAFETY: a live consumer handle (we are inside its poll).
+        if unsafe { rdkafka::bindings::rd_kafka_consumer_closed(rk) } == 1 {
+            tracing::debug!(error = ?err, "rebalance event after the consumer closed; ignored");
+            return;
+        }
+        let assign = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
+            other => Rebalance::Error(KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        // Anything but an assignment (revocations and errors) gives up the
+        // partitions, as rust-rdkafka's default does.
+        let failure = assign_or_unassign(rk, tpl, assign, self.cooperative);
+        if let Some(e) = failure {
+            tracing::error!(error = %e, assign, "applying a rebalance failed");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             // Before the assignment takes effect, so no record of these
@@ -172,6 +205,37 @@ impl ConsumerContext for RuntimeContext {
             }
             Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
             Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// Applies a rebalance to the consumer: (incremental) assign of `tpl`, or
+/// unassign. Returns librdkafka's error, if any.
+fn assign_or_unassign(
+    rk: *mut rdkafka::bindings::rd_kafka_t,
+    tpl: &TopicPartitionList,
+    assign: bool,
+    cooperative: bool,
+) -> Option<String> {
+    use rdkafka::bindings as rdsys;
+    // SAFETY: `rk` is the live consumer handle of the rebalance callback and
+    // `tpl` the event's list; a returned error object is destroyed here.
+    unsafe {
+        if cooperative {
+            let error = if assign {
+                rdsys::rd_kafka_incremental_assign(rk, tpl.ptr())
+            } else {
+                rdsys::rd_kafka_incremental_unassign(rk, tpl.ptr())
+            };
+            if error.is_null() {
+                return None;
+            }
+            let text = std::ffi::CStr::from_ptr(rdsys::rd_kafka_error_string(error)).to_string_lossy().into_owned();
+            rdsys::rd_kafka_error_destroy(error);
+            Some(text)
+        } else {
+            let err = rdsys::rd_kafka_assign(rk, if assign { tpl.ptr() } else { std::ptr::null_mut() });
+            (err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| RDKafkaErrorCode::from(err).to_string())
         }
     }
 }
@@ -248,12 +312,14 @@ where
         records: Mutex::new(None),
     });
 
+    let strategy = config.assignment.librdkafka_name(config.input_topics.len());
+    let cooperative = strategy == "cooperative-sticky";
     let mut consumer_config = base.clone();
     consumer_config
         .set("group.id", &config.application_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("partition.assignment.strategy", config.assignment.librdkafka_name(config.input_topics.len()));
+        .set("partition.assignment.strategy", strategy);
     crate::config::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
     // As for restores: librdkafka otherwise pauses fetching for up to 1 s
     // whenever 100k messages per partition are queued, starving a busy loop,
@@ -266,7 +332,7 @@ where
     crate::config::set_default(&mut consumer_config, "fetch.queue.backoff.ms", crate::restore::FETCH_QUEUE_BACKOFF_MS);
     crate::config::set_default(&mut consumer_config, "queued.min.messages", "1000000");
     let consumer: BaseConsumer<RuntimeContext> =
-        consumer_config.create_with_context(RuntimeContext { shared: shared.clone() })?;
+        consumer_config.create_with_context(RuntimeContext { shared: shared.clone(), cooperative })?;
     // SAFETY: `records` and the guard's copy in `shared` are declared after
     // the consumer, so both are dropped before it on every path.
     let records = Arc::new(unsafe { QueueHandle::new(&consumer) });

@@ -255,8 +255,11 @@ impl Running {
         Running { shutdown, thread }
     }
 
+    /// Shuts the app down; a shutdown that hangs fails the test instead of
+    /// hanging it.
     pub fn stop(self) -> kstate::Result<()> {
         self.shutdown.shutdown();
+        wait_until("the app to stop (a hang in shutdown?)", Duration::from_secs(60), || self.thread.is_finished());
         self.thread.join().expect("runtime thread panicked")
     }
 

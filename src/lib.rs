@@ -14,7 +14,9 @@
 //! * **Local state is always a prefix of the changelog.** Writes since the
 //!   last commit live in memory; a commit waits until the changelog has
 //!   acknowledged them, then writes them to RocksDB together with the
-//!   changelog offset in one atomic batch, then commits the input offsets.
+//!   changelog offset in one atomic batch (on a background thread, while
+//!   processing continues and reads still see them), then commits the input
+//!   offsets.
 //!   A crash at any point leaves RocksDB at some committed checkpoint, and
 //!   restart replays only the changelog tail past it.
 //! * **At-least-once processing.** Records processed after the last commit

@@ -32,7 +32,8 @@ use std::time::Duration;
 
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::BorrowedMessage;
 
 /// A librdkafka queue reference of ours (released on drop).
 pub(crate) struct QueueHandle {
@@ -79,6 +80,29 @@ impl QueueHandle {
         }
         true
     }
+}
+
+/// Records taken from a queue per batch poll.
+pub(crate) const POLL_BATCH: usize = 1024;
+/// Most consumer-queue polls per [`serve_consumer_queue`].
+const MAX_EVENTS_PER_PASS: usize = 64;
+
+/// Serves what waits in a consumer's own queue: rebalances, errors and logs
+/// (rust-rdkafka handles them, one per `poll`, and returns `None`) and
+/// records of partitions that could not be forwarded. Hands every `poll`
+/// result to `each`, until the queue is empty or after a bounded number of
+/// polls; stops at the first error `each` returns.
+pub(crate) fn serve_consumer_queue<C: ConsumerContext, E>(
+    consumer: &BaseConsumer<C>,
+    mut each: impl FnMut(Option<KafkaResult<BorrowedMessage<'_>>>) -> Result<(), E>,
+) -> Result<(), E> {
+    for _ in 0..MAX_EVENTS_PER_PASS {
+        each(consumer.poll(Duration::ZERO))?;
+        if pending_events(consumer) == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Events (and records of unforwarded partitions) waiting in a group

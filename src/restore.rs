@@ -26,7 +26,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::consumer_batch::{pending_events, PolledBatch, QueueHandle};
+use crate::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::engine::Engine;
 use crate::restore_batch::SortedBatch;
 use crate::error::{Error, Result};
@@ -36,12 +36,8 @@ use crate::store::KeyValueStore;
 const BATCH_RECORDS: usize = 20_000;
 /// Bytes written to RocksDB per restore batch.
 const BATCH_BYTES: usize = 8 << 20;
-/// Messages taken from the consumer per poll.
-const POLL_BATCH: usize = 1024;
 /// Consumer errors in a row on one changelog partition that fail its restore.
 const MAX_FAILED_FETCHES: u32 = 5;
-/// Most consumer-queue events served in one loop pass.
-const MAX_EVENTS_PER_PASS: usize = 64;
 /// How often restore progress and completion are checked when records keep coming.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -354,16 +350,15 @@ impl RestoreLoop {
         consumer: &BaseConsumer,
         mut on_record: impl FnMut(&[u8], i32, i64, Option<&[u8]>, Option<&[u8]>),
     ) {
-        for _ in 0..MAX_EVENTS_PER_PASS {
-            match consumer.poll(Duration::ZERO) {
+        let served: std::result::Result<(), std::convert::Infallible> = serve_consumer_queue(consumer, |event| {
+            match event {
                 Some(Ok(m)) => on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), m.payload()),
                 Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
                 None => {}
             }
-            if pending_events(consumer) == 0 {
-                break;
-            }
-        }
+            Ok(())
+        });
+        let Ok(()) = served;
     }
 
     /// Adds one changelog record to its store's pending batch; writes the

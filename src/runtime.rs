@@ -17,7 +17,7 @@ use crate::app::ShutdownHandle;
 use crate::assignment::AssignmentEvent;
 use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
 use crate::codec::Codec;
-use crate::consumer_batch::{pending_events, PolledBatch, QueueHandle};
+use crate::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::config::AppConfig;
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
@@ -88,12 +88,8 @@ struct Shared {
     records: Mutex<Option<Arc<QueueHandle>>>,
 }
 
-/// Records taken from the consumer per batch.
-const POLL_BATCH: usize = 1024;
 /// How long an idle loop pass waits for records.
 const IDLE_WAIT: Duration = Duration::from_millis(10);
-/// Most consumer-queue events served in one loop pass.
-const MAX_EVENTS_PER_PASS: usize = 64;
 
 /// Keeps the record queue in `Shared` (for the rebalance callback) and takes
 /// it out again when dropped, so it never outlives the consumer.
@@ -399,8 +395,7 @@ where
         // The consumer queue: rebalance callbacks, errors and logs (served
         // by rust-rdkafka, one per call), and records of partitions that
         // could not be forwarded to the record queue.
-        for _ in 0..MAX_EVENTS_PER_PASS {
-            let event = consumer.poll(Duration::ZERO);
+        serve_consumer_queue(consumer, |event| {
             // Rebalance callbacks run inside poll and report failures (e.g.
             // the commit on revoke) here: stop before committing anything else.
             if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
@@ -421,10 +416,8 @@ where
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
             }
-            if pending_events(consumer) == 0 {
-                break;
-            }
-        }
+            Ok(())
+        })?;
         // The record queue, in batches. Waiting here delays events, task
         // openings and restored tasks: only briefly, and not at all when
         // an event is already waiting.

@@ -291,14 +291,6 @@ impl KeyValueStore {
         self.overlay.bytes() + self.sealed.bytes()
     }
 
-
-    /// Whether a commit has anything to write (uncommitted writes, or
-    /// acknowledgements past the checkpoint, or a delivery failure to report).
-    pub(crate) fn has_commit_work(&self) -> bool {
-        !self.overlay.is_empty()
-            || self.tracker.settle().map_or(true, |acked| acked.is_some_and(|a| Some(a) != self.newest_checkpoint()))
-    }
-
     /// Step 2 of a commit, after the producer was flushed: turns the
     /// overlay into the RocksDB batch that takes the store to the last
     /// acknowledged changelog offset. The writes stay readable (as the
@@ -306,10 +298,12 @@ impl KeyValueStore {
     /// if there is nothing to write.
     pub(crate) fn seal(&mut self) -> Result<Option<SealedCommit>> {
         debug_assert!(self.sealed.is_empty(), "one commit in flight at a time");
-        if !self.has_commit_work() {
+        // Nothing to write: no uncommitted writes, no acknowledgement past
+        // the checkpoint (a delivery failure is reported by settle).
+        let acked = self.tracker.settle()?;
+        if self.overlay.is_empty() && acked.map_or(true, |a| Some(a) == self.newest_checkpoint()) {
             return Ok(None);
         }
-        let acked = self.tracker.settle()?;
         // Only this store writes its changelog partition, so since the last
         // checkpoint our n acknowledged records must be exactly the next n
         // offsets. Anything else means a foreign writer interleaved records

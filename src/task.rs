@@ -60,12 +60,13 @@ pub(crate) struct TaskManager {
     retired: Vec<Arc<crate::overlay::Overlay>>,
 }
 
-/// A commit after its producer flush and seal (see `seal_running`).
-struct Sealing {
+/// One commit after its producer flush and seal (see `seal_running`),
+/// apart from the sealed writes themselves.
+struct CommitInfo {
     started: Instant,
+    /// Seconds the producer flush took.
     flushed: f64,
     offsets: TopicPartitionList,
-    sealed: Vec<SealedCommit>,
     /// Tasks whose stores hold sealed writes.
     partitions: Vec<i32>,
 }
@@ -76,11 +77,7 @@ struct Sealing {
 /// committed only after every store's write has landed.
 struct InFlightCommit {
     writer: std::thread::JoinHandle<Result<()>>,
-    /// Tasks whose stores hold the sealed writes.
-    partitions: Vec<i32>,
-    offsets: TopicPartitionList,
-    started: Instant,
-    flushed: f64,
+    info: CommitInfo,
 }
 
 impl TaskManager {
@@ -256,10 +253,10 @@ impl TaskManager {
     /// writes and hands them to a background writer. Its input offsets are
     /// committed by [`TaskManager::poll_inflight`] once the writes landed.
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
-        let Sealing { started, flushed, offsets, sealed, partitions } = self.seal_running(consumer, None)?;
+        let (info, sealed) = self.seal_running(consumer, None)?;
         if sealed.is_empty() {
-            if offsets.count() > 0 {
-                consumer.commit(&offsets, CommitMode::Sync)?;
+            if info.offsets.count() > 0 {
+                consumer.commit(&info.offsets, CommitMode::Sync)?;
             }
             return Ok(());
         }
@@ -274,7 +271,7 @@ impl TaskManager {
                 }
             })
             .map_err(|e| crate::error::Error::io("kstate-commit thread", e))?;
-        self.inflight = Some(InFlightCommit { writer, partitions, offsets, started, flushed });
+        self.inflight = Some(InFlightCommit { writer, info });
         Ok(())
     }
 
@@ -293,22 +290,44 @@ impl TaskManager {
     /// assignment) they go back to the tasks that remain, so the next
     /// commit takes them.
     fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, mode: Option<CommitMode>) -> Result<()> {
-        let Some(c) = self.inflight.take() else { return Ok(()) };
-        let written = c.writer.join().unwrap_or_else(|_| {
+        let Some((info, written)) = self.join_inflight() else { return Ok(()) };
+        written?;
+        self.finish_commit(consumer, info, mode, "pipelined commit landed")
+    }
+
+    /// Waits for the writer of the commit in flight, if any; if its writes
+    /// landed, the stores stop reading them from memory.
+    fn join_inflight(&mut self) -> Option<(CommitInfo, Result<()>)> {
+        let InFlightCommit { writer, info } = self.inflight.take()?;
+        let written = writer.join().unwrap_or_else(|_| {
             Err(crate::error::Error::Restore {
                 topic: String::new(),
                 partition: -1,
                 detail: "the commit writer thread panicked".into(),
             })
         });
-        written?;
-        self.mark_landed(&c.partitions);
-        let stored = c.started.elapsed().as_secs_f64();
+        if written.is_ok() {
+            self.mark_landed(&info.partitions);
+        }
+        Some((info, written))
+    }
+
+    /// The last step of a commit whose writes landed: commits its input
+    /// offsets with `mode` (`None`: hands them back to the tasks), records
+    /// its latency.
+    fn finish_commit<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        info: CommitInfo,
+        mode: Option<CommitMode>,
+        what: &str,
+    ) -> Result<()> {
+        let stored = info.started.elapsed().as_secs_f64();
         match mode {
-            Some(mode) if c.offsets.count() > 0 => consumer.commit(&c.offsets, mode)?,
+            Some(mode) if info.offsets.count() > 0 => consumer.commit(&info.offsets, mode)?,
             Some(_) => {}
             None => {
-                for e in c.offsets.elements() {
+                for e in info.offsets.elements() {
                     if let (Some(task), Offset::Offset(o)) = (self.tasks.get_mut(&e.partition()), e.offset()) {
                         // Offsets processed after the seal are newer: they win.
                         task.offsets.entry(e.topic().to_string()).or_insert(o);
@@ -316,10 +335,10 @@ impl TaskManager {
                 }
             }
         }
-        self.refresh_engine_metrics();
-        let seconds = c.started.elapsed().as_secs_f64();
+        let seconds = info.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
-        tracing::debug!(seconds, flushed = c.flushed, stored, offsets = c.offsets.count(), "pipelined commit landed");
+        tracing::debug!(seconds, flushed = info.flushed, stored, offsets = info.offsets.count(), "{what}");
+        self.refresh_engine_metrics();
         Ok(())
     }
 
@@ -328,25 +347,21 @@ impl TaskManager {
     /// each store's overlay and checkpoint in one RocksDB batch, then commit
     /// the input offsets.
     pub(crate) fn commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
-        let Sealing { started, flushed, offsets, sealed, partitions } = self.seal_running(consumer, only)?;
+        let (info, sealed) = self.seal_running(consumer, only)?;
         write_sealed(sealed)?;
-        self.mark_landed(&partitions);
-        let stored = started.elapsed().as_secs_f64();
-        if offsets.count() > 0 {
-            consumer.commit(&offsets, CommitMode::Sync)?;
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
-        tracing::debug!(seconds, flushed, stored, offsets = offsets.count(), "committed");
-        self.refresh_engine_metrics();
-        Ok(())
+        self.mark_landed(&info.partitions);
+        self.finish_commit(consumer, info, Some(CommitMode::Sync), "committed")
     }
 
     /// Steps 1 and 2 of every commit, for `only` these partitions or all
     /// running tasks: lands the commit in flight, flushes the producer and
     /// waits for every acknowledgement, then seals each store's writes and
     /// takes the tasks' input offsets.
-    fn seal_running<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<Sealing> {
+    fn seal_running<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        only: Option<&[i32]>,
+    ) -> Result<(CommitInfo, Vec<SealedCommit>)> {
         self.land_inflight(consumer, Some(CommitMode::Sync))?;
         let started = Instant::now();
         self.producer.flush(self.config.commit_timeout)?;
@@ -369,7 +384,7 @@ impl TaskManager {
                 partitions.push(task.partition);
             }
         }
-        Ok(Sealing { started, flushed, offsets, sealed, partitions })
+        Ok((CommitInfo { started, flushed, offsets, partitions }, sealed))
     }
 
     /// The sealed writes of these tasks' stores are in RocksDB.
@@ -391,6 +406,14 @@ impl TaskManager {
         }
     }
 
+    /// Lets the writes in flight land (without committing offsets), so no
+    /// store closes under the background writer.
+    fn wait_inflight(&mut self) {
+        if let Some((_, Err(e))) = self.join_inflight() {
+            tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted");
+        }
+    }
+
     /// Drops every task's uncommitted writes (after a failure).
     pub(crate) fn discard_all(&mut self) {
         self.wait_inflight();
@@ -408,22 +431,6 @@ impl TaskManager {
             drop(self.restorer.cancel(p));
         }
         self.tasks.clear();
-    }
-}
-
-impl TaskManager {
-    /// Lets the writes in flight land (without committing offsets), so no
-    /// store closes under the background writer.
-    fn wait_inflight(&mut self) {
-        if let Some(c) = self.inflight.take() {
-            match c.writer.join() {
-                Ok(Ok(())) => {
-                    self.mark_landed(&c.partitions);
-                }
-                Ok(Err(e)) => tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted"),
-                Err(_) => tracing::warn!("the commit writer thread panicked"),
-            }
-        }
     }
 }
 

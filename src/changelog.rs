@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
@@ -174,29 +174,33 @@ fn wait_for_topic(
 }
 
 /// Delivery bookkeeping of one changelog partition.
+///
+/// The sending thread and the delivery thread each write their own
+/// counters, so that a record costs no cache line passed between cores (a
+/// shared in-flight count and a reference count per record cost ~0.3 µs
+/// per record on the delivery thread alone).
 #[derive(Debug)]
 pub(crate) struct DeliveryTracker {
     pub(crate) topic: String,
     pub(crate) partition: i32,
-    in_flight: AtomicU64,
+    /// Its slot in [`DeliveryContext`]'s registry: the delivery opaque.
+    slot: usize,
+    /// Records sent (written by the sending thread only).
+    sent: Padded<AtomicU64>,
+    /// Records acknowledged or failed (written by the delivery thread only).
+    delivered: AtomicU64,
     last_acked: AtomicI64,
     /// Acknowledgements since the last [`DeliveryTracker::take_acked_count`].
     acked: AtomicU64,
     failure: Mutex<Option<KafkaError>>,
 }
 
-impl DeliveryTracker {
-    pub(crate) fn new(topic: String, partition: i32) -> Arc<Self> {
-        Arc::new(DeliveryTracker {
-            topic,
-            partition,
-            in_flight: AtomicU64::new(0),
-            last_acked: AtomicI64::new(-1),
-            acked: AtomicU64::new(0),
-            failure: Mutex::new(None),
-        })
-    }
+/// Keeps a value on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
 
+impl DeliveryTracker {
     /// After a flush: the offset of the last acknowledged record (or `None`
     /// if nothing was ever acknowledged), or the first delivery failure.
     pub(crate) fn settle(&self) -> Result<Option<i64>> {
@@ -207,7 +211,7 @@ impl DeliveryTracker {
                 source: e,
             });
         }
-        if self.in_flight.load(Ordering::Acquire) != 0 {
+        if self.delivered.load(Ordering::Acquire) != self.sent.0.load(Ordering::Acquire) {
             return Err(Error::CommitTimeout(Duration::ZERO));
         }
         let last = self.last_acked.load(Ordering::Acquire);
@@ -220,37 +224,64 @@ impl DeliveryTracker {
     }
 }
 
-/// Routes delivery reports back to their partition's tracker and counts
-/// records in flight, so a commit can wait for exactly those.
-#[derive(Default)]
+/// Routes delivery reports back to their partition's tracker (the opaque of
+/// each record is its tracker's slot) and counts deliveries, so that a
+/// commit can wait for exactly the records sent before it.
 pub(crate) struct DeliveryContext {
-    in_flight: AtomicU64,
+    /// Every tracker ever created, by slot (one per store opened).
+    trackers: RwLock<Vec<Arc<DeliveryTracker>>>,
+    /// Records sent (sending thread only).
+    sent: Padded<AtomicU64>,
+    /// Records acknowledged or failed (delivery thread only).
+    delivered: Padded<AtomicU64>,
+    /// The `delivered` count a flush waits for (`u64::MAX`: none waits).
+    wanted: Padded<AtomicU64>,
     lock: Mutex<()>,
     settled: std::sync::Condvar,
+}
+
+impl Default for DeliveryContext {
+    fn default() -> Self {
+        DeliveryContext {
+            trackers: RwLock::default(),
+            sent: Padded::default(),
+            delivered: Padded::default(),
+            wanted: Padded(AtomicU64::new(u64::MAX)),
+            lock: Mutex::default(),
+            settled: std::sync::Condvar::default(),
+        }
+    }
 }
 
 impl ClientContext for DeliveryContext {}
 
 impl ProducerContext for DeliveryContext {
-    type DeliveryOpaque = Arc<DeliveryTracker>;
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, tracker: Arc<DeliveryTracker>) {
-        match result {
-            Ok(msg) => {
-                tracker.last_acked.fetch_max(msg.offset(), Ordering::AcqRel);
-                tracker.acked.fetch_add(1, Ordering::AcqRel);
-            }
-            Err((e, _)) => {
-                let mut f = tracker.failure.lock().expect("tracker lock");
-                if f.is_none() {
-                    tracing::error!(topic = %tracker.topic, partition = tracker.partition, error = %e,
-                        "changelog record not delivered; the next commit will fail");
-                    *f = Some(e.clone());
+    fn delivery(&self, result: &DeliveryResult<'_>, slot: usize) {
+        {
+            let trackers = self.trackers.read().expect("tracker registry");
+            let tracker = &trackers[slot];
+            match result {
+                Ok(msg) => {
+                    tracker.last_acked.fetch_max(msg.offset(), Ordering::AcqRel);
+                    tracker.acked.fetch_add(1, Ordering::AcqRel);
+                }
+                Err((e, _)) => {
+                    let mut f = tracker.failure.lock().expect("tracker lock");
+                    if f.is_none() {
+                        tracing::error!(topic = %tracker.topic, partition = tracker.partition, error = %e,
+                            "changelog record not delivered; the next commit will fail");
+                        *f = Some(e.clone());
+                    }
                 }
             }
+            tracker.delivered.fetch_add(1, Ordering::AcqRel);
         }
-        tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
-        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // SeqCst pairs with `flush`: either it sees this delivery, or this
+        // sees what it waits for and wakes it (under the lock it waits with).
+        let delivered = self.delivered.0.fetch_add(1, Ordering::SeqCst) + 1;
+        if delivered >= self.wanted.0.load(Ordering::SeqCst) {
             let _guard = self.lock.lock().expect("delivery lock");
             self.settled.notify_all();
         }
@@ -279,12 +310,31 @@ impl ChangelogProducer {
         Ok(ChangelogProducer { producer, queue_timeout })
     }
 
+    /// A tracker for the deliveries of one changelog partition's records,
+    /// for a store opened on it.
+    pub(crate) fn tracker(&self, topic: String, partition: i32) -> Arc<DeliveryTracker> {
+        let mut trackers = self.producer.context().trackers.write().expect("tracker registry");
+        let tracker = Arc::new(DeliveryTracker {
+            topic,
+            partition,
+            slot: trackers.len(),
+            sent: Padded::default(),
+            delivered: AtomicU64::new(0),
+            last_acked: AtomicI64::new(-1),
+            acked: AtomicU64::new(0),
+            failure: Mutex::new(None),
+        });
+        trackers.push(tracker.clone());
+        tracker
+    }
+
     /// Queues one changelog record (`None` value: tombstone).
-    pub(crate) fn send(&self, tracker: &Arc<DeliveryTracker>, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    pub(crate) fn send(&self, tracker: &DeliveryTracker, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         let context = self.producer.context();
-        tracker.in_flight.fetch_add(1, Ordering::AcqRel);
-        context.in_flight.fetch_add(1, Ordering::AcqRel);
-        let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&tracker.topic, tracker.clone())
+        // Counted before the send: its delivery may be reported at once.
+        tracker.sent.0.fetch_add(1, Ordering::AcqRel);
+        context.sent.0.fetch_add(1, Ordering::SeqCst);
+        let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&tracker.topic, tracker.slot)
             .partition(tracker.partition)
             .key(key);
         if let Some(v) = value {
@@ -301,8 +351,10 @@ impl ChangelogProducer {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 Err((e, _)) => {
-                    tracker.in_flight.fetch_sub(1, Ordering::AcqRel);
-                    context.in_flight.fetch_sub(1, Ordering::AcqRel);
+                    // Never queued, so never delivered: count it as delivered
+                    // (not acknowledged) so that flushes do not wait for it.
+                    tracker.delivered.fetch_add(1, Ordering::AcqRel);
+                    context.delivered.0.fetch_add(1, Ordering::SeqCst);
                     return Err(Error::ChangelogDelivery {
                         topic: tracker.topic.clone(),
                         partition: tracker.partition,
@@ -322,7 +374,8 @@ impl ChangelogProducer {
     /// deliveries instead and wakes up when the last one is reported.
     pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
         let context = self.producer.context();
-        if context.in_flight.load(Ordering::Acquire) == 0 {
+        let wanted = context.sent.0.load(Ordering::SeqCst);
+        if context.delivered.0.load(Ordering::SeqCst) >= wanted {
             return Ok(());
         }
         // A zero-timeout flush makes librdkafka send lingering batches now.
@@ -332,15 +385,18 @@ impl ChangelogProducer {
         }
         let deadline = Instant::now() + timeout;
         let mut guard = context.lock.lock().expect("delivery lock");
-        while context.in_flight.load(Ordering::Acquire) != 0 {
+        context.wanted.0.store(wanted, Ordering::SeqCst);
+        while context.delivered.0.load(Ordering::SeqCst) < wanted {
             let now = Instant::now();
             if now >= deadline {
+                context.wanted.0.store(u64::MAX, Ordering::SeqCst);
                 return Err(Error::CommitTimeout(timeout));
             }
             // Bounded waits: a notification between the check and the wait is never lost for long.
             let wait = (deadline - now).min(Duration::from_millis(5));
             guard = context.settled.wait_timeout(guard, wait).expect("delivery lock").0;
         }
+        context.wanted.0.store(u64::MAX, Ordering::SeqCst);
         Ok(())
     }
 }

@@ -132,7 +132,7 @@ impl KeyValueStore {
         Ok(KeyValueStore {
             name: args.name.into(),
             partition: args.partition,
-            tracker: DeliveryTracker::new(args.changelog_topic.clone(), args.partition),
+            tracker: args.producer.tracker(args.changelog_topic.clone(), args.partition),
             changelog_topic: args.changelog_topic,
             overlay: Overlay::default(),
             sealed: Arc::default(),

@@ -5,7 +5,6 @@
 //! checkpoint. Reads merge the overlay over the engine, so a processor always
 //! reads its own writes.
 
-use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::ptr::NonNull;
@@ -51,30 +50,44 @@ impl Arena {
     }
 }
 
-/// A key in the arena, ordered and looked up by its bytes.
+/// A key in the arena (or, to look one up, in the caller's memory),
+/// ordered by its bytes.
+///
+/// Its first 8 bytes are kept as a big-endian number too (zero-padded:
+/// padding sorts before every byte, so the order stays lexicographic): most
+/// comparisons are then one integer compare instead of a `memcmp` call,
+/// which was ~15% of the processing thread in the write benchmark.
 #[derive(Debug, Clone, Copy)]
 struct Key {
+    prefix: u64,
     ptr: NonNull<u8>,
     len: u32,
 }
 
 impl Key {
+    /// A key over `bytes`, valid while they are.
+    fn over(bytes: &[u8]) -> Key {
+        let mut head = [0u8; 8];
+        let n = bytes.len().min(8);
+        head[..n].copy_from_slice(&bytes[..n]);
+        Key {
+            prefix: u64::from_be_bytes(head),
+            ptr: NonNull::from(bytes).cast(),
+            len: u32::try_from(bytes.len()).expect("record sizes are checked against max.message.bytes"),
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         // SAFETY: points into the arena of the overlay that holds this key,
-        // which outlives it and never moves or changes key bytes.
+        // which outlives it and never moves or changes key bytes (or, for a
+        // lookup key, into the caller's borrowed bytes).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
-    }
-}
-
-impl Borrow<[u8]> for Key {
-    fn borrow(&self) -> &[u8] {
-        self.bytes()
     }
 }
 
 impl PartialEq for Key {
     fn eq(&self, other: &Self) -> bool {
-        self.bytes() == other.bytes()
+        self.prefix == other.prefix && self.bytes() == other.bytes()
     }
 }
 
@@ -88,7 +101,7 @@ impl PartialOrd for Key {
 
 impl Ord for Key {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.bytes().cmp(other.bytes())
+        self.prefix.cmp(&other.prefix).then_with(|| self.bytes().cmp(other.bytes()))
     }
 }
 
@@ -126,7 +139,7 @@ impl Overlay {
     /// Records a put (`Some`) or delete (`None`).
     pub(crate) fn write(&mut self, key: &[u8], value: Option<&[u8]>) {
         let len = |b: &[u8]| u32::try_from(b.len()).expect("record sizes are checked against max.message.bytes");
-        if let Some(slot) = self.entries.get_mut(key) {
+        if let Some(slot) = self.entries.get_mut(&Key::over(key)) {
             match value {
                 None => slot.tombstone = true,
                 Some(v) if len(v) <= slot.capacity => {
@@ -147,15 +160,17 @@ impl Overlay {
         let ptr = self.arena.push(&[key, v]);
         // SAFETY: the value was copied right after the key.
         let value_ptr = unsafe { NonNull::new_unchecked(ptr.as_ptr().add(key.len())) };
+        // SAFETY: the arena holds the key's bytes at `ptr`.
+        let stored = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), key.len()) };
         self.entries.insert(
-            Key { ptr, len: len(key) },
+            Key::over(stored),
             Slot { ptr: value_ptr, len: len(v), capacity: len(v), tombstone: value.is_none() },
         );
     }
 
     /// `None`: not in the overlay; `Some(None)`: deleted; `Some(Some(v))`: written.
     pub(crate) fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.entries.get(key).map(Slot::value)
+        self.entries.get(&Key::over(key)).map(Slot::value)
     }
 
     /// Approximate memory held, in bytes: every byte written to the arena
@@ -188,7 +203,7 @@ impl Overlay {
             }
             _ => false,
         };
-        let range = if empty { None } else { Some(self.entries.range::<[u8], _>((start, end))) };
+        let range = if empty { None } else { Some(self.entries.range((start.map(Key::over), end.map(Key::over)))) };
         range.into_iter().flatten().map(|(k, v)| (k.bytes(), v.value()))
     }
 
@@ -335,6 +350,37 @@ mod tests {
         let got: Vec<(Vec<u8>, Option<Vec<u8>>)> = o.iter().map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec))).collect();
         let want: Vec<(Vec<u8>, Option<Vec<u8>>)> = model.into_iter().collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn order_and_ranges_are_lexicographic_for_any_key_length() {
+        // Short keys, zero bytes and shared 8-byte prefixes: the integer
+        // prefix must never disagree with byte order.
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut o = Overlay::default();
+        let mut model = std::collections::BTreeMap::new();
+        let alphabet = [0u8, 1, 0x7f, 0x80, 0xff];
+        let key = |rng: &mut rand::rngs::StdRng| -> Vec<u8> {
+            let n = rng.random_range(0..12);
+            (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())]).collect()
+        };
+        for i in 0..3000u32 {
+            let k = key(&mut rng);
+            o.write(&k, Some(&i.to_be_bytes()));
+            model.insert(k, i.to_be_bytes().to_vec());
+        }
+        let got: Vec<Vec<u8>> = o.iter().map(|(k, _)| k.to_vec()).collect();
+        assert_eq!(got, model.keys().cloned().collect::<Vec<_>>());
+        for _ in 0..300 {
+            let (a, b) = (key(&mut rng), key(&mut rng));
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let got: Vec<Vec<u8>> =
+                o.range(Bound::Included(&lo[..]), Bound::Excluded(&hi[..])).map(|(k, _)| k.to_vec()).collect();
+            let want: Vec<Vec<u8>> = model.range(lo.clone()..hi.clone()).map(|(k, _)| k.clone()).collect();
+            assert_eq!(got, want, "range {lo:?}..{hi:?}");
+            assert_eq!(o.get(&lo).map(|v| v.map(<[u8]>::to_vec)), model.get(&lo).map(|v| Some(v.clone())));
+        }
     }
 
     #[test]

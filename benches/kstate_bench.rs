@@ -478,10 +478,12 @@ fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &s
         })
     });
     runner.join().map_err(|_| "runtime panicked")??;
+    let stopped = Instant::now();
     let (f, l) = (first.lock().unwrap().ok_or("nothing processed")?, last.lock().unwrap().ok_or("did not finish")?);
     let secs = (l - f).as_secs_f64();
+    let to_stopped = (stopped - f).as_secs_f64();
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4}}}",
         records as f64 / secs
     ))
 }

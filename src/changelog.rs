@@ -1,12 +1,13 @@
 //! Changelog topics: naming, creation and validation, and the producer that
-//! writes every store mutation to them.
+//! writes each commit's store writes to them.
 //!
 //! Store `S` of application `A` logs to the compacted topic `A-S-changelog`
 //! (the same name Kafka Streams uses), one partition per input partition:
 //! a write to store partition `p` goes to changelog partition `p`, a delete is
-//! a tombstone. Records are batched by the producer (idempotent, `acks=all`);
-//! a commit flushes the producer and reads, per store partition, the offset of
-//! the last acknowledged record: that offset becomes the store's checkpoint.
+//! a tombstone. A commit sends the latest write of each key since the
+//! previous commit (batched by the producer: idempotent, `acks=all`), waits
+//! for the acknowledgements and reads, per store partition, the offset of the
+//! last one: that offset becomes the store's checkpoint.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

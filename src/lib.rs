@@ -4,19 +4,20 @@
 //! Kafka Streams' state stores, for Rust.
 //!
 //! Each input partition owns a local RocksDB store per defined store; every
-//! write also goes to a compacted changelog topic
-//! (`<application_id>-<store>-changelog`). A store that is missing or behind
+//! commit also sends the latest write of each key to a compacted changelog
+//! topic (`<application_id>-<store>-changelog`), as Kafka Streams' record
+//! cache does. A store that is missing or behind
 //! is rebuilt by replaying its changelog from the checkpoint kept inside the
 //! same RocksDB instance.
 //!
 //! ## Guarantees
 //!
 //! * **Local state is always a prefix of the changelog.** Writes since the
-//!   last commit live in memory; a commit waits until the changelog has
-//!   acknowledged them, then writes them to RocksDB together with the
-//!   changelog offset in one atomic batch (on a background thread, while
-//!   processing continues and reads still see them), then commits the input
-//!   offsets.
+//!   last commit live in memory; a commit sends them to the changelog and
+//!   waits until it has acknowledged them, then writes them to RocksDB
+//!   together with the changelog offset in one atomic batch (on a background
+//!   thread, while processing continues and reads still see them), then
+//!   commits the input offsets.
 //!   A crash at any point leaves RocksDB at some committed checkpoint, and
 //!   restart replays only the changelog tail past it.
 //! * **At-least-once processing.** Records processed after the last commit

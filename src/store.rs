@@ -1,7 +1,8 @@
 //! The key-value store of one (store name, partition): reads merge the
-//! uncommitted overlay over RocksDB, writes go to the changelog producer and
-//! the overlay, and a commit moves the overlay into RocksDB together with the
-//! checkpoint (DESIGN.md §1).
+//! uncommitted overlay over RocksDB, writes go to the overlay, and a commit
+//! sends the overlay's entries (the latest write of each key) to the
+//! changelog, waits for their acknowledgements, then moves them into RocksDB
+//! together with the checkpoint (DESIGN.md §1).
 //!
 //! Processors get stores from their [`ProcessorContext`](crate::ProcessorContext);
 //! [`TypedStore`] adds codecs on top.
@@ -9,6 +10,7 @@
 use std::marker::PhantomData;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,8 +53,9 @@ pub struct KeyValueStore {
     max_record_bytes: usize,
     /// The changelog offset RocksDB reflects (durable).
     checkpoint: Option<i64>,
-    /// The offset the commit in flight takes RocksDB to, until it lands.
-    sealed_checkpoint: Option<i64>,
+    /// The offset the commit in flight took RocksDB to (set by its writer;
+    /// -1 until then).
+    landed_checkpoint: Arc<AtomicI64>,
     pub(crate) metrics: StoreMetrics,
     /// Why the local state cannot be trusted, found while opening it.
     pub(crate) open_problem: Option<String>,
@@ -64,18 +67,50 @@ pub struct KeyValueStore {
     _lock: DirLock,
 }
 
-/// A store's part of a commit, sealed on the processing thread and written
-/// to RocksDB by [`SealedCommit::write`] (on any thread).
+/// A store's part of a commit, sealed on the processing thread; its
+/// changelog records are sent by [`SealedCommit::send`] and, once the
+/// producer is flushed, it is written to RocksDB by [`SealedCommit::write`]
+/// (on any thread).
 pub(crate) struct SealedCommit {
     engine: Arc<Engine>,
     writes: Arc<Overlay>,
-    checkpoint: i64,
+    producer: Arc<ChangelogProducer>,
+    tracker: Arc<DeliveryTracker>,
+    changelog_topic: String,
+    partition: i32,
+    /// The checkpoint RocksDB is at (every earlier commit has landed).
+    previous: Option<i64>,
+    landed_checkpoint: Arc<AtomicI64>,
 }
 
 impl SealedCommit {
-    /// Writes the sealed data and its checkpoint in one RocksDB batch,
-    /// built here (off the processing thread).
+    /// Sends the sealed writes to the changelog, one record per key (its
+    /// latest write; a delete is a tombstone), in key order.
+    pub(crate) fn send(&self) -> Result<()> {
+        self.writes.iter().try_for_each(|(k, v)| self.producer.send(&self.tracker, k, v))
+    }
+
+    /// After the producer was flushed: checks that the records sent landed
+    /// right after the checkpoint, then writes the sealed data and the new
+    /// checkpoint in one RocksDB batch, built here (off the processing thread).
     pub(crate) fn write(self) -> Result<()> {
+        let acked = self.tracker.settle()?;
+        // Only this store writes its changelog partition, so our n records
+        // must be exactly the n offsets after the checkpoint. Anything else
+        // means a foreign writer interleaved records we never applied:
+        // committing would break "state == changelog prefix", so stop
+        // instead (a restart restores what is there).
+        let sent = self.writes.len() as i64;
+        let ours = self.tracker.take_acked_count() as i64;
+        let expected = self.previous.unwrap_or(-1) + sent;
+        if ours != sent || acked != Some(expected) {
+            return Err(Error::ChangelogDiverged {
+                topic: self.changelog_topic,
+                partition: self.partition,
+                expected,
+                found: acked.unwrap_or(-1),
+            });
+        }
         let mut batch = Engine::batch_with_capacity(self.writes.bytes());
         for (k, v) in self.writes.iter() {
             match v {
@@ -83,7 +118,9 @@ impl SealedCommit {
                 None => batch.delete(k),
             }
         }
-        self.engine.commit(batch, self.checkpoint)
+        self.engine.commit(batch, expected)?;
+        self.landed_checkpoint.store(expected, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -139,7 +176,7 @@ impl KeyValueStore {
             producer: args.producer,
             max_record_bytes: args.max_record_bytes,
             checkpoint,
-            sealed_checkpoint: None,
+            landed_checkpoint: Arc::new(AtomicI64::new(-1)),
             metrics: StoreMetrics::new(args.name, args.partition),
             open_problem,
             db_dir,
@@ -172,7 +209,6 @@ impl KeyValueStore {
         drop(self.engine.take());
         self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
         self.checkpoint = None;
-        self.sealed_checkpoint = None;
         Ok(())
     }
 
@@ -197,11 +233,6 @@ impl KeyValueStore {
         self.checkpoint
     }
 
-    /// The checkpoint after the commit in flight, if any, lands.
-    fn newest_checkpoint(&self) -> Option<i64> {
-        self.sealed_checkpoint.or(self.checkpoint)
-    }
-
     pub(crate) fn set_checkpoint(&mut self, c: Option<i64>) {
         self.checkpoint = c;
     }
@@ -217,9 +248,12 @@ impl KeyValueStore {
 
     /// Writes a key. Fails with [`Error::RecordTooLarge`] before anything is
     /// written if the record would not fit the changelog topic.
+    ///
+    /// The write reaches the changelog at the next commit: only the latest
+    /// write of each key since the previous commit is sent (as Kafka
+    /// Streams' record cache does).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
         self.check_size(key.len() + value.len())?;
-        self.producer.send(&self.tracker, key, Some(value))?;
         self.overlay.write(key, Some(value));
         self.metrics.puts.increment(1);
         self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
@@ -229,7 +263,6 @@ impl KeyValueStore {
     /// Deletes a key (a tombstone in the changelog). Deleting a missing key is fine.
     pub fn delete(&mut self, key: &[u8]) -> Result<()> {
         self.check_size(key.len())?;
-        self.producer.send(&self.tracker, key, None)?;
         self.overlay.write(key, None);
         self.metrics.deletes.increment(1);
         self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
@@ -291,51 +324,28 @@ impl KeyValueStore {
         self.overlay.bytes() + self.sealed.bytes()
     }
 
-    /// Step 2 of a commit, after the producer was flushed: turns the
-    /// overlay into the RocksDB batch that takes the store to the last
-    /// acknowledged changelog offset. The writes stay readable (as the
-    /// sealed layer) until [`commit_landed`](Self::commit_landed). `None`
-    /// if there is nothing to write.
+    /// Step 1 of a commit: hands the overlay to a [`SealedCommit`] that
+    /// sends it to the changelog and writes it to RocksDB. The writes stay
+    /// readable (as the sealed layer) until
+    /// [`commit_landed`](Self::commit_landed). `None` if there is nothing
+    /// to write.
     pub(crate) fn seal(&mut self) -> Result<Option<SealedCommit>> {
         debug_assert!(self.sealed.is_empty(), "one commit in flight at a time");
-        // Nothing to write: no uncommitted writes, no acknowledgement past
-        // the checkpoint (a delivery failure is reported by settle).
-        let acked = self.tracker.settle()?;
-        if self.overlay.is_empty() && acked.map_or(true, |a| Some(a) == self.newest_checkpoint()) {
+        if self.overlay.is_empty() {
             return Ok(None);
         }
-        // Only this store writes its changelog partition, so since the last
-        // checkpoint our n acknowledged records must be exactly the next n
-        // offsets. Anything else means a foreign writer interleaved records
-        // we never applied: committing would break "state == changelog
-        // prefix", so stop instead (a restart restores what is there).
-        let ours = self.tracker.take_acked_count();
-        if let Some(found) = acked {
-            let expected = self.newest_checkpoint().unwrap_or(-1) + ours as i64;
-            if ours > 0 && found != expected {
-                return Err(Error::ChangelogDiverged {
-                    topic: self.changelog_topic.clone(),
-                    partition: self.partition,
-                    expected,
-                    found,
-                });
-            }
-        }
-        let Some(checkpoint) = acked.or(self.newest_checkpoint()) else {
-            return Err(Error::Restore {
-                topic: self.changelog_topic.clone(),
-                partition: self.partition,
-                detail: "uncommitted writes without an acknowledged changelog record".into(),
-            });
-        };
         self.sealed = Arc::new(std::mem::take(&mut self.overlay));
-        // The next seal checks its acknowledgements against this checkpoint.
-        self.sealed_checkpoint = Some(checkpoint);
+        self.landed_checkpoint.store(-1, Ordering::Release);
         self.metrics.overlay_bytes.set(0.0);
         Ok(Some(SealedCommit {
             engine: self.engine.clone().expect("engine is open"),
             writes: self.sealed.clone(),
-            checkpoint,
+            producer: self.producer.clone(),
+            tracker: self.tracker.clone(),
+            changelog_topic: self.changelog_topic.clone(),
+            partition: self.partition,
+            previous: self.checkpoint,
+            landed_checkpoint: self.landed_checkpoint.clone(),
         }))
     }
 
@@ -343,8 +353,9 @@ impl KeyValueStore {
     /// Returns them, so that the caller can free them off the processing
     /// thread.
     pub(crate) fn commit_landed(&mut self) -> Arc<Overlay> {
-        if let Some(c) = self.sealed_checkpoint.take() {
-            self.checkpoint = Some(c);
+        let landed = self.landed_checkpoint.swap(-1, Ordering::AcqRel);
+        if landed >= 0 {
+            self.checkpoint = Some(landed);
         }
         std::mem::take(&mut self.sealed)
     }
@@ -358,7 +369,7 @@ impl KeyValueStore {
         }
         self.overlay.clear();
         self.sealed = Arc::default();
-        self.sealed_checkpoint = None;
+        self.landed_checkpoint.store(-1, Ordering::Release);
         self.metrics.overlay_bytes.set(0.0);
     }
 

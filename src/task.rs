@@ -60,21 +60,20 @@ pub(crate) struct TaskManager {
     retired: Vec<Arc<crate::overlay::Overlay>>,
 }
 
-/// One commit after its producer flush and seal (see `seal_running`),
-/// apart from the sealed writes themselves.
+/// One commit after its seal (see `seal_running`), apart from the sealed
+/// writes themselves.
 struct CommitInfo {
     started: Instant,
-    /// Seconds the producer flush took.
-    flushed: f64,
     offsets: TopicPartitionList,
     /// Tasks whose stores hold sealed writes.
     partitions: Vec<i32>,
 }
 
-/// A pipelined commit whose RocksDB writes run on a background thread while
-/// processing goes on. DESIGN.md §1's order holds: the changelog records
-/// were acknowledged before it was sealed, and its input offsets are
-/// committed only after every store's write has landed.
+/// A pipelined commit whose changelog sends and RocksDB writes run on a
+/// background thread while processing goes on. DESIGN.md §1's order holds
+/// there: its changelog records are acknowledged before RocksDB is written,
+/// and its input offsets are committed only after every store's write has
+/// landed.
 struct InFlightCommit {
     writer: std::thread::JoinHandle<Result<()>>,
     info: CommitInfo,
@@ -248,10 +247,11 @@ impl TaskManager {
         self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::uncommitted_bytes).sum()
     }
 
-    /// Starts a pipelined commit: waits for the previous one to land, flushes
-    /// the producer and waits for every acknowledgement, seals each store's
-    /// writes and hands them to a background writer. Its input offsets are
-    /// committed by [`TaskManager::poll_inflight`] once the writes landed.
+    /// Starts a pipelined commit: waits for the previous one to land, seals
+    /// each store's writes and hands them to a background writer, which
+    /// sends them to the changelog, waits for every acknowledgement and
+    /// writes RocksDB. Its input offsets are committed by
+    /// [`TaskManager::poll_inflight`] once the writes landed.
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         let (info, sealed) = self.seal_running(consumer, None)?;
         if sealed.is_empty() {
@@ -264,8 +264,9 @@ impl TaskManager {
             .name("kstate-commit".into())
             .spawn({
                 let retired = std::mem::take(&mut self.retired);
+                let (producer, timeout) = (self.producer.clone(), self.config.commit_timeout);
                 move || {
-                    let written = write_sealed(sealed);
+                    let written = write_sealed(sealed, &producer, timeout);
                     drop(retired);
                     written
                 }
@@ -337,26 +338,25 @@ impl TaskManager {
         }
         let seconds = info.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
-        tracing::debug!(seconds, flushed = info.flushed, stored, offsets = info.offsets.count(), "{what}");
+        tracing::debug!(seconds, stored, offsets = info.offsets.count(), "{what}");
         self.refresh_engine_metrics();
         Ok(())
     }
 
     /// The commit protocol (DESIGN.md §1) for `only` these partitions or all:
-    /// flush the changelog producer and wait for every acknowledgement, write
-    /// each store's overlay and checkpoint in one RocksDB batch, then commit
-    /// the input offsets.
+    /// send each store's writes to the changelog and wait for every
+    /// acknowledgement, write each store's writes and checkpoint in one
+    /// RocksDB batch, then commit the input offsets.
     pub(crate) fn commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
         let (info, sealed) = self.seal_running(consumer, only)?;
-        write_sealed(sealed)?;
+        write_sealed(sealed, &self.producer, self.config.commit_timeout)?;
         self.mark_landed(&info.partitions);
         self.finish_commit(consumer, info, Some(CommitMode::Sync), "committed")
     }
 
-    /// Steps 1 and 2 of every commit, for `only` these partitions or all
-    /// running tasks: lands the commit in flight, flushes the producer and
-    /// waits for every acknowledgement, then seals each store's writes and
-    /// takes the tasks' input offsets.
+    /// The first step of every commit, for `only` these partitions or all
+    /// running tasks: lands the commit in flight, then seals each store's
+    /// writes and takes the tasks' input offsets.
     fn seal_running<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
@@ -364,8 +364,6 @@ impl TaskManager {
     ) -> Result<(CommitInfo, Vec<SealedCommit>)> {
         self.land_inflight(consumer, Some(CommitMode::Sync))?;
         let started = Instant::now();
-        self.producer.flush(self.config.commit_timeout)?;
-        let flushed = started.elapsed().as_secs_f64();
         let mut offsets = TopicPartitionList::new();
         let mut sealed = Vec::new();
         let mut partitions = Vec::new();
@@ -384,7 +382,7 @@ impl TaskManager {
                 partitions.push(task.partition);
             }
         }
-        Ok((CommitInfo { started, flushed, offsets, partitions }, sealed))
+        Ok((CommitInfo { started, offsets, partitions }, sealed))
     }
 
     /// The sealed writes of these tasks' stores are in RocksDB.
@@ -440,9 +438,14 @@ impl Drop for TaskManager {
     }
 }
 
-/// Writes sealed commits, spread over the machine's cores (each store is
-/// its own RocksDB instance).
-fn write_sealed(sealed: Vec<SealedCommit>) -> Result<()> {
+/// Sends sealed commits to their changelogs, waits for every
+/// acknowledgement, then writes them to RocksDB spread over the machine's
+/// cores (each store is its own RocksDB instance).
+fn write_sealed(sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration) -> Result<()> {
+    for s in &sealed {
+        s.send()?;
+    }
+    producer.flush(timeout)?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sealed.len());
     if workers <= 1 {
         return sealed.into_iter().try_for_each(SealedCommit::write);

@@ -329,14 +329,16 @@ impl ChangelogProducer {
         tracker
     }
 
-    /// Queues one changelog record (`None` value: tombstone).
-    pub(crate) fn send(&self, tracker: &DeliveryTracker, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+    /// Queues one changelog record (`None` value: tombstone) with this
+    /// timestamp (milliseconds since the epoch).
+    pub(crate) fn send(&self, tracker: &DeliveryTracker, key: &[u8], value: Option<&[u8]>, timestamp: i64) -> Result<()> {
         let context = self.producer.context();
         // Counted before the send: its delivery may be reported at once.
         tracker.sent.0.fetch_add(1, Ordering::AcqRel);
         context.sent.0.fetch_add(1, Ordering::SeqCst);
         let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&tracker.topic, tracker.slot)
             .partition(tracker.partition)
+            .timestamp(timestamp)
             .key(key);
         if let Some(v) = value {
             record = record.payload(v);

@@ -81,19 +81,37 @@ pub(crate) struct SealedCommit {
     /// The checkpoint RocksDB is at (every earlier commit has landed).
     previous: Option<i64>,
     landed_checkpoint: Arc<AtomicI64>,
+    /// The RocksDB batch, once built.
+    batch: Option<rocksdb::WriteBatch>,
 }
 
 impl SealedCommit {
     /// Sends the sealed writes to the changelog, one record per key (its
     /// latest write; a delete is a tombstone), in key order.
     pub(crate) fn send(&self) -> Result<()> {
-        self.writes.iter().try_for_each(|(k, v)| self.producer.send(&self.tracker, k, v))
+        // One timestamp for the commit's records (librdkafka would read the
+        // clock for each).
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        self.writes.iter().try_for_each(|(k, v)| self.producer.send(&self.tracker, k, v, now))
+    }
+
+    /// Builds the RocksDB batch of the sealed writes (before or while their
+    /// changelog records are acknowledged).
+    pub(crate) fn build(&mut self) {
+        let mut batch = Engine::batch_with_capacity(self.writes.bytes());
+        for (k, v) in self.writes.iter() {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        self.batch = Some(batch);
     }
 
     /// After the producer was flushed: checks that the records sent landed
     /// right after the checkpoint, then writes the sealed data and the new
     /// checkpoint in one RocksDB batch, built here (off the processing thread).
-    pub(crate) fn write(self) -> Result<()> {
+    pub(crate) fn write(&mut self) -> Result<()> {
         let acked = self.tracker.settle()?;
         // Only this store writes its changelog partition, so our n records
         // must be exactly the n offsets after the checkpoint. Anything else
@@ -105,20 +123,16 @@ impl SealedCommit {
         let expected = self.previous.unwrap_or(-1) + sent;
         if ours != sent || acked != Some(expected) {
             return Err(Error::ChangelogDiverged {
-                topic: self.changelog_topic,
+                topic: self.changelog_topic.clone(),
                 partition: self.partition,
                 expected,
                 found: acked.unwrap_or(-1),
             });
         }
-        let mut batch = Engine::batch_with_capacity(self.writes.bytes());
-        for (k, v) in self.writes.iter() {
-            match v {
-                Some(v) => batch.put(k, v),
-                None => batch.delete(k),
-            }
+        if self.batch.is_none() {
+            self.build();
         }
-        self.engine.commit(batch, expected)?;
+        self.engine.commit(self.batch.take().expect("built"), expected)?;
         self.landed_checkpoint.store(expected, Ordering::Release);
         Ok(())
     }
@@ -346,6 +360,7 @@ impl KeyValueStore {
             partition: self.partition,
             previous: self.checkpoint,
             landed_checkpoint: self.landed_checkpoint.clone(),
+            batch: None,
         }))
     }
 

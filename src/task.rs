@@ -441,25 +441,32 @@ impl Drop for TaskManager {
 /// Sends sealed commits to their changelogs, waits for every
 /// acknowledgement, then writes them to RocksDB spread over the machine's
 /// cores (each store is its own RocksDB instance).
-fn write_sealed(sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration) -> Result<()> {
+fn write_sealed(mut sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration) -> Result<()> {
     for s in &sealed {
         s.send()?;
     }
+    // The RocksDB batches do not depend on the acknowledgements: build them
+    // while those come in.
+    on_cores(&mut sealed, |s| {
+        s.build();
+        Ok(())
+    })?;
     producer.flush(timeout)?;
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(sealed.len());
+    on_cores(&mut sealed, SealedCommit::write)
+}
+
+/// Runs `f` on every item, spread over the machine's cores.
+fn on_cores<T: Send>(items: &mut [T], f: impl Fn(&mut T) -> Result<()> + Sync) -> Result<()> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
     if workers <= 1 {
-        return sealed.into_iter().try_for_each(SealedCommit::write);
+        return items.iter_mut().try_for_each(f);
     }
-    let mut parts: Vec<Vec<SealedCommit>> = (0..workers).map(|_| Vec::new()).collect();
-    for (i, c) in sealed.into_iter().enumerate() {
-        parts[i % workers].push(c);
-    }
-    let mut parts = parts.into_iter();
+    let mut parts = items.chunks_mut(items.len().div_ceil(workers));
     let mine = parts.next().unwrap_or_default();
+    let f = &f;
     std::thread::scope(|scope| {
-        let handles: Vec<_> =
-            parts.map(|part| scope.spawn(move || part.into_iter().try_for_each(SealedCommit::write))).collect();
-        let first = mine.into_iter().try_for_each(SealedCommit::write);
+        let handles: Vec<_> = parts.map(|part| scope.spawn(move || part.iter_mut().try_for_each(f))).collect();
+        let first = mine.iter_mut().try_for_each(f);
         handles.into_iter().map(|h| h.join().expect("store commit thread panicked")).fold(first, Result::and)
     })
 }

@@ -315,7 +315,6 @@ fn pipe(bootstrap: &str, input: &str, output: &str) -> Result<String, BoxError> 
         .set("group.id", "kstate-bench-pipe")
         .set("enable.auto.commit", "false")
         .set("fetch.queue.backoff.ms", "10")
-        .set("queued.min.messages", "1000000")
         .extend_from_env()
         .create()?;
     let producer = bench_producer(bootstrap)?;

@@ -10,6 +10,7 @@
 //! last one: that offset becomes the store's checkpoint.
 
 use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -19,7 +20,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::DeliveryResult;
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::bindings as rdsys;
+use rdkafka::producer::{Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 
@@ -294,6 +296,25 @@ pub(crate) struct ChangelogProducer {
     producer: ThreadedProducer<DeliveryContext>,
     /// How long a full local queue is waited out before a write fails.
     queue_timeout: Duration,
+    /// librdkafka topic handles by name, for batch produce.
+    topics: Mutex<HashMap<String, TopicHandle>>,
+}
+
+/// A librdkafka topic handle (thread-safe in librdkafka).
+#[derive(Clone, Copy)]
+struct TopicHandle(*mut rdsys::rd_kafka_topic_t);
+
+// SAFETY: librdkafka topic handles may be used from any thread.
+unsafe impl Send for TopicHandle {}
+
+impl Drop for ChangelogProducer {
+    fn drop(&mut self) {
+        // Before the producer (a field, dropped after this) destroys the client.
+        for (_, h) in self.topics.get_mut().expect("topic handles").drain() {
+            // SAFETY: created by `topic_handle` on this producer's client, destroyed once.
+            unsafe { rdsys::rd_kafka_topic_destroy(h.0) };
+        }
+    }
 }
 
 impl ChangelogProducer {
@@ -308,7 +329,7 @@ impl ChangelogProducer {
         crate::config::set_default(&mut config, "batch.size", "1000000");
         crate::config::set_default(&mut config, "queue.buffering.max.messages", "1000000");
         let producer: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext::default())?;
-        Ok(ChangelogProducer { producer, queue_timeout })
+        Ok(ChangelogProducer { producer, queue_timeout, topics: Mutex::default() })
     }
 
     /// A tracker for the deliveries of one changelog partition's records,
@@ -329,43 +350,102 @@ impl ChangelogProducer {
         tracker
     }
 
-    /// Queues one changelog record (`None` value: tombstone) with this
-    /// timestamp (milliseconds since the epoch).
-    pub(crate) fn send(&self, tracker: &DeliveryTracker, key: &[u8], value: Option<&[u8]>, timestamp: i64) -> Result<()> {
+    /// Queues records for the tracker's changelog partition, in order
+    /// (`None` value: tombstone).
+    ///
+    /// Through `rd_kafka_produce_batch`, 1024 records per call: one topic
+    /// and partition lookup and one clock read per call rather than per
+    /// record (`send` per record was 0.6 µs of the commit thread's time per
+    /// record, ahead of everything else it does).
+    pub(crate) fn send_all<'a>(
+        &self,
+        tracker: &DeliveryTracker,
+        records: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    ) -> Result<()> {
+        const CHUNK: usize = 1024;
+        let rkt = self.topic_handle(&tracker.topic)?;
+        let mut batch: Vec<rdsys::rd_kafka_message_t> = Vec::with_capacity(CHUNK);
+        let mut records = records.peekable();
+        while records.peek().is_some() {
+            batch.clear();
+            batch.extend(records.by_ref().take(CHUNK).map(|(key, value)| rdsys::rd_kafka_message_t {
+                err: RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR,
+                rkt: std::ptr::null_mut(),
+                partition: tracker.partition,
+                payload: value.map_or(std::ptr::null_mut(), |v| v.as_ptr() as *mut c_void),
+                len: value.map_or(0, <[u8]>::len),
+                key: key.as_ptr() as *mut c_void,
+                key_len: key.len(),
+                offset: 0,
+                // The delivery opaque (see `DeliveryContext::delivery`).
+                _private: tracker.slot as *mut c_void,
+            }));
+            self.enqueue(rkt.0, tracker, &mut batch)?;
+        }
+        Ok(())
+    }
+
+    /// Queues `batch` in order, waiting out a full local queue for up to
+    /// `queue_timeout`.
+    fn enqueue(&self, rkt: *mut rdsys::rd_kafka_topic_t, tracker: &DeliveryTracker, batch: &mut [rdsys::rd_kafka_message_t]) -> Result<()> {
         let context = self.producer.context();
-        // Counted before the send: its delivery may be reported at once.
-        tracker.sent.0.fetch_add(1, Ordering::AcqRel);
-        context.sent.0.fetch_add(1, Ordering::SeqCst);
-        let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&tracker.topic, tracker.slot)
-            .partition(tracker.partition)
-            .timestamp(timestamp)
-            .key(key);
-        if let Some(v) = value {
-            record = record.payload(v);
-        }
-        let mut started = None; // read the clock only when the queue is full
+        let mut rest = batch;
+        let mut started = None;
         loop {
-            match self.producer.send(record) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                    if started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout =>
-                {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => {
-                    // Never queued, so never delivered: count it as delivered
-                    // (not acknowledged) so that flushes do not wait for it.
-                    tracker.delivered.fetch_add(1, Ordering::AcqRel);
-                    context.delivered.0.fetch_add(1, Ordering::SeqCst);
-                    return Err(Error::ChangelogDelivery {
-                        topic: tracker.topic.clone(),
-                        partition: tracker.partition,
-                        source: e,
-                    });
-                }
+            let n = rest.len() as u64;
+            // Counted before: deliveries may be reported at once.
+            tracker.sent.0.fetch_add(n, Ordering::AcqRel);
+            context.sent.0.fetch_add(n, Ordering::SeqCst);
+            // SAFETY: `rkt` is a live topic handle of this producer; every
+            // message points at key and value bytes that outlive the call
+            // (RD_KAFKA_MSG_F_COPY: librdkafka copies them).
+            let queued = unsafe {
+                rdsys::rd_kafka_produce_batch(rkt, tracker.partition, rdsys::RD_KAFKA_MSG_F_COPY, rest.as_mut_ptr(), n as c_int)
+            } as u64;
+            if queued == n {
+                return Ok(());
             }
+            // Never queued, so never delivered: count them as delivered (not
+            // acknowledged) so that flushes do not wait for them.
+            tracker.delivered.fetch_add(n - queued, Ordering::AcqRel);
+            context.delivered.0.fetch_add(n - queued, Ordering::SeqCst);
+            let first = rest.iter().position(|m| m.err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).unwrap_or(0);
+            let queue_full = rest[first..].iter().all(|m| m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__QUEUE_FULL);
+            // A full queue fails a suffix of the batch: retry it, in order.
+            if queue_full && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout {
+                rest = &mut rest[first..];
+                for m in rest.iter_mut() {
+                    m.err = RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return Err(Error::ChangelogDelivery {
+                topic: tracker.topic.clone(),
+                partition: tracker.partition,
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::from(rest[first].err)),
+            });
         }
+    }
+
+    /// librdkafka's handle of `topic` (created once, destroyed with the producer).
+    fn topic_handle(&self, topic: &str) -> Result<TopicHandle> {
+        let mut topics = self.topics.lock().expect("topic handles");
+        if let Some(h) = topics.get(topic) {
+            return Ok(*h);
+        }
+        let name = std::ffi::CString::new(topic).map_err(|_| Error::Config(format!("topic name `{topic}` contains NUL")))?;
+        // SAFETY: the client handle is live; a NULL conf takes the producer's defaults.
+        let rkt = unsafe { rdsys::rd_kafka_topic_new(self.producer.client().native_ptr(), name.as_ptr(), std::ptr::null_mut()) };
+        if rkt.is_null() {
+            return Err(Error::ChangelogDelivery {
+                topic: topic.to_string(),
+                partition: -1,
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic),
+            });
+        }
+        topics.insert(topic.to_string(), TopicHandle(rkt));
+        Ok(TopicHandle(rkt))
     }
 
     /// Waits until every queued record is acknowledged or failed.

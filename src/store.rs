@@ -89,10 +89,7 @@ impl SealedCommit {
     /// Sends the sealed writes to the changelog, one record per key (its
     /// latest write; a delete is a tombstone), in key order.
     pub(crate) fn send(&self) -> Result<()> {
-        // One timestamp for the commit's records (librdkafka would read the
-        // clock for each).
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-        self.writes.iter().try_for_each(|(k, v)| self.producer.send(&self.tracker, k, v, now))
+        self.producer.send_all(&self.tracker, self.writes.iter())
     }
 
     /// Builds the RocksDB batch of the sealed writes (before or while their

@@ -172,8 +172,9 @@ impl AppBuilder {
     }
 
     /// Uncommitted bytes over all stores that force an early commit (default
-    /// 64 MiB). They include a commit whose RocksDB write is in flight; that
-    /// write's batch is a copy, so peak memory for writes is about twice this.
+    /// 64 MiB). They include a commit in flight, whose changelog records
+    /// (copied by the producer until acknowledged) and RocksDB batch are
+    /// copies too, so peak memory for writes is about three times this.
     pub fn max_uncommitted_bytes(mut self, bytes: usize) -> Self {
         self.config.max_uncommitted_bytes = bytes;
         self

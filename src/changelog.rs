@@ -179,18 +179,17 @@ fn wait_for_topic(
 /// Delivery bookkeeping of one changelog partition.
 ///
 /// The sending thread and the delivery thread each write their own
-/// counters, so that a record costs no cache line passed between cores (a
-/// shared in-flight count and a reference count per record cost ~0.3 µs
-/// per record on the delivery thread alone).
+/// counters, so that a record costs no cache line passed between cores.
 #[derive(Debug)]
 pub(crate) struct DeliveryTracker {
     pub(crate) topic: String,
     pub(crate) partition: i32,
     /// Its slot in [`DeliveryContext`]'s registry: the delivery opaque.
     slot: usize,
-    /// Records sent (written by the sending thread only).
+    /// Records sent (by the one thread that commits at a time).
     sent: Padded<AtomicU64>,
-    /// Records acknowledged or failed (written by the delivery thread only).
+    /// Records acknowledged or failed (by the delivery thread; records that
+    /// could not be queued, by the sender).
     delivered: AtomicU64,
     last_acked: AtomicI64,
     /// Acknowledgements since the last [`DeliveryTracker::take_acked_count`].
@@ -233,9 +232,9 @@ impl DeliveryTracker {
 pub(crate) struct DeliveryContext {
     /// Every tracker ever created, by slot (one per store opened).
     trackers: RwLock<Vec<Arc<DeliveryTracker>>>,
-    /// Records sent (sending thread only).
+    /// Records sent (by the one thread that commits at a time).
     sent: Padded<AtomicU64>,
-    /// Records acknowledged or failed (delivery thread only).
+    /// Records acknowledged or failed (as the tracker's `delivered`).
     delivered: Padded<AtomicU64>,
     /// The `delivered` count a flush waits for (`u64::MAX`: none waits).
     wanted: Padded<AtomicU64>,

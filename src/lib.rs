@@ -4,9 +4,9 @@
 //! Kafka Streams' state stores, for Rust.
 //!
 //! Each input partition owns a local RocksDB store per defined store; every
-//! commit also sends the latest write of each key to a compacted changelog
-//! topic (`<application_id>-<store>-changelog`), as Kafka Streams' record
-//! cache does. A store that is missing or behind
+//! commit also sends the latest write of each key (in key order) to a
+//! compacted changelog topic (`<application_id>-<store>-changelog`), much
+//! as Kafka Streams' record cache does. A store that is missing or behind
 //! is rebuilt by replaying its changelog from the checkpoint kept inside the
 //! same RocksDB instance.
 //!
@@ -23,7 +23,9 @@
 //! * **At-least-once processing.** Records processed after the last commit
 //!   are processed again after a crash; their writes may then appear twice in
 //!   the changelog, which is harmless for idempotent updates (`put` of a
-//!   computed value). The data-loss boundary is the changelog itself: what
+//!   computed value). A crash in the middle of a commit can leave part of
+//!   its records (the first keys in key order) in the changelog; a restart
+//!   replays them, then reprocesses the commit's input. The data-loss boundary is the changelog itself: what
 //!   the brokers acknowledged (`acks=all`) survives; a changelog topic
 //!   deleted or truncated behind kstate's back is detected and leads to a
 //!   full restore of what remains.

@@ -107,7 +107,8 @@ impl SealedCommit {
 
     /// After the producer was flushed: checks that the records sent landed
     /// right after the checkpoint, then writes the sealed data and the new
-    /// checkpoint in one RocksDB batch, built here (off the processing thread).
+    /// checkpoint in one RocksDB batch (built by [`SealedCommit::build`] if
+    /// it was not yet).
     pub(crate) fn write(&mut self) -> Result<()> {
         let acked = self.tracker.settle()?;
         // Only this store writes its changelog partition, so our n records
@@ -341,7 +342,16 @@ impl KeyValueStore {
     /// [`commit_landed`](Self::commit_landed). `None` if there is nothing
     /// to write.
     pub(crate) fn seal(&mut self) -> Result<Option<SealedCommit>> {
-        debug_assert!(self.sealed.is_empty(), "one commit in flight at a time");
+        if !self.sealed.is_empty() {
+            // A commit whose write did not land (its error stopped the
+            // runtime): sealing again would hide its writes from reads and
+            // check the changelog against a stale checkpoint.
+            return Err(Error::Restore {
+                topic: self.changelog_topic.clone(),
+                partition: self.partition,
+                detail: "a previous commit of this store did not land".into(),
+            });
+        }
         if self.overlay.is_empty() {
             return Ok(None);
         }

@@ -4,7 +4,12 @@
 //! * the store equals the changelog replayed up to its checkpoint (local
 //!   state is a prefix of the changelog, never ahead of it);
 //! * the store equals the model of the input processed up to some offset at
-//!   or past the committed input offset (nothing acknowledged is lost).
+//!   or past the committed input offset (nothing acknowledged is lost). The
+//!   store is checked as RocksDB holds it, at a commit boundary; a commit
+//!   cut short by the kill can leave part of its records (the keys sent
+//!   first, in key order) in the changelog, which a restart replays before
+//!   reprocessing the commit's input, as Kafka Streams' record cache does
+//!   under at-least-once.
 //!
 //! At the end a clean run finishes the input and the store must equal the
 //! model of the whole input exactly.

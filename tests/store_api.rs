@@ -225,3 +225,37 @@ fn counts_stay_exact_while_commits_are_in_flight() {
         assert_same_state(&data, &want, &format!("p{p}: counts"));
     }
 }
+
+#[test]
+fn a_full_producer_queue_is_waited_out_and_keeps_the_changelog_in_order() {
+    // A producer queue of 50 messages and one commit of 3000 keys: sending
+    // the commit fills the queue over and over; every record must still
+    // reach the changelog once, in key order, and the store must match it.
+    let Fixture { input, app, state } = fixture("queuefull", 1);
+    produce(&input, &[(0, b"go".to_vec(), Some(b"".to_vec()))]);
+    let (tx, rx) = mpsc::channel();
+    let builder = builder(&app, &input, state.path())
+        .store(StoreDefinition::new("s"))
+        .kafka_config("queue.buffering.max.messages", "50")
+        .commit_interval(Duration::from_secs(3600));
+    let running = Running::start(builder, move |ctx, _| {
+        let s = ctx.store("s")?;
+        for i in (0..3000u32).rev() {
+            s.put(format!("k{i:05}").as_bytes(), &i.to_be_bytes())?;
+        }
+        tx.send(()).unwrap();
+        Ok(())
+    });
+    rx.recv_timeout(TIMEOUT).unwrap();
+    running.stop().unwrap();
+
+    let changelog = read_partition(&kstate::changelog_topic(&app, "s"), 0);
+    let logged: Vec<(Vec<u8>, Option<Vec<u8>>)> = changelog.iter().map(|(_, k, v)| (k.clone(), v.clone())).collect();
+    let want: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+        (0..3000u32).map(|i| (format!("k{i:05}").into_bytes(), Some(i.to_be_bytes().to_vec()))).collect();
+    assert!(logged == want, "changelog: {} records, first {:?}", logged.len(), logged.first());
+    let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
+    assert_eq!(data.len(), 3000);
+    assert_eq!(checkpoint, Some(changelog.last().unwrap().0));
+    assert_eq!(committed_offset(&app, &input, 0), Some(1));
+}

@@ -196,6 +196,7 @@ impl TaskManager {
         }
         for tpl in resume {
             consumer.resume(&tpl)?;
+            wake_fetchers(consumer, &tpl);
         }
         Ok(())
     }
@@ -238,6 +239,7 @@ impl TaskManager {
                 tpl.add_partition(topic, task.partition);
             }
             consumer.resume(&tpl)?;
+            wake_fetchers(consumer, &tpl);
             tracing::info!(partition = task.partition, "task running");
         }
     }
@@ -435,6 +437,25 @@ impl TaskManager {
 impl Drop for TaskManager {
     fn drop(&mut self) {
         self.wait_inflight();
+    }
+}
+
+/// Makes librdkafka fetch resumed partitions now rather than up to 1 s later.
+///
+/// Partitions are paused on assignment; librdkafka starts their fetch
+/// (fetch state "active") while they are paused, and a later resume of an
+/// active partition only bumps its version without waking the broker thread,
+/// which then idles up to 1 s before it fetches (`rd_kafka_max_block_ms` in
+/// rdkafka_broker.c; `rd_kafka_toppar_set_fetch_state` returns early on an
+/// unchanged state). Measured in the restore demo: a restart ran 0.33 s
+/// after start but processed its first record ~1.2 s after start. Any
+/// request through the broker thread wakes it: a watermark query per
+/// resumed partition (at most 8, one round trip each) reaches its leader.
+fn wake_fetchers<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartitionList) {
+    for e in tpl.elements().iter().take(8) {
+        if let Err(e) = consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1)) {
+            tracing::debug!(error = %e, "watermark query to wake the fetcher failed");
+        }
     }
 }
 

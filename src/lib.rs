@@ -25,10 +25,10 @@
 //!   the changelog, which is harmless for idempotent updates (`put` of a
 //!   computed value). A crash in the middle of a commit can leave part of
 //!   its records (the first keys in key order) in the changelog; a restart
-//!   replays them, then reprocesses the commit's input. The data-loss boundary is the changelog itself: what
-//!   the brokers acknowledged (`acks=all`) survives; a changelog topic
-//!   deleted or truncated behind kstate's back is detected and leads to a
-//!   full restore of what remains.
+//!   replays them, then reprocesses the commit's input. The data-loss
+//!   boundary is the changelog itself: what the brokers acknowledged
+//!   (`acks=all`) survives; a changelog topic deleted or truncated behind
+//!   kstate's back is detected and leads to a full restore of what remains.
 //!
 //! ## Layout
 //!

@@ -197,6 +197,13 @@ pub(crate) struct DeliveryTracker {
     failure: Mutex<Option<KafkaError>>,
 }
 
+/// Trackers by slot, and the slots free for reuse.
+#[derive(Default)]
+struct Registry {
+    slots: Vec<Option<Arc<DeliveryTracker>>>,
+    free: Vec<usize>,
+}
+
 /// Keeps a value on a cache line of its own.
 #[derive(Debug, Default)]
 #[repr(align(128))]
@@ -230,8 +237,8 @@ impl DeliveryTracker {
 /// each record is its tracker's slot) and counts deliveries, so that a
 /// commit can wait for exactly the records sent before it.
 pub(crate) struct DeliveryContext {
-    /// Every tracker ever created, by slot (one per store opened).
-    trackers: RwLock<Vec<Arc<DeliveryTracker>>>,
+    /// The trackers of open stores, by slot.
+    trackers: RwLock<Registry>,
     /// Records sent (by the one thread that commits at a time).
     sent: Padded<AtomicU64>,
     /// Records acknowledged or failed (as the tracker's `delivered`).
@@ -263,7 +270,8 @@ impl ProducerContext for DeliveryContext {
     fn delivery(&self, result: &DeliveryResult<'_>, slot: usize) {
         {
             let trackers = self.trackers.read().expect("tracker registry");
-            let tracker = &trackers[slot];
+            // A slot is freed only once all its records were delivered.
+            let tracker = trackers.slots[slot].as_ref().expect("a delivery for a registered tracker");
             match result {
                 Ok(msg) => {
                     tracker.last_acked.fetch_max(msg.offset(), Ordering::AcqRel);
@@ -335,18 +343,37 @@ impl ChangelogProducer {
     /// for a store opened on it.
     pub(crate) fn tracker(&self, topic: String, partition: i32) -> Arc<DeliveryTracker> {
         let mut trackers = self.producer.context().trackers.write().expect("tracker registry");
+        let slot = trackers.free.pop().unwrap_or_else(|| {
+            trackers.slots.push(None);
+            trackers.slots.len() - 1
+        });
         let tracker = Arc::new(DeliveryTracker {
             topic,
             partition,
-            slot: trackers.len(),
+            slot,
             sent: Padded::default(),
             delivered: AtomicU64::new(0),
             last_acked: AtomicI64::new(-1),
             acked: AtomicU64::new(0),
             failure: Mutex::new(None),
         });
-        trackers.push(tracker.clone());
+        trackers.slots[slot] = Some(tracker.clone());
         tracker
+    }
+
+    /// Frees the slot of a closing store's tracker for reuse, unless a
+    /// commit still holds the tracker or records of it are still in flight
+    /// (their deliveries need the slot; it then stays registered).
+    pub(crate) fn release(&self, tracker: &Arc<DeliveryTracker>) {
+        let mut trackers = self.producer.context().trackers.write().expect("tracker registry");
+        let registered = trackers.slots.get(tracker.slot).and_then(Option::as_ref).is_some_and(|t| Arc::ptr_eq(t, tracker));
+        // Held only by the registry and the caller; no record undelivered.
+        let idle = Arc::strong_count(tracker) == 2
+            && tracker.delivered.load(Ordering::Acquire) == tracker.sent.0.load(Ordering::Acquire);
+        if registered && idle {
+            trackers.slots[tracker.slot] = None;
+            trackers.free.push(tracker.slot);
+        }
     }
 
     /// Queues records for the tracker's changelog partition, in order
@@ -480,5 +507,30 @@ impl ChangelogProducer {
         }
         context.wanted.0.store(u64::MAX, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_stores_tracker_slot_is_reused_unless_a_commit_holds_it() {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", "127.0.0.1:1"); // never contacted: nothing is sent
+        let producer = ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).unwrap();
+        let a = producer.tracker("t".into(), 0);
+        producer.release(&a);
+        let b = producer.tracker("t".into(), 1);
+        assert_eq!(b.slot, a.slot, "a released slot is reused");
+        let in_commit = b.clone(); // as a sealed commit holds it
+        producer.release(&b);
+        let c = producer.tracker("t".into(), 2);
+        assert_ne!(c.slot, b.slot, "a tracker a commit holds keeps its slot");
+        drop(in_commit);
+        let a_held = a.clone(); // two holders, as a registered tracker has
+        producer.release(&a); // stale: its slot belongs to `b` now
+        drop(a_held);
+        assert!(producer.producer.context().trackers.read().unwrap().slots[b.slot].is_some());
     }
 }

@@ -67,6 +67,12 @@ pub struct KeyValueStore {
     _lock: DirLock,
 }
 
+impl Drop for KeyValueStore {
+    fn drop(&mut self) {
+        self.producer.release(&self.tracker);
+    }
+}
+
 /// A store's part of a commit, sealed on the processing thread; its
 /// changelog records are sent by [`SealedCommit::send`] and, once the
 /// producer is flushed, it is written to RocksDB by [`SealedCommit::write`]

@@ -81,9 +81,8 @@ pub(crate) struct SealedCommit {
     engine: Arc<Engine>,
     writes: Arc<Overlay>,
     producer: Arc<ChangelogProducer>,
+    /// Also names the changelog partition (`topic`, `partition`).
     tracker: Arc<DeliveryTracker>,
-    changelog_topic: String,
-    partition: i32,
     /// The checkpoint RocksDB is at (every earlier commit has landed).
     previous: Option<i64>,
     landed_checkpoint: Arc<AtomicI64>,
@@ -127,8 +126,8 @@ impl SealedCommit {
         let expected = self.previous.unwrap_or(-1) + sent;
         if ours != sent || acked != Some(expected) {
             return Err(Error::ChangelogDiverged {
-                topic: self.changelog_topic.clone(),
-                partition: self.partition,
+                topic: self.tracker.topic.clone(),
+                partition: self.tracker.partition,
                 expected,
                 found: acked.unwrap_or(-1),
             });
@@ -369,8 +368,6 @@ impl KeyValueStore {
             writes: self.sealed.clone(),
             producer: self.producer.clone(),
             tracker: self.tracker.clone(),
-            changelog_topic: self.changelog_topic.clone(),
-            partition: self.partition,
             previous: self.checkpoint,
             landed_checkpoint: self.landed_checkpoint.clone(),
             batch: None,

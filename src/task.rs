@@ -195,8 +195,7 @@ impl TaskManager {
             );
         }
         for tpl in resume {
-            consumer.resume(&tpl)?;
-            wake_fetchers(consumer, &tpl);
+            resume_now(consumer, &tpl)?;
         }
         Ok(())
     }
@@ -238,8 +237,7 @@ impl TaskManager {
                 }
                 tpl.add_partition(topic, task.partition);
             }
-            consumer.resume(&tpl)?;
-            wake_fetchers(consumer, &tpl);
+            resume_now(consumer, &tpl)?;
             tracing::info!(partition = task.partition, "task running");
         }
     }
@@ -440,7 +438,8 @@ impl Drop for TaskManager {
     }
 }
 
-/// Makes librdkafka fetch resumed partitions now rather than up to 1 s later.
+/// Resumes paused partitions and makes librdkafka fetch them now rather
+/// than up to 1 s later.
 ///
 /// Partitions are paused on assignment; librdkafka starts their fetch
 /// (fetch state "active") while they are paused, and a later resume of an
@@ -451,12 +450,14 @@ impl Drop for TaskManager {
 /// after start but processed its first record ~1.2 s after start. Any
 /// request through the broker thread wakes it: a watermark query per
 /// resumed partition (at most 8, one round trip each) reaches its leader.
-fn wake_fetchers<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartitionList) {
+fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartitionList) -> Result<()> {
+    consumer.resume(tpl)?;
     for e in tpl.elements().iter().take(8) {
         if let Err(e) = consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1)) {
             tracing::debug!(error = %e, "watermark query to wake the fetcher failed");
         }
     }
+    Ok(())
 }
 
 /// Sends sealed commits to their changelogs, waits for every

@@ -8,7 +8,8 @@
 //! * `kstate-restore --app A --store S --input I --state-dir D` — kstate restoring `A-S-changelog`;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D` — kstate putting every input record.
+//! * `kstate-write --app A --input I --records N --state-dir D` — kstate putting every input record;
+//! * `delete-topics --prefix P` — deletes every topic whose name starts with P (a full run writes GBs).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,8 +93,27 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--records")?.parse()?,
             opt(args, "--state-dir")?,
         ),
+        "delete-topics" => delete_topics(&b, opt(args, "--prefix")?),
         _ => Err(format!("unknown subcommand `{cmd}`").into()),
     }
+}
+
+/// Deletes the topics a run created, so repeated runs do not fill the broker's disk.
+fn delete_topics(bootstrap: &str, prefix: &str) -> Result<String, BoxError> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let config = ClientConfig::new().set("bootstrap.servers", bootstrap).clone();
+    let consumer: BaseConsumer = config.create()?;
+    let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    let names: Vec<&str> = md.topics().iter().map(|t| t.name()).filter(|n| n.starts_with(prefix)).collect();
+    if !names.is_empty() {
+        let admin: AdminClient<DefaultClientContext> = config.create()?;
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        for result in futures::executor::block_on(admin.delete_topics(&names, &opts))? {
+            result.map_err(|(topic, code)| format!("deleting {topic}: {code}"))?;
+        }
+    }
+    Ok(format!("{{\"deleted\":{}}}", names.len()))
 }
 
 fn partitions_of(consumer: &BaseConsumer, topic: &str) -> Result<Vec<(i32, i64, i64)>, BoxError> {

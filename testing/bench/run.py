@@ -28,8 +28,18 @@ def log(msg):
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+def settle():
+    """Lets the previous contender's writes reach the disk before the next
+    contender starts: the kernel's background writeback of a 5M-record run
+    (about 1 GB of broker log) would otherwise compete with the next one
+    for CPU and disk, whichever it is."""
+    os.sync()
+    time.sleep(1)
+
+
 def run_json(cmd, env=None):
     """Runs a contender; returns (its JSON result, peak RSS bytes)."""
+    settle()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, cwd=ROOT)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -146,6 +156,11 @@ class Suite:
                 "--partitions", str(self.a.partitions), "--state-dir", os.path.join(self.tmp, f"ks-w{rep}"),
                 "--records", str(self.a.records)]))
 
+    def delete_topics(self):
+        """Deletes this run's topics: a --full run writes about 15 GB to the broker."""
+        subprocess.run([self.rust, "delete-topics", "--bootstrap", self.b, "--prefix", self.run_id],
+                       cwd=ROOT, stdout=subprocess.DEVNULL)
+
     def fresh_topic(self, name):
         self.gen(name, 0, compact=False)
         return name
@@ -193,6 +208,7 @@ def main():
     a = p.parse_args()
     a.records = a.records or (5_000_000 if a.full else 500_000)
     bootstrap, started = start_broker()
+    suite = None
     try:
         rust = build_rust()
         build_java()
@@ -202,8 +218,10 @@ def main():
         if a.only in (None, "write"):
             suite.write()
         suite.report()
-        shutil.rmtree(suite.tmp, ignore_errors=True)
     finally:
+        if suite is not None:
+            suite.delete_topics()
+            shutil.rmtree(suite.tmp, ignore_errors=True)
         if started:
             subprocess.run(["bash", "testing/kafka.sh", "stop"], cwd=ROOT)
 

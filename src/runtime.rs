@@ -90,6 +90,9 @@ struct Shared {
 
 /// How long an idle loop pass waits for records.
 const IDLE_WAIT: Duration = Duration::from_millis(10);
+/// Records processed between checks of the commit deadline and shutdown
+/// inside a polled batch (a clock read per record would cost ~2% at 1M/s).
+const DEADLINE_CHECK_EVERY: usize = 32;
 
 /// Keeps the record queue in `Shared` (for the rebalance callback) and takes
 /// it out again when dropped, so it never outlives the consumer.
@@ -424,7 +427,19 @@ where
         if polled.poll(wait) > 0 {
             let mut tasks = shared.tasks.lock().expect("task lock");
             let mut seek_back = Vec::new();
-            for msg in polled.iter() {
+            for (i, msg) in polled.iter().enumerate() {
+                // A batch of a slow processor can take seconds: keep to the
+                // commit interval and stop promptly on shutdown inside it
+                // (records not processed are not committed).
+                if i > 0 && i % DEADLINE_CHECK_EVERY == 0 {
+                    if shutdown.is_shutdown() {
+                        break;
+                    }
+                    if last_commit.elapsed() >= config.commit_interval {
+                        tasks.commit_pipelined(consumer)?;
+                        last_commit = Instant::now();
+                    }
+                }
                 let (partition, offset) = (msg.partition(), msg.offset());
                 let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
                 if let Some(e) = msg.error() {

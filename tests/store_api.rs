@@ -259,3 +259,42 @@ fn a_full_producer_queue_is_waited_out_and_keeps_the_changelog_in_order() {
     assert_eq!(checkpoint, Some(changelog.last().unwrap().0));
     assert_eq!(committed_offset(&app, &input, 0), Some(1));
 }
+
+/// A slow processor (1 ms a record) gets batches of up to 1024 records that
+/// take a second each: commits must keep to the interval inside a batch
+/// (the committed offset trails the processed one by about an interval's
+/// worth of records, not a batch), and a shutdown must not wait for the
+/// batch to end.
+#[test]
+fn a_slow_processor_commits_on_time_and_stops_promptly() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+    let Fixture { input, app, state } = fixture("slow", 1);
+    let records: Vec<KeyedRecord> = (0..4000).map(|i| (0, format!("k{i:04}").into_bytes(), Some(b"v".to_vec()))).collect();
+    produce(&input, &records);
+    let processed = Arc::new(AtomicI64::new(-1));
+    let seen = processed.clone();
+    let builder = builder(&app, &input, state.path()).store(StoreDefinition::new("s")).commit_interval(Duration::from_millis(50));
+    let running = Running::start(builder, move |ctx, rec| {
+        ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())?;
+        std::thread::sleep(Duration::from_millis(1));
+        seen.store(rec.offset, Ordering::Relaxed);
+        Ok(())
+    });
+    wait_until("the first record", TIMEOUT, || processed.load(Ordering::Relaxed) >= 0);
+    let mut worst_lag = 0;
+    let mut commits = std::collections::BTreeSet::new();
+    while processed.load(Ordering::Relaxed) < 2500 {
+        let before = processed.load(Ordering::Relaxed);
+        let committed = committed_offset(&app, &input, 0).unwrap_or(0);
+        worst_lag = worst_lag.max(before + 1 - committed);
+        commits.insert(committed);
+    }
+    assert!(worst_lag < 400, "committed offset trailed the processed one by {worst_lag} records; commits seen: {commits:?}");
+    let (asked, at_ask) = (std::time::Instant::now(), processed.load(Ordering::Relaxed));
+    running.stop().unwrap();
+    let (took, last) = (asked.elapsed(), processed.load(Ordering::Relaxed));
+    assert!(last - at_ask < 100, "shutdown waited for the batch to end: asked at {at_ask}, processed up to {last}");
+    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+    assert_eq!(committed_offset(&app, &input, 0), Some(last + 1), "the final commit covers exactly what was processed");
+}

@@ -18,8 +18,9 @@
 //!   together with the changelog offset in one atomic batch (on a background
 //!   thread, while processing continues and reads still see them), then
 //!   commits the input offsets.
-//!   A crash at any point leaves RocksDB at some committed checkpoint, and
-//!   restart replays only the changelog tail past it.
+//!   RocksDB writes skip its write-ahead log (the changelog is the log): a
+//!   crash at any point leaves RocksDB at some committed checkpoint (its
+//!   last flush), and restart replays only the changelog tail past it.
 //! * **At-least-once processing.** Records processed after the last commit
 //!   are processed again after a crash; their writes may then appear twice in
 //!   the changelog, which is harmless for idempotent updates (`put` of a

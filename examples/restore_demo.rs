@@ -4,9 +4,11 @@
 //!    partitions (50 000 distinct keys, 100-byte values).
 //! 2. A child process stores the latest value per key and, once it has
 //!    processed every record, aborts without a final commit (a crash).
-//! 3. The same state directory restarts: its store is at the last commit,
-//!    so only changelog records past that checkpoint (usually none) are
-//!    replayed, and the input the crash left uncommitted is processed again.
+//! 3. The same state directory restarts: its store is at the last commit
+//!    RocksDB flushed (commits skip RocksDB's WAL; the changelog is the
+//!    log), so the changelog records past that checkpoint (at most a few
+//!    memtables' worth) are replayed, and the input the crash left
+//!    uncommitted is processed again.
 //! 4. A fresh state directory (a new machine) restores the whole changelog.
 //!
 //! ```text
@@ -58,7 +60,7 @@ fn main() -> Result<(), BoxError> {
     );
 
     let uncommitted = records - committed_input(&bootstrap, &app_id)?;
-    println!("the crash left {uncommitted} of {records} input records uncommitted; the store is at its last commit");
+    println!("the crash left {uncommitted} of {records} input records uncommitted; the store is at its last flushed commit");
     let tail = restart(&bootstrap, &app_id, &state, uncommitted)?;
     report("restart after crash (same state dir)", &tail);
     println!(

@@ -5,6 +5,7 @@
 //! checkpoint. Reads merge the overlay over the engine, so a processor always
 //! reads its own writes.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::ptr::NonNull;
@@ -47,6 +48,13 @@ impl Arena {
         self.used += len;
         // SAFETY: `start <= chunk.len()`; the pointer is in (or one past) the chunk's buffer.
         unsafe { NonNull::new_unchecked(chunk.as_mut_ptr().add(start)) }
+    }
+
+    /// Gives back the `len` bytes of the last push, which nothing points at.
+    fn unpush(&mut self, len: usize) {
+        let chunk = self.chunks.last_mut().expect("a push came first");
+        chunk.truncate(chunk.len() - len); // the buffer stays where it is
+        self.used -= len;
     }
 }
 
@@ -137,35 +145,47 @@ unsafe impl Sync for Overlay {}
 
 impl Overlay {
     /// Records a put (`Some`) or delete (`None`).
+    ///
+    /// Copies key and value to the arena first, so that a new key (the
+    /// common case) costs one descent of the index: the entry points at the
+    /// copy. A key already there keeps its entry and the copy is given back
+    /// (a value that does not fit the old one's room is copied again alone).
     pub(crate) fn write(&mut self, key: &[u8], value: Option<&[u8]>) {
         let len = |b: &[u8]| u32::try_from(b.len()).expect("record sizes are checked against max.message.bytes");
-        if let Some(slot) = self.entries.get_mut(&Key::over(key)) {
-            match value {
-                None => slot.tombstone = true,
-                Some(v) if len(v) <= slot.capacity => {
-                    // SAFETY: the slot's `capacity` bytes are ours, and no
-                    // reference to them lives across this `&mut self` call.
-                    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), slot.ptr.as_ptr(), v.len()) };
-                    slot.len = len(v);
-                    slot.tombstone = false;
-                }
-                Some(v) => {
-                    let ptr = self.arena.push(&[v]);
-                    *slot = Slot { ptr, len: len(v), capacity: len(v), tombstone: false };
-                }
-            }
-            return;
-        }
         let v = value.unwrap_or_default();
         let ptr = self.arena.push(&[key, v]);
-        // SAFETY: the value was copied right after the key.
-        let value_ptr = unsafe { NonNull::new_unchecked(ptr.as_ptr().add(key.len())) };
-        // SAFETY: the arena holds the key's bytes at `ptr`.
-        let stored = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), key.len()) };
-        self.entries.insert(
-            Key::over(stored),
-            Slot { ptr: value_ptr, len: len(v), capacity: len(v), tombstone: value.is_none() },
-        );
+        // SAFETY: the arena holds the key's bytes at `ptr`, the value's right after.
+        let (stored, value_ptr) = unsafe {
+            (std::slice::from_raw_parts(ptr.as_ptr(), key.len()), NonNull::new_unchecked(ptr.as_ptr().add(key.len())))
+        };
+        let copied = key.len() + v.len();
+        match self.entries.entry(Key::over(stored)) {
+            Entry::Vacant(e) => {
+                e.insert(Slot { ptr: value_ptr, len: len(v), capacity: len(v), tombstone: value.is_none() });
+            }
+            Entry::Occupied(mut e) => {
+                let slot = e.get_mut();
+                match value {
+                    None => {
+                        slot.tombstone = true;
+                        self.arena.unpush(copied);
+                    }
+                    Some(v) if len(v) <= slot.capacity => {
+                        // SAFETY: the slot's `capacity` bytes are ours, and no
+                        // reference to them lives across this `&mut self` call.
+                        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), slot.ptr.as_ptr(), v.len()) };
+                        slot.len = len(v);
+                        slot.tombstone = false;
+                        self.arena.unpush(copied);
+                    }
+                    Some(v) => {
+                        self.arena.unpush(copied);
+                        let ptr = self.arena.push(&[v]);
+                        *slot = Slot { ptr, len: len(v), capacity: len(v), tombstone: false };
+                    }
+                }
+            }
+        }
     }
 
     /// `None`: not in the overlay; `Some(None)`: deleted; `Some(Some(v))`: written.

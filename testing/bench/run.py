@@ -143,22 +143,35 @@ class Suite:
         inp = f"{self.run_id}-w-input"
         log(f"generating {self.a.records} input records into {inp}")
         self.gen(inp, self.a.records, compact=False)
+        # Each contender's output (5M records, ~0.6 GB) is deleted once it is
+        # measured, so every contender runs against the same broker: with 12
+        # outputs piling up, producer and kstate alike ran 20-35% slower in
+        # later repetitions (not understood; see BENCHMARKS.md).
         for rep in range(self.a.reps):
+            out, pipe, wk, ws = (f"{self.run_id}-w-out{rep}", f"{self.run_id}-w-pipe{rep}",
+                                 f"{self.run_id}-wk{rep}-", f"{self.run_id}-ws{rep}-")
             self.record("write", "plain-producer", run_json(
-                [self.rust, "produce", "--bootstrap", self.b, "--topic", self.fresh_topic(f"{self.run_id}-w-out{rep}"), "--source", inp]))
+                [self.rust, "produce", "--bootstrap", self.b, "--topic", self.fresh_topic(out), "--source", inp]))
+            self.delete_topics(out)
             self.record("write", "consume-produce", run_json(
-                [self.rust, "pipe", "--bootstrap", self.b, "--input", inp, "--output", self.fresh_topic(f"{self.run_id}-w-pipe{rep}")]))
+                [self.rust, "pipe", "--bootstrap", self.b, "--input", inp, "--output", self.fresh_topic(pipe)]))
+            self.delete_topics(pipe)
             self.record("write", "kstate", run_json(
-                [self.rust, "kstate-write", "--bootstrap", self.b, "--app", f"{self.run_id}-wk{rep}", "--input", inp,
+                [self.rust, "kstate-write", "--bootstrap", self.b, "--app", wk[:-1], "--input", inp,
                  "--records", str(self.a.records), "--state-dir", os.path.join(self.tmp, f"kstate-w{rep}")]))
+            self.delete_topics(wk)
+            shutil.rmtree(os.path.join(self.tmp, f"kstate-w{rep}"), ignore_errors=True)
             self.record("write", "kafka-streams", run_json(self.java + [
-                "write", "--bootstrap", self.b, "--app-id", f"{self.run_id}-ws{rep}", "--store", "kv", "--input-topic", inp,
+                "write", "--bootstrap", self.b, "--app-id", ws[:-1], "--store", "kv", "--input-topic", inp,
                 "--partitions", str(self.a.partitions), "--state-dir", os.path.join(self.tmp, f"ks-w{rep}"),
                 "--records", str(self.a.records)]))
+            self.delete_topics(ws)
+            shutil.rmtree(os.path.join(self.tmp, f"ks-w{rep}"), ignore_errors=True)
 
-    def delete_topics(self):
-        """Deletes this run's topics: a --full run writes about 15 GB to the broker."""
-        subprocess.run([self.rust, "delete-topics", "--bootstrap", self.b, "--prefix", self.run_id],
+    def delete_topics(self, prefix=None):
+        """Deletes this run's topics (or those starting with `prefix`): a
+        --full run writes about 15 GB to the broker."""
+        subprocess.run([self.rust, "delete-topics", "--bootstrap", self.b, "--prefix", prefix or self.run_id],
                        cwd=ROOT, stdout=subprocess.DEVNULL)
 
     def fresh_topic(self, name):

@@ -469,15 +469,9 @@ fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartiti
 /// acknowledgement, then writes them to RocksDB spread over the machine's
 /// cores (each store is its own RocksDB instance).
 fn write_sealed(mut sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration) -> Result<()> {
-    for s in &sealed {
-        s.send()?;
+    for s in &mut sealed {
+        s.send_and_build()?;
     }
-    // The RocksDB batches do not depend on the acknowledgements: build them
-    // while those come in.
-    on_cores(&mut sealed, |s| {
-        s.build();
-        Ok(())
-    })?;
     producer.flush(timeout)?;
     on_cores(&mut sealed, SealedCommit::write)
 }

@@ -298,6 +298,23 @@ impl ProducerContext for DeliveryContext {
     }
 }
 
+/// Asks the CPU to load `bytes` into its cache ahead of use.
+///
+/// A commit's overlay (~15 MB per 100 ms at 1M records/s) was written by
+/// the processing thread on another core and is out of the cache by the
+/// time librdkafka copies it: one miss after the other, each copy waited
+/// for memory. Prefetching a chunk's records first overlaps those misses.
+#[inline]
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..bytes.len()).step_by(64).chain(bytes.len().checked_sub(1)) {
+        // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr().add(line).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// The producer shared by every store of a runtime.
 pub(crate) struct ChangelogProducer {
     producer: ThreadedProducer<DeliveryContext>,
@@ -398,6 +415,10 @@ impl ChangelogProducer {
         while records.peek().is_some() {
             chunk.clear();
             chunk.extend(records.by_ref().take(CHUNK));
+            for &(key, value) in &chunk {
+                prefetch(key);
+                prefetch(value.unwrap_or_default());
+            }
             batch.clear();
             batch.extend(chunk.iter().map(|&(key, value)| rdsys::rd_kafka_message_t {
                 err: RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR,

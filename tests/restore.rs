@@ -207,3 +207,56 @@ fn empty_changelog_and_compacted_changelog_restore() {
     assert_eq!(checkpoint, Some(present.last().unwrap().0));
     assert!(!data.contains_key(&b"k3"[..]), "the tombstone's delete survived compaction");
 }
+
+/// A task whose restore ends after other tasks started running must be
+/// processed at once. Its partition joins the consumer's next fetch, which
+/// the broker parks while the running partitions have nothing new (up to
+/// `fetch.wait.max.ms`: librdkafka's 500 ms, kstate's default 100 ms), and
+/// waking the fetcher must not block processing behind that parked fetch.
+/// Four partitions finish restoring one after another while partition 0
+/// idles; each must see its first record within 350 ms of its restore end
+/// (measured: 10-200 ms; with librdkafka's 500 ms default, 250-950 ms, and
+/// the test failed 7 runs out of 7).
+#[test]
+fn tasks_restored_after_others_started_are_processed_at_once() {
+    use kstate::{RestoreEnd, RestoreListener};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    type Times = Arc<Mutex<BTreeMap<i32, Instant>>>;
+    #[derive(Clone, Default)]
+    struct RestoreEnds(Times);
+    impl RestoreListener for RestoreEnds {
+        fn on_restore_end(&self, e: &RestoreEnd) {
+            self.0.lock().unwrap().insert(e.partition, Instant::now());
+        }
+    }
+
+    let Fixture { input, app, state } = fixture("stagger", 5);
+    let changelog = kstate::changelog_topic(&app, "s");
+    create_topic(&changelog, 5, &[("cleanup.policy", "compact")]);
+    // Partition p's changelog holds p * 25k records: the restores end apart.
+    let history: Vec<KeyedRecord> = (1..5)
+        .flat_map(|p| (0..p * 25_000).map(move |i| (p, format!("k{i:06}").into_bytes(), Some(vec![7u8; 100]))))
+        .collect();
+    produce(&changelog, &history);
+    produce(&input, &(0..5).map(|p| (p, b"new".to_vec(), Some(b"1".to_vec()))).collect::<Vec<_>>());
+
+    let restored = RestoreEnds::default();
+    let first_record: Times = Times::default();
+    let seen = first_record.clone();
+    let running = Running::start(
+        builder(&app, &input, state.path()).store(StoreDefinition::new("s")).restore_listener(restored.clone()),
+        move |ctx, rec| {
+            seen.lock().unwrap().entry(ctx.partition()).or_insert_with(Instant::now);
+            apply_input(ctx, rec)
+        },
+    );
+    wait_until("a record of every partition", TIMEOUT, || first_record.lock().unwrap().len() == 5 || running.is_finished());
+    running.stop().expect("clean run");
+    let (restored, first_record) = (restored.0.lock().unwrap(), first_record.lock().unwrap());
+    let delays: Vec<(i32, Duration)> = (1..5).map(|p| (p, first_record[&p].duration_since(restored[&p]))).collect();
+    eprintln!("restore end -> first record: {delays:?}");
+    for (p, delay) in delays {
+        assert!(delay < Duration::from_millis(350), "partition {p}: first record {delay:?} after its restore ended");
+    }
+}

@@ -218,7 +218,10 @@ impl AppBuilder {
 
     /// A librdkafka setting for every client (e.g. `security.protocol`).
     /// `group.id`, `bootstrap.servers`, `enable.auto.commit` and
-    /// `enable.idempotence` are kstate's own.
+    /// `enable.idempotence` are kstate's own. Settings given here win over
+    /// the defaults kstate picks for its clients (e.g. the processing
+    /// consumer's `fetch.wait.max.ms=100`, the producer's `linger.ms=5`;
+    /// BENCHMARKS.md lists them all).
     pub fn kafka_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config.kafka_overrides.push((key.into(), value.into()));
         self

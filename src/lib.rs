@@ -53,6 +53,7 @@ mod config;
 mod consumer_batch;
 mod engine;
 mod error;
+mod fetch_wake;
 mod lock;
 pub mod metrics;
 mod overlay;

@@ -21,6 +21,7 @@ use crate::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, Q
 use crate::config::AppConfig;
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
+use crate::fetch_wake::{self, FetchWaker};
 use crate::restore::{NoopListener, Restorer};
 use crate::store::{KeyValueStore, TypedStore};
 use crate::task::{Task, TaskManager, TaskState};
@@ -96,6 +97,24 @@ const DEADLINE_CHECK_EVERY: usize = 32;
 
 /// Keeps the record queue in `Shared` (for the rebalance callback) and takes
 /// it out again when dropped, so it never outlives the consumer.
+/// Keeps the fetch waker in the task manager while it is installed.
+struct WakerInstalled<'s>(&'s Shared);
+
+impl<'s> WakerInstalled<'s> {
+    fn install(shared: &'s Shared, waker: FetchWaker) -> Self {
+        shared.tasks.lock().expect("task lock").fetch_waker = Some(waker);
+        WakerInstalled(shared)
+    }
+}
+
+impl Drop for WakerInstalled<'_> {
+    fn drop(&mut self) {
+        // Also while unwinding, so the waker thread ends and the scope does
+        // not wait for it forever.
+        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fetch_waker = None;
+    }
+}
+
 struct RecordQueueGuard<'s>(&'s Shared);
 
 impl<'s> RecordQueueGuard<'s> {
@@ -338,42 +357,51 @@ where
     crate::config::set_default(&mut consumer_config, "fetch.wait.max.ms", "100");
     let consumer: BaseConsumer<RuntimeContext> =
         consumer_config.create_with_context(RuntimeContext { shared: shared.clone(), cooperative })?;
-    // SAFETY: `records` and the guard's copy in `shared` are declared after
-    // the consumer, so both are dropped before it on every path.
-    let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
-    let _records_in_shared = RecordQueueGuard::install(&shared, records.clone());
-    let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
-    tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
+    let (waker, wake_requests) = FetchWaker::new();
+    let result = std::thread::scope(|scope| -> Result<()> {
+        std::thread::Builder::new()
+            .name("kstate-fetch-wake".into())
+            .spawn_scoped(scope, || fetch_wake::run(&consumer, wake_requests))
+            .map_err(|e| Error::io("kstate-fetch-wake thread", e))?;
+        // Removed again on every path out of this scope (the thread ends
+        // when the last waker is gone, and the scope waits for it).
+        let _waker = WakerInstalled::install(&shared, waker);
+        // SAFETY: `records` and the guard's copy in `shared` are declared
+        // after the consumer, so both are dropped before it on every path.
+        let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
+        let _records_in_shared = RecordQueueGuard::install(&shared, records.clone());
+        let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
 
-    let store_index: HashMap<String, usize> =
-        config.stores.iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
-    let result = process_loop(&config, &shutdown, &consumer, &records, &shared, &store_index, &mut processor);
+        let store_index: HashMap<String, usize> =
+            config.stores.iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
+        let result = process_loop(&config, &shutdown, &consumer, &records, &shared, &store_index, &mut processor);
 
-    let mut tasks = shared.tasks.lock().expect("task lock");
-    let result = match result {
-        Ok(()) => {
-            let r = tasks.commit(&consumer, None);
-            if r.is_err() {
-                tasks.discard_all();
+        let mut tasks = shared.tasks.lock().expect("task lock");
+        let result = match result {
+            Ok(()) => {
+                let r = tasks.commit(&consumer, None);
+                if r.is_err() {
+                    tasks.discard_all();
+                }
+                r
             }
-            r
+            Err(e) => {
+                tasks.discard_all();
+                Err(e)
+            }
+        };
+        tasks.close_all();
+        drop(tasks);
+        consumer.unsubscribe();
+        // Serve the revoke callback of the unsubscribe before the consumer closes.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && consumer.assignment().map(|a| a.count() > 0).unwrap_or(false) {
+            let _ = consumer.poll(Duration::from_millis(50));
         }
-        Err(e) => {
-            tasks.discard_all();
-            Err(e)
-        }
-    };
-    tasks.close_all();
-    drop(tasks);
-    consumer.unsubscribe();
-    // Serve the revoke callback of the unsubscribe before the consumer closes.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline && consumer.assignment().map(|a| a.count() > 0).unwrap_or(false) {
-        let _ = consumer.poll(Duration::from_millis(50));
-    }
-    drop(_records_in_shared);
-    drop(records);
+        result
+    });
     drop(consumer);
     tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
     result

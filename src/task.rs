@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::assignment::AssignmentEvent;
 use crate::changelog::ChangelogProducer;
 use crate::config::AppConfig;
 use crate::engine::EngineResources;
+use crate::fetch_wake::FetchWaker;
 use crate::error::Result;
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
 use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
@@ -59,6 +59,8 @@ pub(crate) struct TaskManager {
     /// Landed writes no store reads any more, freed by the next commit's
     /// writer thread rather than the processing thread.
     retired: Vec<Arc<crate::overlay::Overlay>>,
+    /// Wakes the fetcher of resumed partitions (set by the runtime).
+    pub(crate) fetch_waker: Option<FetchWaker>,
 }
 
 /// One commit after its seal (see `seal_running`), apart from the sealed
@@ -99,6 +101,7 @@ impl TaskManager {
             last_engine_metrics: Instant::now(),
             inflight: None,
             retired: Vec::new(),
+            fetch_waker: None,
         }
     }
 
@@ -196,7 +199,7 @@ impl TaskManager {
             );
         }
         for tpl in resume {
-            resume_now(consumer, &tpl)?;
+            resume_now(consumer, &tpl, self.fetch_waker.as_ref())?;
         }
         Ok(())
     }
@@ -238,7 +241,7 @@ impl TaskManager {
                 }
                 tpl.add_partition(topic, task.partition);
             }
-            resume_now(consumer, &tpl)?;
+            resume_now(consumer, &tpl, self.fetch_waker.as_ref())?;
             tracing::info!(partition = task.partition, "task running");
         }
     }
@@ -439,28 +442,12 @@ impl Drop for TaskManager {
     }
 }
 
-/// Resumes paused partitions and makes librdkafka fetch them now rather
-/// than up to 1 s later.
-///
-/// Partitions are paused on assignment; librdkafka starts their fetch
-/// (fetch state "active") while they are paused, and a later resume of an
-/// active partition only bumps its version without waking the broker thread,
-/// which then idles up to 1 s before it fetches (`rd_kafka_max_block_ms` in
-/// rdkafka_broker.c; `rd_kafka_toppar_set_fetch_state` returns early on an
-/// unchanged state). Measured in the restore demo: a restart ran 0.33 s
-/// after start but processed its first record ~1.2 s after start. Any
-/// request through the broker thread wakes it: a watermark query per
-/// resumed partition (at most 8) is queued to its leader. The reply is not
-/// awaited: it queues behind the connection's fetch, which the broker may
-/// hold for fetch.wait.max.ms, and waiting for it stalled all processing
-/// (~0.5 s per resume while other tasks ran).
-fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartitionList) -> Result<()> {
+/// Resumes paused partitions and has librdkafka fetch them now rather
+/// than up to 1 s later (see [`crate::fetch_wake`]).
+fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartitionList, waker: Option<&FetchWaker>) -> Result<()> {
     consumer.resume(tpl)?;
-    for e in tpl.elements().iter().take(8) {
-        match consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_millis(1)) {
-            Ok(_) | Err(KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut)) => {}
-            Err(e) => tracing::debug!(error = %e, "watermark query to wake the fetcher failed"),
-        }
+    if let Some(waker) = waker {
+        waker.wake(tpl);
     }
     Ok(())
 }

@@ -111,7 +111,7 @@ fn check_invariants(round: usize, app: &str, input_topic: &str, state: &Path, in
         }
         let committed = committed_offset(app, input_topic, p).unwrap_or(0) as usize;
         let records: Vec<_> = input.iter().filter(|r| r.0 == p).collect();
-        if let Err(e) = check_nothing_acknowledged_lost(&replayed, &records, committed) {
+        if let Err(e) = check_nothing_acknowledged_lost(&replayed, &records, committed, &changelog) {
             panic!("round {round} p{p}: store + changelog tail vs input committed to {committed}: {e}");
         }
     }
@@ -119,8 +119,15 @@ fn check_invariants(round: usize, app: &str, input_topic: &str, state: &Path, in
 
 /// Every key of `restored` (and every key the input touched) holds a value
 /// it had at some input offset at or past `committed`: present with that
-/// value or absent (deleted or never written) at that offset.
-fn check_nothing_acknowledged_lost(restored: &Model, records: &[&KeyedRecord], committed: usize) -> Result<(), String> {
+/// value, or absent because it was absent at `committed` or because a later
+/// delete of it reached the changelog (a tombstone after the record of its
+/// value at `committed`; values are unique, so that record is findable).
+fn check_nothing_acknowledged_lost(
+    restored: &Model,
+    records: &[&KeyedRecord],
+    committed: usize,
+    changelog: &[(i64, Vec<u8>, Option<Vec<u8>>)],
+) -> Result<(), String> {
     let mut at_committed = Model::new();
     for (_, k, v) in &records[..committed] {
         apply(&mut at_committed, k, v.as_deref());
@@ -137,9 +144,23 @@ fn check_nothing_acknowledged_lost(restored: &Model, records: &[&KeyedRecord], c
             return Err(format!(
                 "key {:?} is {:?}, which it never held at or past the committed offset (held: {:?})",
                 String::from_utf8_lossy(k),
-                now.map(String::from_utf8_lossy),
-                allowed.iter().map(|v| v.map(String::from_utf8_lossy)).collect::<Vec<_>>()
+                show(now),
+                allowed.iter().map(|v| show(*v)).collect::<Vec<_>>()
             ));
+        }
+        if let (None, Some(before)) = (now, at_committed.get(k)) {
+            // Deleted after the committed offset: the delete must have been
+            // written to the changelog after the value it replaced.
+            let value_at = changelog.iter().rposition(|(_, ck, cv)| ck.as_slice() == k && cv.as_ref() == Some(before));
+            let deleted_after = value_at
+                .is_some_and(|i| changelog[i + 1..].iter().any(|(_, ck, cv)| ck.as_slice() == k && cv.is_none()));
+            if !deleted_after {
+                return Err(format!(
+                    "key {:?} is gone, but no tombstone follows its value {:?} at the committed offset in the changelog",
+                    String::from_utf8_lossy(k),
+                    show(Some(before))
+                ));
+            }
         }
     }
     Ok(())
@@ -199,23 +220,35 @@ fn crash_kill_restart_loop_never_loses_or_invents_state() {
     check_invariants(ROUNDS, &app, &input_topic, state.path(), &input);
 }
 
+fn show(v: Option<&[u8]>) -> Option<String> {
+    v.map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
 /// The check above is only worth something if it fails: on a write lost
 /// before the committed offset, on a value never written, on a resurrected
-/// delete; and passes a key-ordered cut-short commit.
+/// delete, on a key gone without its tombstone in the changelog; and passes
+/// a key-ordered cut-short commit and a delete that reached the changelog.
 #[test]
 fn the_loss_check_fails_on_lost_invented_and_resurrected_values() {
     let r = |k: &str, v: Option<&str>| (0, k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()));
-    let input = vec![r("a", Some("1")), r("b", Some("1")), r("a", Some("2")), r("b", None), r("a", Some("3")), r("c", Some("1"))];
+    let input = vec![r("a", Some("1")), r("b", Some("1")), r("a", Some("2")), r("b", None), r("a", Some("3")), r("c", Some("1")), r("a", None)];
     let records: Vec<_> = input.iter().collect();
     let state = |pairs: &[(&str, &str)]| -> Model { pairs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect() };
-    // Committed up to offset 4 (a=2, b deleted).
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "2")]), &records, 4).is_ok());
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "3")]), &records, 4).is_ok(), "a later value is fine");
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "3"), ("c", "1")]), &records, 4).is_ok());
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "2"), ("c", "1")]), &records, 4).is_ok(), "cut-short commit: c before a");
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "1")]), &records, 4).is_err(), "lost a=2");
-    assert!(check_nothing_acknowledged_lost(&state(&[]), &records, 4).is_err(), "lost a entirely");
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "2"), ("b", "1")]), &records, 4).is_err(), "resurrected b");
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "9")]), &records, 4).is_err(), "invented a=9");
-    assert!(check_nothing_acknowledged_lost(&state(&[("a", "2"), ("z", "1")]), &records, 4).is_err(), "invented key z");
+    let log = |entries: &[(&str, Option<&str>)]| -> Vec<(i64, Vec<u8>, Option<Vec<u8>>)> {
+        entries.iter().enumerate().map(|(i, (k, v))| (i as i64, k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()))).collect()
+    };
+    // Committed up to offset 4 (a=2, b deleted); the changelog holds those commits.
+    let to_commit = log(&[("a", Some("1")), ("b", Some("1")), ("a", Some("2")), ("b", None)]);
+    let check = |s: &Model, l: &[(i64, Vec<u8>, Option<Vec<u8>>)]| check_nothing_acknowledged_lost(s, &records, 4, l);
+    assert!(check(&state(&[("a", "2")]), &to_commit).is_ok());
+    assert!(check(&state(&[("a", "3")]), &to_commit).is_ok(), "a later value is fine");
+    assert!(check(&state(&[("a", "3"), ("c", "1")]), &to_commit).is_ok());
+    assert!(check(&state(&[("a", "2"), ("c", "1")]), &to_commit).is_ok(), "cut-short commit: c before a");
+    assert!(check(&state(&[("a", "1")]), &to_commit).is_err(), "lost a=2");
+    assert!(check(&state(&[]), &to_commit).is_err(), "lost a: its later delete never reached the changelog");
+    let deleted = log(&[("a", Some("1")), ("b", Some("1")), ("a", Some("2")), ("b", None), ("a", None)]);
+    assert!(check(&state(&[]), &deleted).is_ok(), "a deleted later, tombstone in the changelog");
+    assert!(check(&state(&[("a", "2"), ("b", "1")]), &to_commit).is_err(), "resurrected b");
+    assert!(check(&state(&[("a", "9")]), &to_commit).is_err(), "invented a=9");
+    assert!(check(&state(&[("a", "2"), ("z", "1")]), &to_commit).is_err(), "invented key z");
 }

@@ -19,22 +19,26 @@
 //! (`socket.max.fails`), and with it every fetch in flight on it.
 
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::TopicPartitionList;
 
 /// How long one wake-up query may take before it is given up (well past
-/// any `fetch.wait.max.ms` a fetch it queues behind can be parked for).
-const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// any `fetch.wait.max.ms` a fetch it queues behind is parked for).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// A wake-up asked for longer ago than this is skipped: the fetcher has
+/// woken up on its own by then (and a stopping runtime does not wait for a
+/// queue of them).
+const STALE_AFTER: Duration = Duration::from_secs(1);
 
 /// Hands partitions to the thread running [`run`].
 #[derive(Clone)]
-pub(crate) struct FetchWaker(mpsc::Sender<(String, i32)>);
+pub(crate) struct FetchWaker(mpsc::Sender<(String, i32, Instant)>);
 
 impl FetchWaker {
     /// A waker and the receiving end for [`run`].
-    pub(crate) fn new() -> (FetchWaker, mpsc::Receiver<(String, i32)>) {
+    pub(crate) fn new() -> (FetchWaker, mpsc::Receiver<(String, i32, Instant)>) {
         let (tx, rx) = mpsc::channel();
         (FetchWaker(tx), rx)
     }
@@ -43,15 +47,18 @@ impl FetchWaker {
     pub(crate) fn wake(&self, tpl: &TopicPartitionList) {
         for e in tpl.elements().iter().take(8) {
             // The thread is gone only when the runtime is stopping.
-            let _ = self.0.send((e.topic().to_string(), e.partition()));
+            let _ = self.0.send((e.topic().to_string(), e.partition(), Instant::now()));
         }
     }
 }
 
 /// Sends a watermark query per partition received, until every
 /// [`FetchWaker`] is dropped.
-pub(crate) fn run<C: ConsumerContext>(consumer: &BaseConsumer<C>, partitions: mpsc::Receiver<(String, i32)>) {
-    for (topic, partition) in partitions {
+pub(crate) fn run<C: ConsumerContext>(consumer: &BaseConsumer<C>, partitions: mpsc::Receiver<(String, i32, Instant)>) {
+    for (topic, partition, asked) in partitions {
+        if asked.elapsed() > STALE_AFTER {
+            continue;
+        }
         if let Err(e) = consumer.fetch_watermarks(&topic, partition, QUERY_TIMEOUT) {
             tracing::debug!(%topic, partition, error = %e, "watermark query to wake the fetcher failed");
         }

@@ -107,7 +107,7 @@ impl Engine {
         // data (with dynamic level sizes, a small store's only level): leave
         // them uncompressed, as Kafka Streams leaves every level, and
         // compress the deeper levels where most of a large store lives.
-        // Measured: +8% write throughput at 5M records (BENCHMARKS.md).
+        // Measured: +5% write throughput at 5M records (BENCHMARKS.md).
         use rocksdb::DBCompressionType::{Lz4, None as Plain};
         cf_opts.set_compression_per_level(&[Plain, Plain, Lz4, Lz4, Lz4, Lz4, Lz4]);
         if bulk {
@@ -221,8 +221,8 @@ impl Engine {
     /// reopens at its last flush, which (flushes are atomic across both
     /// column families) is some earlier commit with its own checkpoint; the
     /// restore replays the changelog from there. Kafka Streams disables the
-    /// WAL for the same reason. Measured: +17% write throughput at 5M
-    /// records (BENCHMARKS.md). Every write skips the WAL, so no logged write
+    /// WAL for the same reason. Measured: +7% write throughput at 5M
+    /// records (+17% in an earlier build; BENCHMARKS.md). Every write skips the WAL, so no logged write
     /// can be recovered on top of a lost unlogged one.
     ///
     /// A store whose memtables rarely fill is flushed (in the background)

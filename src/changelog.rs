@@ -54,6 +54,9 @@ pub(crate) struct ChangelogSpec {
 pub(crate) struct ChangelogInfo {
     /// The topic's `max.message.bytes`.
     pub(crate) max_message_bytes: usize,
+    /// The topic's `delete.retention.ms`: how long the broker keeps a
+    /// tombstone after cleaning its segment.
+    pub(crate) tombstone_retention: Option<Duration>,
 }
 
 /// Creates missing changelog topics and checks existing ones: partition count
@@ -146,7 +149,10 @@ pub(crate) fn ensure_topics(
             .and_then(|e| e.value.as_deref())
             .and_then(|v| v.parse().ok())
             .unwrap_or(1_048_588);
-        infos.insert(spec.topic.clone(), ChangelogInfo { max_message_bytes });
+        infos.insert(
+            spec.topic.clone(),
+            ChangelogInfo { max_message_bytes, tombstone_retention: delete_retention_ms.map(Duration::from_millis) },
+        );
     }
     Ok(infos)
 }

@@ -28,6 +28,9 @@ use crate::error::{Error, Result};
 
 const META_CF: &str = "kstate_meta";
 const CHECKPOINT_KEY: &[u8] = b"changelog.checkpoint";
+/// Milliseconds since the epoch before which no changelog record past the
+/// checkpoint was appended (see [`Engine::commit_with_age_bound`]).
+const APPENDED_AFTER_KEY: &[u8] = b"changelog.checkpoint.appended_after_ms";
 /// L0 files after a restore from which it compacts before going live
 /// (below RocksDB's default level0_slowdown_writes_trigger of 20).
 const L0_COMPACT_AFTER_RESTORE: u64 = 16;
@@ -65,6 +68,11 @@ pub(crate) struct Engine {
     bulk_loading: bool,
     /// When a flush was last asked for (see [`FLUSH_AT_LEAST_EVERY`]).
     last_flush: Mutex<Instant>,
+}
+
+/// Wall-clock milliseconds since the epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The longest a store goes without a flush while it commits.
@@ -228,8 +236,31 @@ impl Engine {
     /// A store whose memtables rarely fill is flushed (in the background)
     /// at least every [`FLUSH_AT_LEAST_EVERY`], so that a crash never sends
     /// the restore back further than that.
-    pub(crate) fn commit(&self, mut batch: WriteBatch, checkpoint: i64) -> Result<()> {
+    pub(crate) fn commit(&self, batch: WriteBatch, checkpoint: i64) -> Result<()> {
+        self.commit_inner(batch, checkpoint, None)
+    }
+
+    /// [`Engine::commit`], also recording that every changelog record past
+    /// `checkpoint` was appended at or after `appended_after_ms` (ms since
+    /// the epoch). A store whose bound is older than the changelog's
+    /// `delete.retention.ms` may have missed tombstones the broker dropped
+    /// meanwhile and is restored in full (see the restore's `begin`).
+    /// Commits without a bound keep the previous one, which stays true for
+    /// any later checkpoint.
+    pub(crate) fn commit_with_age_bound(&self, batch: WriteBatch, checkpoint: i64, appended_after_ms: i64) -> Result<()> {
+        self.commit_inner(batch, checkpoint, Some(appended_after_ms))
+    }
+
+    /// The bound recorded by [`Engine::commit_with_age_bound`], if any.
+    pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
+        Ok(self.db().get_cf(self.meta(), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
+    }
+
+    fn commit_inner(&self, mut batch: WriteBatch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
         batch.put_cf(self.meta(), CHECKPOINT_KEY, checkpoint.to_be_bytes());
+        if let Some(ms) = appended_after_ms {
+            batch.put_cf(self.meta(), APPENDED_AFTER_KEY, ms.to_be_bytes());
+        }
         let mut wo = WriteOptions::default();
         wo.disable_wal(true);
         self.db().write_opt(batch, &wo)?;

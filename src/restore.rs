@@ -40,6 +40,10 @@ const BATCH_BYTES: usize = 8 << 20;
 const MAX_FAILED_FETCHES: u32 = 5;
 /// How often restore progress and completion are checked when records keep coming.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
+/// Allowance for clocks of different machines when comparing the age of
+/// local state with the changelog's tombstone retention (a tenth of the
+/// retention, for short ones).
+const CLOCK_SKEW_MARGIN: Duration = Duration::from_secs(60);
 
 /// A restore of one store partition is starting.
 #[derive(Debug, Clone)]
@@ -206,6 +210,8 @@ struct Active {
     assigned: bool,
     store_index: usize,
     end: i64,
+    /// When `end` was read (ms since the epoch).
+    end_read_at_ms: i64,
     last_offset: i64,
     records: u64,
     bytes: u64,
@@ -429,6 +435,8 @@ impl RestoreLoop {
         let timeout = self.timeout;
         let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
         let topic = store.changelog_topic().to_string();
+        // Records from `high` on are appended after this instant.
+        let end_read_at_ms = crate::engine::now_ms();
         let (low, high) = self.consumer.fetch_watermarks(&topic, partition, timeout).map_err(|e| {
             Error::Restore { topic: topic.clone(), partition, detail: format!("cannot read watermarks: {e}") }
         })?;
@@ -444,6 +452,24 @@ impl RestoreLoop {
                     format!("checkpoint {c} is past the changelog's end offset {high} (changelog truncated or recreated)"),
                     "checkpoint_after_changelog_end",
                 ));
+            } else if let (Some(retention), Some(after)) = (store.tombstone_retention, store.engine().appended_after_ms()?) {
+                // The broker keeps a tombstone `delete.retention.ms` after
+                // cleaning it; the changelog past the checkpoint was
+                // appended after `after`. Past that (with a minute for clock
+                // skew), a delete replayed from here may be gone and its key
+                // would come back from the local state.
+                let age = Duration::from_millis((end_read_at_ms - after).max(0) as u64);
+                if age + CLOCK_SKEW_MARGIN.min(retention / 10) >= retention {
+                    reason = Some((
+                        format!(
+                            "local state is {}s behind the changelog, longer than its delete.retention.ms ({}s): \
+                             tombstones past checkpoint {c} may have been compacted away",
+                            age.as_secs(),
+                            retention.as_secs()
+                        ),
+                        "checkpoint_older_than_tombstone_retention",
+                    ));
+                }
             }
         }
         if let Some((why, kind)) = &reason {
@@ -469,6 +495,7 @@ impl RestoreLoop {
             assigned: false,
             store_index: index,
             end: high,
+            end_read_at_ms,
             last_offset: start - 1,
             records: 0,
             bytes: 0,
@@ -531,8 +558,9 @@ impl RestoreLoop {
         let result = (|| -> Result<()> {
             // Everything below `end` is applied (compaction gaps and markers
             // included), so the checkpoint may move to `end - 1`.
-            if a.end > 0 && store.checkpoint() != Some(a.end - 1) {
-                store.engine().commit(Engine::batch(), a.end - 1)?;
+            // Records past `end - 1` were appended after `end` was read.
+            if a.end > 0 {
+                store.engine().commit_with_age_bound(Engine::batch(), a.end - 1, a.end_read_at_ms)?;
                 store.set_checkpoint(Some(a.end - 1));
             }
             store.engine_mut().finish_bulk_load()?;

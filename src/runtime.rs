@@ -325,7 +325,14 @@ where
 
     let resources = EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes);
     let shared = Arc::new(Shared {
-        tasks: Mutex::new(TaskManager::new(config.clone(), producer, resources, max_message_bytes, restorer)),
+        tasks: Mutex::new(TaskManager::new(
+            config.clone(),
+            producer,
+            resources,
+            max_message_bytes,
+            infos.iter().filter_map(|(topic, i)| Some((topic.clone(), i.tombstone_retention?))).collect(),
+            restorer,
+        )),
         fatal: Mutex::new(None),
         records: Mutex::new(None),
     });

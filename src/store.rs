@@ -32,6 +32,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) producer: Arc<ChangelogProducer>,
     pub(crate) resources: &'a EngineResources,
     pub(crate) lock_timeout: Duration,
+    /// The changelog's `delete.retention.ms`, if known.
+    pub(crate) tombstone_retention: Option<Duration>,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -51,6 +53,9 @@ pub struct KeyValueStore {
     producer: Arc<ChangelogProducer>,
     tracker: Arc<DeliveryTracker>,
     max_record_bytes: usize,
+    /// The changelog's `delete.retention.ms`, if known: local state older
+    /// than that is restored in full.
+    pub(crate) tombstone_retention: Option<Duration>,
     /// The changelog offset RocksDB reflects (durable).
     checkpoint: Option<i64>,
     /// The offset the commit in flight took RocksDB to (set by its writer;
@@ -85,6 +90,9 @@ pub(crate) struct SealedCommit {
     tracker: Arc<DeliveryTracker>,
     /// The checkpoint RocksDB is at (every earlier commit has landed).
     previous: Option<i64>,
+    /// When the commit was sealed (ms since the epoch): its records, and
+    /// every later one, were appended after that.
+    sealed_at_ms: i64,
     landed_checkpoint: Arc<AtomicI64>,
     /// The RocksDB batch, once built.
     batch: Option<rocksdb::WriteBatch>,
@@ -133,7 +141,7 @@ impl SealedCommit {
             });
         }
         let batch = self.batch.take().expect("built while sending");
-        self.engine.commit(batch, expected)?;
+        self.engine.commit_with_age_bound(batch, expected, self.sealed_at_ms)?;
         self.landed_checkpoint.store(expected, Ordering::Release);
         Ok(())
     }
@@ -190,6 +198,7 @@ impl KeyValueStore {
             sealed: Arc::default(),
             producer: args.producer,
             max_record_bytes: args.max_record_bytes,
+            tombstone_retention: args.tombstone_retention,
             checkpoint,
             landed_checkpoint: Arc::new(AtomicI64::new(-1)),
             metrics: StoreMetrics::new(args.name, args.partition),
@@ -367,6 +376,7 @@ impl KeyValueStore {
             producer: self.producer.clone(),
             tracker: self.tracker.clone(),
             previous: self.checkpoint,
+            sealed_at_ms: crate::engine::now_ms(),
             landed_checkpoint: self.landed_checkpoint.clone(),
             batch: None,
         }))

@@ -52,6 +52,8 @@ pub(crate) struct TaskManager {
     producer: Arc<ChangelogProducer>,
     resources: EngineResources,
     max_record_bytes: usize,
+    /// Each changelog's `delete.retention.ms`.
+    tombstone_retention: HashMap<String, Duration>,
     restorer: Restorer,
     pending: Vec<(String, i32)>,
     last_engine_metrics: Instant,
@@ -88,6 +90,7 @@ impl TaskManager {
         producer: Arc<ChangelogProducer>,
         resources: EngineResources,
         max_record_bytes: usize,
+        tombstone_retention: HashMap<String, Duration>,
         restorer: Restorer,
     ) -> Self {
         TaskManager {
@@ -96,6 +99,7 @@ impl TaskManager {
             producer,
             resources,
             max_record_bytes,
+            tombstone_retention,
             restorer,
             pending: Vec::new(),
             last_engine_metrics: Instant::now(),
@@ -173,11 +177,13 @@ impl TaskManager {
             }
             let mut stores = Vec::with_capacity(self.config.stores.len());
             for def in &self.config.stores {
+                let changelog_topic = crate::changelog_topic(&self.config.application_id, def.name());
                 stores.push(KeyValueStore::open(StoreOpenArgs {
                     name: def.name(),
                     partition: p,
                     dir: self.config.store_dir(def.name(), p),
-                    changelog_topic: crate::changelog_topic(&self.config.application_id, def.name()),
+                    tombstone_retention: self.tombstone_retention.get(&changelog_topic).copied(),
+                    changelog_topic,
                     max_record_bytes: self.max_record_bytes,
                     producer: self.producer.clone(),
                     resources: &self.resources,

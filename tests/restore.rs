@@ -260,3 +260,34 @@ fn tasks_restored_after_others_started_are_processed_at_once() {
         assert!(delay < Duration::from_millis(350), "partition {p}: first record {delay:?} after its restore ended");
     }
 }
+
+/// Local state older than the changelog's `delete.retention.ms` may have
+/// missed tombstones the broker has dropped since (their keys would come
+/// back from the local state): such a store is restored in full, a younger
+/// one only past its checkpoint.
+#[test]
+fn state_older_than_the_tombstone_retention_is_restored_in_full() {
+    let Fixture { input, app, state } = fixture("tombstone-age", 1);
+    let changelog = kstate::changelog_topic(&app, "s");
+    create_topic(&changelog, 1, &[("cleanup.policy", "compact"), ("delete.retention.ms", "3000")]);
+    let records = seeded_input(11, 1, 60);
+    produce(&input, &records);
+    run_once(&app, &input, state.path(), 1, &[(0, 60)], StoreDefinition::new("s"));
+    let logged = read_partition(&changelog, 0).len() as u64;
+    assert!(logged > 0);
+
+    let at_once = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
+    let start = at_once.starts.lock().unwrap()[0].clone();
+    assert!(start.full_restore_reason.is_none(), "restarted at once: {start:?}");
+    assert_eq!(at_once.restored_records(), 0);
+
+    std::thread::sleep(Duration::from_millis(3500));
+    let late = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
+    let start = late.starts.lock().unwrap()[0].clone();
+    assert!(
+        start.full_restore_reason.as_deref().is_some_and(|r| r.contains("delete.retention.ms")),
+        "restarted after the retention: {start:?}"
+    );
+    assert_eq!(late.restored_records(), logged, "the whole changelog is replayed");
+    assert_store_is_changelog_prefix(state.path(), &app, 0, &model_of(&records, 0));
+}

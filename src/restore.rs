@@ -455,8 +455,8 @@ impl RestoreLoop {
             } else if let (Some(retention), Some(after)) = (store.tombstone_retention, store.engine().appended_after_ms()?) {
                 // The broker keeps a tombstone `delete.retention.ms` after
                 // cleaning it; the changelog past the checkpoint was
-                // appended after `after`. Past that (with a minute for clock
-                // skew), a delete replayed from here may be gone and its key
+                // appended after `after`. Past that (less up to a minute for
+                // clock skew), a delete replayed from here may be gone and its key
                 // would come back from the local state.
                 let age = Duration::from_millis((end_read_at_ms - after).max(0) as u64);
                 if age + CLOCK_SKEW_MARGIN.min(retention / 10) >= retention {

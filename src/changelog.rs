@@ -134,21 +134,15 @@ pub(crate) fn ensure_topics(
                 ),
             });
         }
-        let delete_retention_ms = res
-            .get("delete.retention.ms")
-            .and_then(|e| e.value.as_deref())
-            .and_then(|v| v.parse::<u64>().ok());
+        let number = |name: &str| res.get(name).and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<u64>().ok());
+        let delete_retention_ms = number("delete.retention.ms");
         if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * crate::engine::FLUSH_AT_LEAST_EVERY) {
             tracing::warn!(topic = %spec.topic, delete_retention_ms = ms,
                 flushed_every_secs = crate::engine::FLUSH_AT_LEAST_EVERY.as_secs(),
                 "the changelog keeps tombstones only briefly: a store restored after a crash replays from its last \
                  flush, and a delete whose tombstone the broker dropped meanwhile would come back");
         }
-        let max_message_bytes = res
-            .get("max.message.bytes")
-            .and_then(|e| e.value.as_deref())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1_048_588);
+        let max_message_bytes = number("max.message.bytes").map_or(1_048_588, |n| n as usize);
         infos.insert(
             spec.topic.clone(),
             ChangelogInfo { max_message_bytes, tombstone_retention: delete_retention_ms.map(Duration::from_millis) },

@@ -230,8 +230,9 @@ impl Engine {
     /// column families) is some earlier commit with its own checkpoint; the
     /// restore replays the changelog from there. Kafka Streams disables the
     /// WAL for the same reason. Measured: +7% write throughput at 5M
-    /// records (+17% in an earlier build; BENCHMARKS.md). Every write skips the WAL, so no logged write
-    /// can be recovered on top of a lost unlogged one.
+    /// records (+17% in an earlier build; BENCHMARKS.md). Every write skips
+    /// the WAL, so no logged write can be recovered on top of a lost
+    /// unlogged one.
     ///
     /// A store whose memtables rarely fill is flushed (in the background)
     /// at least every [`FLUSH_AT_LEAST_EVERY`], so that a crash never sends

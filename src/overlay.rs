@@ -164,22 +164,20 @@ impl Overlay {
                 e.insert(Slot { ptr: value_ptr, len: len(v), capacity: len(v), tombstone: value.is_none() });
             }
             Entry::Occupied(mut e) => {
+                // The key keeps its entry: nothing points at the copy.
+                self.arena.unpush(copied);
                 let slot = e.get_mut();
                 match value {
-                    None => {
-                        slot.tombstone = true;
-                        self.arena.unpush(copied);
-                    }
+                    None => slot.tombstone = true,
                     Some(v) if len(v) <= slot.capacity => {
-                        // SAFETY: the slot's `capacity` bytes are ours, and no
-                        // reference to them lives across this `&mut self` call.
+                        // SAFETY: the slot's `capacity` bytes are ours (older
+                        // than the bytes just given back), and no reference to
+                        // them lives across this `&mut self` call.
                         unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), slot.ptr.as_ptr(), v.len()) };
                         slot.len = len(v);
                         slot.tombstone = false;
-                        self.arena.unpush(copied);
                     }
                     Some(v) => {
-                        self.arena.unpush(copied);
                         let ptr = self.arena.push(&[v]);
                         *slot = Slot { ptr, len: len(v), capacity: len(v), tombstone: false };
                     }

@@ -4,15 +4,17 @@
 #
 #   bash testing/kafka.sh install   # resolve the broker's jars (idempotent)
 #   bash testing/kafka.sh start     # fresh broker; last stdout line = bootstrap address
+#   bash testing/kafka.sh restart   # start again on the existing data (after stop/kill)
 #   bash testing/kafka.sh status    # exit 0 if running, 1 if not
 #   bash testing/kafka.sh stop      # SIGTERM, then SIGKILL after 30 s
+#   bash testing/kafka.sh kill      # SIGKILL at once (a crashed broker); data kept
 #
 # Environment (all optional):
 #   KSTATE_KAFKA_VERSION          Kafka version (default 4.4.0)
 #   KSTATE_KAFKA_HOME             where the jars go (default ~/.cache/kstate/kafka-<version>)
 #   KSTATE_KAFKA_PORT             PLAINTEXT listener port (default 9092)
 #   KSTATE_KAFKA_CONTROLLER_PORT  KRaft controller port (default PORT+1)
-#   KSTATE_KAFKA_DATA             data dir, wiped on start (default /tmp/kstate-kafka-<port>)
+#   KSTATE_KAFKA_DATA             data dir, wiped on start, kept by restart (default /tmp/kstate-kafka-<port>)
 #   KSTATE_KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
 #   KSTATE_KAFKA_HEAP             JVM heap (default 512m)
 #
@@ -41,7 +43,7 @@ log() { echo "kafka.sh: $*" >&2; }
 die() { echo "kafka.sh: error: $*" >&2; exit 1; }
 
 usage() {
-    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
 }
 
 # ---------------------------------------------------------------- checks
@@ -184,7 +186,9 @@ background.threads=4
 EOF
 }
 
+# $1 = 1: start on the existing data (restart), else on a fresh data dir.
 cmd_start() {
+    local keep_data=${1:-0}
     local pid
     if pid=$(running_pid); then
         log "broker already running (pid $pid, data $DATA)"
@@ -203,38 +207,46 @@ cmd_start() {
 
     cmd_install
 
-    # Wipe and recreate the data dir, but never a directory we did not make.
-    case $DATA in "" | / | "$HOME" | "$HOME/") die "refusing to use '$DATA' as the data dir" ;; esac
-    if [[ -d $DATA && -n $(ls -A "$DATA" 2>/dev/null) && ! -f $DATA/$DATA_MARKER ]]; then
-        die "$DATA exists, is not empty and was not made by this script; refusing to wipe it (set KSTATE_KAFKA_DATA)"
-    fi
-    rm -rf "$DATA"
-    mkdir -p "$DATA/logs"
-    touch "$DATA/$DATA_MARKER"
-    write_server_properties
-    cp "$LOG4J_SRC" "$DATA/log4j2.properties"
-
     local -a jvm_common=(
         -Djava.awt.headless=true
         -Dlog4j2.configurationFile="$DATA/log4j2.properties"
         -Dkafka.logs.dir="$DATA"
         -cp "$LIB/*"
     )
+    local cluster_id
+    if [[ $keep_data == 1 ]]; then
+        [[ -f $DATA/$DATA_MARKER && -f $DATA/logs/meta.properties ]] ||
+            die "restart needs the data of an earlier start in $DATA (none found; use start)"
+        cluster_id=$(sed -n 's/^cluster.id=//p' "$DATA/logs/meta.properties")
+        log "restarting on the existing data in $DATA"
+    else
+        # Wipe and recreate the data dir, but never a directory we did not make.
+        case $DATA in "" | / | "$HOME" | "$HOME/") die "refusing to use '$DATA' as the data dir" ;; esac
+        if [[ -d $DATA && -n $(ls -A "$DATA" 2>/dev/null) && ! -f $DATA/$DATA_MARKER ]]; then
+            die "$DATA exists, is not empty and was not made by this script; refusing to wipe it (set KSTATE_KAFKA_DATA)"
+        fi
+        rm -rf "$DATA"
+        mkdir -p "$DATA/logs"
+        touch "$DATA/$DATA_MARKER"
+        write_server_properties
+        cp "$LOG4J_SRC" "$DATA/log4j2.properties"
 
-    # A random Kafka Uuid: 16 random bytes, URL-safe base64 without padding
-    # (what `StorageTool random-uuid` prints, minus a JVM start).
-    local cluster_id=-
-    while [[ $cluster_id == -* ]]; do
-        cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
-    done
-    if ! java "${jvm_common[@]}" kafka.tools.StorageTool format --standalone \
-        -t "$cluster_id" -c "$DATA/server.properties" >>"$DATA/format.log" 2>&1; then
-        cat "$DATA/format.log" >&2
-        die "formatting the storage in $DATA/logs failed"
+        # A random Kafka Uuid: 16 random bytes, URL-safe base64 without padding
+        # (what `StorageTool random-uuid` prints, minus a JVM start).
+        cluster_id=-
+        while [[ $cluster_id == -* ]]; do
+            cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+        done
+        if ! java "${jvm_common[@]}" kafka.tools.StorageTool format --standalone \
+            -t "$cluster_id" -c "$DATA/server.properties" >>"$DATA/format.log" 2>&1; then
+            cat "$DATA/format.log" >&2
+            die "formatting the storage in $DATA/logs failed"
+        fi
     fi
 
     log "starting Kafka $KAFKA_VERSION on 127.0.0.1:$PORT (controller $CONTROLLER_PORT, data $DATA, cluster $cluster_id)"
-    local t0=$SECONDS
+    local t0=$SECONDS log_offset=0
+    [[ -f $BROKER_LOG ]] && log_offset=$(stat -c %s "$BROKER_LOG")
     nohup java \
         -Xms"$HEAP" -Xmx"$HEAP" \
         -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
@@ -242,11 +254,12 @@ cmd_start() {
         -XX:+ExitOnOutOfMemoryError \
         "${jvm_common[@]}" \
         kafka.Kafka "$DATA/server.properties" \
-        >"$BROKER_LOG" 2>&1 </dev/null &
+        >>"$BROKER_LOG" 2>&1 </dev/null &
     pid=$!
     echo "$pid" >"$PIDFILE"
 
-    # Ready = "Kafka Server started" logged AND the PLAINTEXT port accepts TCP.
+    # Ready = "Kafka Server started" logged (after this start's offset in
+    # the log, which a restart appends to) AND the PLAINTEXT port accepts TCP.
     local deadline=$((SECONDS + START_TIMEOUT))
     while :; do
         if ! kill -0 "$pid" 2>/dev/null; then
@@ -255,7 +268,7 @@ cmd_start() {
             rm -f "$PIDFILE"
             die "broker failed to start"
         fi
-        if grep -q 'Kafka Server started' "$BROKER_LOG" 2>/dev/null && port_open "$PORT"; then
+        if tail -c +$((log_offset + 1)) "$BROKER_LOG" 2>/dev/null | grep -q 'Kafka Server started' && port_open "$PORT"; then
             break
         fi
         if ((SECONDS >= deadline)); then
@@ -300,6 +313,18 @@ cmd_stop() {
     rm -f "$PIDFILE"
 }
 
+cmd_kill() {
+    local pid
+    if pid=$(running_pid); then
+        log "killing broker on 127.0.0.1:$PORT (pid $pid) with SIGKILL; data kept in $DATA"
+        kill -KILL "$pid" 2>/dev/null || true
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    else
+        log "no broker running for $DATA"
+    fi
+    rm -f "$PIDFILE"
+}
+
 cmd_status() {
     local pid
     if pid=$(running_pid); then
@@ -312,8 +337,10 @@ cmd_status() {
 
 case ${1:-} in
     install) cmd_install ;;
-    start) cmd_start ;;
+    start) cmd_start 0 ;;
+    restart) cmd_start 1 ;;
     stop) cmd_stop ;;
+    kill) cmd_kill ;;
     status) cmd_status ;;
     -h | --help | help) usage ;;
     *)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::assignment::AssignmentStrategy;
-use crate::config::{AppConfig, StoreDefinition};
+use crate::config::{AppConfig, ProcessingDecision, StoreDefinition};
 use crate::error::Result;
 use crate::restore::RestoreListener;
 use crate::runtime::{ProcessorContext, Record};
@@ -122,12 +122,14 @@ impl Default for AppBuilder {
                 startup_timeout: Duration::from_secs(30),
                 commit_timeout: Duration::from_secs(60),
                 lock_timeout: Duration::from_secs(30),
+                task_timeout: Duration::from_secs(300),
                 changelog_replication_factor: None,
                 block_cache_bytes: 64 << 20,
                 write_buffer_bytes: 16 << 20,
                 kafka_overrides: Vec::new(),
                 assignment: AssignmentStrategy::Auto,
                 restore_listener: None,
+                processing_exception_handler: None,
             },
         }
     }
@@ -186,9 +188,45 @@ impl AppBuilder {
         self
     }
 
-    /// How long a commit waits for changelog acknowledgements (default 60 s).
+    /// How long a commit waits for changelog acknowledgements before it
+    /// warns that they are late (default 60 s); it keeps waiting up to
+    /// [`task_timeout`](Self::task_timeout) in all.
     pub fn commit_timeout(mut self, timeout: Duration) -> Self {
         self.config.commit_timeout = timeout;
+        self
+    }
+
+    /// How long kstate rides out an unavailable group coordinator or broker
+    /// before `run` fails with [`Error::RetriesExhausted`](crate::Error::RetriesExhausted)
+    /// or [`Error::CommitTimeout`](crate::Error::CommitTimeout) (default 5
+    /// minutes, Kafka Streams' `task.timeout.ms`). Meanwhile offset commits
+    /// are retried with backoff, a commit waits for late changelog
+    /// acknowledgements, and processing goes on up to
+    /// [`max_uncommitted_bytes`](Self::max_uncommitted_bytes).
+    pub fn task_timeout(mut self, timeout: Duration) -> Self {
+        self.config.task_timeout = timeout;
+        self
+    }
+
+    /// What to do when the processor returns an error for a record. Without
+    /// a handler (the default) `run` stops with
+    /// [`Error::Processor`](crate::Error::Processor). The handler sees the
+    /// record and the error and returns [`ProcessingDecision::Continue`] to
+    /// skip the record (logged, counted in `kstate_skipped_records_total`)
+    /// or [`ProcessingDecision::Fail`] to stop.
+    ///
+    /// ```
+    /// use kstate::{App, ProcessingDecision};
+    /// let builder = App::builder().processing_exception_handler(|record, error| {
+    ///     eprintln!("skipping {}[{}]@{}: {error}", record.topic, record.partition, record.offset);
+    ///     ProcessingDecision::Continue
+    /// });
+    /// ```
+    pub fn processing_exception_handler<H>(mut self, handler: H) -> Self
+    where
+        H: Fn(&Record<'_>, &(dyn std::error::Error + Send + Sync + 'static)) -> ProcessingDecision + Send + Sync + 'static,
+    {
+        self.config.processing_exception_handler = Some(Arc::new(handler));
         self
     }
 

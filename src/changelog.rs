@@ -115,6 +115,10 @@ pub(crate) fn ensure_topics(
         }
     }
 
+    if specs.is_empty() {
+        // An application without stores; librdkafka refuses an empty describe.
+        return Ok(HashMap::new());
+    }
     let resources: Vec<ResourceSpecifier<'_>> =
         specs.iter().map(|s| ResourceSpecifier::Topic(&s.topic)).collect();
     let described = futures::executor::block_on(admin.describe_configs(&resources, &opts))?;
@@ -518,6 +522,24 @@ impl ChangelogProducer {
     /// with records in flight took at least 100 ms (measured: 100.0 ms per
     /// commit, most of the write path's time). kstate counts its own
     /// deliveries instead and wakes up when the last one is reported.
+    /// Flushes, and while records are still unacknowledged after `timeout`
+    /// (brokers restarting, a leader moving) keeps waiting, with a warning
+    /// each `timeout`, up to `patience` in all; the producer retries them
+    /// meanwhile. Fails with [`Error::CommitTimeout`] after that.
+    pub(crate) fn flush_patiently(&self, timeout: Duration, patience: Duration) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            match self.flush(timeout) {
+                Err(Error::CommitTimeout(_)) if started.elapsed() < patience => {
+                    tracing::warn!(waited = ?started.elapsed(), ?patience,
+                        "changelog acknowledgements are late (brokers unavailable?); still waiting");
+                }
+                Err(Error::CommitTimeout(_)) => return Err(Error::CommitTimeout(started.elapsed())),
+                other => return other,
+            }
+        }
+    }
+
     pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
         let context = self.producer.context();
         let wanted = context.sent.0.load(Ordering::SeqCst);

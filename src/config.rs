@@ -57,12 +57,33 @@ pub(crate) struct AppConfig {
     pub(crate) startup_timeout: Duration,
     pub(crate) commit_timeout: Duration,
     pub(crate) lock_timeout: Duration,
+    pub(crate) task_timeout: Duration,
     pub(crate) changelog_replication_factor: Option<i32>,
     pub(crate) block_cache_bytes: usize,
     pub(crate) write_buffer_bytes: usize,
     pub(crate) kafka_overrides: Vec<(String, String)>,
     pub(crate) assignment: AssignmentStrategy,
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
+    pub(crate) processing_exception_handler: Option<Arc<ProcessingExceptionHandler>>,
+}
+
+/// Decides what happens to a record the processor failed on (see
+/// [`AppBuilder::processing_exception_handler`](crate::AppBuilder::processing_exception_handler)).
+pub(crate) type ProcessingExceptionHandler =
+    dyn Fn(&crate::Record<'_>, &(dyn std::error::Error + Send + Sync + 'static)) -> ProcessingDecision + Send + Sync;
+
+/// What a processing-exception handler decides for a record the processor
+/// failed on (Kafka Streams' `ProcessingExceptionHandler` responses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProcessingDecision {
+    /// Skip the record: it counts as processed (its offset is committed),
+    /// is logged and counted in `kstate_skipped_records_total`. Writes the
+    /// processor made before it failed stay.
+    Continue,
+    /// Stop: `run` returns [`Error::Processor`] and the uncommitted writes
+    /// of every task are discarded.
+    Fail,
 }
 
 fn check_name(kind: &str, name: &str) -> Result<()> {
@@ -114,6 +135,9 @@ impl AppConfig {
         }
         if self.commit_interval.is_zero() {
             return Err(Error::Config("commit_interval must be greater than zero".into()));
+        }
+        if self.task_timeout.is_zero() {
+            return Err(Error::Config("task_timeout must be greater than zero".into()));
         }
         if self.max_uncommitted_bytes == 0 {
             return Err(Error::Config("max_uncommitted_bytes must be greater than zero".into()));

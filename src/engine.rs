@@ -31,6 +31,9 @@ const CHECKPOINT_KEY: &[u8] = b"changelog.checkpoint";
 /// Milliseconds since the epoch before which no changelog record past the
 /// checkpoint was appended (see [`Engine::commit_with_age_bound`]).
 const APPENDED_AFTER_KEY: &[u8] = b"changelog.checkpoint.appended_after_ms";
+/// The id of the changelog topic the local state came from (see
+/// [`crate::topic_id`]).
+const TOPIC_ID_KEY: &[u8] = b"changelog.topic_id";
 /// L0 files after a restore from which it compacts before going live
 /// (below RocksDB's default level0_slowdown_writes_trigger of 20).
 const L0_COMPACT_AFTER_RESTORE: u64 = 16;
@@ -255,6 +258,21 @@ impl Engine {
     /// The bound recorded by [`Engine::commit_with_age_bound`], if any.
     pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
         Ok(self.db().get_cf(self.meta(), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
+    }
+
+    /// The changelog topic id recorded by [`Engine::set_changelog_topic_id`].
+    pub(crate) fn changelog_topic_id(&self) -> Result<Option<String>> {
+        Ok(self.db().get_cf(self.meta(), TOPIC_ID_KEY)?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Records the id of the changelog topic the state comes from. Like
+    /// commits it skips the WAL: a crash before the next flush loses it
+    /// together with everything restored after it.
+    pub(crate) fn set_changelog_topic_id(&self, id: &str) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(true);
+        self.db().put_cf_opt(self.meta(), TOPIC_ID_KEY, id.as_bytes(), &wo)?;
+        Ok(())
     }
 
     fn commit_inner(&self, mut batch: WriteBatch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {

@@ -141,6 +141,39 @@ pub enum Error {
         detail: String,
     },
 
+    /// A retriable operation (an offset commit while the group coordinator
+    /// or the brokers were unavailable) kept failing for longer than
+    /// `task_timeout`; processing went on meanwhile, up to the bound on
+    /// uncommitted writes.
+    #[error("{operation} kept failing for {retried_for:?} ({attempts} attempts, task_timeout {timeout:?}); last error: {last}")]
+    RetriesExhausted {
+        /// What was retried.
+        operation: &'static str,
+        /// How long it kept failing.
+        retried_for: Duration,
+        /// Failed attempts.
+        attempts: u32,
+        /// The configured `task_timeout`.
+        timeout: Duration,
+        /// The last attempt's error.
+        #[source]
+        last: Box<Error>,
+    },
+
+    /// One task (input partition) failed again and again: its stores were
+    /// re-initialised from their changelogs after each failure, with
+    /// backoff, until the limit was reached.
+    #[error("task {partition} failed {attempts} times in a row; last error: {last}")]
+    TaskFailed {
+        /// The task's input partition.
+        partition: i32,
+        /// Failures in a row.
+        attempts: u32,
+        /// The last failure.
+        #[source]
+        last: Box<Error>,
+    },
+
     /// An error from the Kafka client.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),

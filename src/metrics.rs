@@ -16,6 +16,9 @@
 //! | `kstate_restore_records_per_sec` | gauge | rate of the last finished restore |
 //! | `kstate_restore_full_total` | counter | full restores, label `reason` |
 //! | `kstate_commit_seconds` | histogram | duration of a commit (no store labels) |
+//! | `kstate_offset_commit_failures_total` | counter | offset commits refused or failed, label `kind` (`group_changed`, `retriable`, `fatal`) |
+//! | `kstate_task_reinitialisations_total` | counter | tasks closed and restored after a fault of their own, label `partition` |
+//! | `kstate_skipped_records_total` | counter | records skipped by the processing-exception handler, labels `topic`, `partition` |
 //! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
 //! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
 //! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
@@ -43,6 +46,12 @@ pub const RESTORE_RATE: &str = "kstate_restore_records_per_sec";
 pub const RESTORE_FULL: &str = "kstate_restore_full_total";
 /// Commit latency histogram name.
 pub const COMMIT_SECONDS: &str = "kstate_commit_seconds";
+/// Failed offset commits counter name.
+pub const OFFSET_COMMIT_FAILURES: &str = "kstate_offset_commit_failures_total";
+/// Task re-initialisations counter name.
+pub const TASK_REINITIALISATIONS: &str = "kstate_task_reinitialisations_total";
+/// Skipped records counter name.
+pub const SKIPPED_RECORDS: &str = "kstate_skipped_records_total";
 /// RocksDB estimated keys gauge name.
 pub const ROCKSDB_KEYS: &str = "kstate_rocksdb_estimate_num_keys";
 /// RocksDB live SST bytes gauge name.

@@ -440,8 +440,24 @@ impl RestoreLoop {
         let (low, high) = self.consumer.fetch_watermarks(&topic, partition, timeout).map_err(|e| {
             Error::Restore { topic: topic.clone(), partition, detail: format!("cannot read watermarks: {e}") }
         })?;
+        let topic_id = match crate::topic_id::describe(self.consumer.client().native_ptr(), &topic, timeout) {
+            Ok(id) => Some(id),
+            Err(why) => {
+                tracing::warn!(%topic, reason = %why, "changelog topic id unknown; a recreated changelog is detected only by its offsets");
+                None
+            }
+        };
+        let recorded_id = store.engine().changelog_topic_id()?;
         let mut reason = store.open_problem.take().map(|p| (p, "local_store_unreadable"));
-        if let Some(c) = store.checkpoint() {
+        if let (Some(recorded), Some(current), None) = (&recorded_id, &topic_id, &reason) {
+            if recorded != current {
+                reason = Some((
+                    format!("the changelog topic was recreated (topic id {recorded} -> {current})"),
+                    "changelog_recreated",
+                ));
+            }
+        }
+        if let (Some(c), None) = (store.checkpoint(), &reason) {
             if c + 1 < low {
                 reason = Some((
                     format!("checkpoint {c} is before the changelog's start offset {low} (records were deleted)"),
@@ -477,6 +493,11 @@ impl RestoreLoop {
                 "local state cannot be used; wiping it for a full restore from the changelog");
             store.metrics.full_restore(kind);
             store.wipe()?;
+        }
+        if let Some(id) = &topic_id {
+            if reason.is_some() || recorded_id.as_ref() != Some(id) {
+                store.engine().set_changelog_topic_id(id)?;
+            }
         }
         let start = store.checkpoint().map_or(low, |c| c + 1).max(low);
         let event = RestoreStart {

@@ -18,7 +18,7 @@ use crate::assignment::AssignmentEvent;
 use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
 use crate::codec::Codec;
 use crate::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
-use crate::config::AppConfig;
+use crate::config::{AppConfig, ProcessingDecision};
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
 use crate::fetch_wake::{self, FetchWaker};
@@ -112,6 +112,23 @@ impl Drop for WakerInstalled<'_> {
         // Also while unwinding, so the waker thread ends and the scope does
         // not wait for it forever.
         self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fetch_waker = None;
+    }
+}
+
+/// Keeps the offset-commit queue in the task manager while it is installed
+/// (it must not outlive the consumer).
+struct CommitQueueInstalled<'s>(&'s Shared);
+
+impl<'s> CommitQueueInstalled<'s> {
+    fn install(shared: &'s Shared, queue: Arc<QueueHandle>) -> Self {
+        shared.tasks.lock().expect("task lock").commit_queue = Some(queue);
+        CommitQueueInstalled(shared)
+    }
+}
+
+impl Drop for CommitQueueInstalled<'_> {
+    fn drop(&mut self) {
+        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).commit_queue = None;
     }
 }
 
@@ -377,6 +394,9 @@ where
         // after the consumer, so both are dropped before it on every path.
         let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
         let _records_in_shared = RecordQueueGuard::install(&shared, records.clone());
+        // SAFETY: as for `records`: dropped (with the guard's copy) before the consumer.
+        let commit_queue = Arc::new(unsafe { QueueHandle::new(&consumer) });
+        let _commit_queue_in_tasks = CommitQueueInstalled::install(&shared, commit_queue);
         let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
@@ -388,7 +408,7 @@ where
         let mut tasks = shared.tasks.lock().expect("task lock");
         let result = match result {
             Ok(()) => {
-                let r = tasks.commit(&consumer, None);
+                let r = tasks.commit_closing(&consumer, None);
                 if r.is_err() {
                     tasks.discard_all();
                 }
@@ -428,6 +448,7 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut polled = PolledBatch::new(records, POLL_BATCH);
+    let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
     while !shutdown.is_shutdown() {
         {
@@ -435,6 +456,7 @@ where
             tasks.open_pending(consumer)?;
             tasks.collect_restored(consumer)?;
             tasks.poll_inflight(consumer)?;
+            tasks.poll_offset_commit()?;
         }
         // The consumer queue: rebalance callbacks, errors and logs (served
         // by rust-rdkafka, one per call), and records of partitions that
@@ -455,10 +477,10 @@ where
                         key: msg.key(),
                         value: msg.payload(),
                     };
-                    process_one(&mut shared.tasks.lock().expect("task lock"), store_index, &record, processor)?;
+                    process_one(&mut shared.tasks.lock().expect("task lock"), config, store_index, &record, processor)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                Some(Err(e)) => tracing::warn!(error = %e, "consumer error"),
+                Some(Err(e)) => consumer_errors.warn(&e),
             }
             Ok(())
         })?;
@@ -485,7 +507,7 @@ where
                 let (partition, offset) = (msg.partition(), msg.offset());
                 let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
                 if let Some(e) = msg.error() {
-                    tracing::warn!(error = %e, topic, partition, offset, "consumer error");
+                    consumer_errors.warn_at(&e, topic, partition, offset);
                     // A batch poll moves the position past an error too, but
                     // its offset is the next record not yet delivered: seek
                     // back so no record is skipped.
@@ -506,7 +528,7 @@ where
                     key: msg.key(),
                     value: msg.payload(),
                 };
-                process_one(&mut tasks, store_index, &record, processor)?;
+                process_one(&mut tasks, config, store_index, &record, processor)?;
             }
             for (topic, partition, offset) in seek_back {
                 if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
@@ -526,8 +548,55 @@ where
     Ok(())
 }
 
+/// Logs consumer errors without flooding: while brokers are down librdkafka
+/// reports the same error for every connection and partition many times a
+/// second. Each distinct message is logged once per [`ERROR_LOG_EVERY`],
+/// with the number of repeats held back.
+#[derive(Default)]
+struct ErrorLog {
+    seen: HashMap<String, (Instant, u64)>,
+}
+
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl ErrorLog {
+    fn due(&mut self, text: String) -> Option<(String, u64)> {
+        let now = Instant::now();
+        match self.seen.get_mut(&text) {
+            Some((last, repeats)) if now - *last < ERROR_LOG_EVERY => {
+                *repeats += 1;
+                None
+            }
+            Some((last, repeats)) => {
+                *last = now;
+                Some((text, std::mem::take(repeats)))
+            }
+            None => {
+                if self.seen.len() > 1000 {
+                    self.seen.clear();
+                }
+                self.seen.insert(text.clone(), (now, 0));
+                Some((text, 0))
+            }
+        }
+    }
+
+    fn warn(&mut self, error: &KafkaError) {
+        if let Some((error, repeated)) = self.due(error.to_string()) {
+            tracing::warn!(%error, repeated, "consumer error");
+        }
+    }
+
+    fn warn_at(&mut self, error: &impl std::fmt::Display, topic: &str, partition: i32, offset: i64) {
+        if let Some((error, repeated)) = self.due(format!("{error} ({topic} [{partition}])")) {
+            tracing::warn!(%error, topic, partition, offset, repeated, "consumer error");
+        }
+    }
+}
+
 fn process_one<F, E>(
     tasks: &mut TaskManager,
+    config: &AppConfig,
     store_index: &HashMap<String, usize>,
     record: &Record<'_>,
     processor: &mut F,
@@ -547,17 +616,28 @@ where
         return Ok(());
     }
     let mut ctx = ProcessorContext { task, store_index };
-    processor(&mut ctx, record).map_err(|e| Error::Processor {
-        topic: topic.to_string(),
-        partition,
-        offset,
-        source: e.into(),
-    })?;
+    if let Err(e) = processor(&mut ctx, record) {
+        let source: Box<dyn std::error::Error + Send + Sync> = e.into();
+        let decision = match &config.processing_exception_handler {
+            Some(handler) => handler(record, &*source),
+            None => ProcessingDecision::Fail,
+        };
+        if decision != ProcessingDecision::Continue {
+            return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
+        }
+        tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
+        metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
+            .increment(1);
+    }
     // No String allocation per record: the topic's entry exists after its first record.
     match task.offsets.get_mut(topic) {
         Some(next) => *next = offset + 1,
         None => {
             task.offsets.insert(topic.to_string(), offset + 1);
+            // Where a re-initialised task restarts if nothing was committed yet.
+            if !task.restart_from.contains_key(topic) {
+                task.restart_from.insert(topic.to_string(), offset);
+            }
         }
     }
     Ok(())

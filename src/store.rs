@@ -119,6 +119,11 @@ impl SealedCommit {
         Ok(())
     }
 
+    /// The task (input partition) this commit belongs to.
+    pub(crate) fn partition(&self) -> i32 {
+        self.tracker.partition
+    }
+
     /// After the producer was flushed: checks that the records sent landed
     /// right after the checkpoint, then writes the sealed data and the new
     /// checkpoint in one RocksDB batch.

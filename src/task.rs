@@ -6,24 +6,31 @@
 //! resumed) → revoked (committed and closed) or lost (closed without commit).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::assignment::AssignmentEvent;
 use crate::changelog::ChangelogProducer;
 use crate::config::AppConfig;
+use crate::consumer_batch::{CommittedOffset, QueueHandle};
 use crate::engine::EngineResources;
 use crate::fetch_wake::FetchWaker;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::failure::{classify_commit_error, CommitFailure, RetryRun};
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
 use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
 
 /// Where a task is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TaskState {
+    /// Its stores are being opened off the processing thread (a directory
+    /// lock may still be held by a previous owner); its input is paused.
+    Opening,
     /// Its stores are with the restore thread; its input is paused.
     Restoring,
     /// Processing records.
@@ -43,6 +50,44 @@ pub(crate) struct Task {
     /// First offset of records that arrived before the task ran and were
     /// dropped; the consumer seeks back here when the task starts running.
     pub(crate) rewind: HashMap<String, i64>,
+    /// Per input topic, where processing restarts if the task is
+    /// re-initialised: the last committed offset, or the first record
+    /// processed since the task started.
+    pub(crate) restart_from: HashMap<String, i64>,
+    /// Tells this incarnation's store opening apart from an earlier one's.
+    incarnation: u64,
+    /// When to start opening the stores (`None` once started).
+    open_at: Option<Instant>,
+}
+
+impl Task {
+    fn new(
+        partition: i32,
+        topics: BTreeSet<String>,
+        rewind: HashMap<String, i64>,
+        incarnation: u64,
+        open_at: Instant,
+    ) -> Task {
+        Task {
+            partition,
+            state: TaskState::Opening,
+            topics,
+            stores: Vec::new(),
+            offsets: HashMap::new(),
+            restart_from: rewind.clone(),
+            rewind,
+            incarnation,
+            open_at: Some(open_at),
+        }
+    }
+
+    fn input(&self) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for topic in &self.topics {
+            tpl.add_partition(topic, self.partition);
+        }
+        tpl
+    }
 }
 
 /// Owns every task of this member.
@@ -53,7 +98,7 @@ pub(crate) struct TaskManager {
     resources: EngineResources,
     max_record_bytes: usize,
     /// Each changelog's `delete.retention.ms`.
-    tombstone_retention: HashMap<String, Duration>,
+    tombstone_retention: Arc<HashMap<String, Duration>>,
     restorer: Restorer,
     pending: Vec<(String, i32)>,
     last_engine_metrics: Instant,
@@ -63,6 +108,37 @@ pub(crate) struct TaskManager {
     retired: Vec<Arc<crate::overlay::Overlay>>,
     /// Wakes the fetcher of resumed partitions (set by the runtime).
     pub(crate) fetch_waker: Option<FetchWaker>,
+    /// Stores opened off the processing thread come back here.
+    opened_tx: Sender<Opened>,
+    opened_rx: Receiver<Opened>,
+    next_incarnation: u64,
+    /// Offset commits failing in a row (group changes, coordinator away).
+    offset_commits: RetryRun,
+    /// The asynchronous offset commit awaiting its result, if any.
+    offsets_in_flight: Option<TopicPartitionList>,
+    /// Where asynchronous offset commits report (set by the runtime; without
+    /// it offsets are committed synchronously).
+    pub(crate) commit_queue: Option<Arc<QueueHandle>>,
+    /// Failures in a row per task, for the re-initialisation limit.
+    failures: HashMap<i32, TaskFailures>,
+}
+
+/// A task re-initialised this many times in a row ends `run`.
+const MAX_TASK_FAILURES: u32 = 5;
+/// A task that ran this long since its last failure starts a new count.
+const TASK_FAILURES_FORGOTTEN_AFTER: Duration = Duration::from_secs(300);
+
+#[derive(Default)]
+struct TaskFailures {
+    count: u32,
+    last: Option<Instant>,
+}
+
+/// The stores of one task incarnation, opened by an opener thread.
+struct Opened {
+    partition: i32,
+    incarnation: u64,
+    stores: Result<Vec<KeyValueStore>>,
 }
 
 /// One commit after its seal (see `seal_running`), apart from the sealed
@@ -74,13 +150,31 @@ struct CommitInfo {
     partitions: Vec<i32>,
 }
 
+/// Tasks whose part of a commit failed (a diverged changelog, a RocksDB
+/// error), with the first error of each: they are re-initialised, the
+/// others' writes landed.
+type FailedTasks = BTreeMap<i32, Error>;
+
+/// What happens to a landed commit's input offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Offsets {
+    /// Commit them; a retriable failure hands them back to their tasks.
+    Commit,
+    /// Commit them once for tasks that are closing; a failure other than a
+    /// fatal one is logged (the next owner reprocesses from the last
+    /// committed offset).
+    CommitClosing,
+    /// Hand them back to the tasks that remain (a lost assignment).
+    HandBack,
+}
+
 /// A pipelined commit whose changelog sends and RocksDB writes run on a
 /// background thread while processing goes on. DESIGN.md §1's order holds
 /// there: its changelog records are acknowledged before RocksDB is written,
 /// and its input offsets are committed only after every store's write has
 /// landed.
 struct InFlightCommit {
-    writer: std::thread::JoinHandle<Result<()>>,
+    writer: std::thread::JoinHandle<Result<FailedTasks>>,
     info: CommitInfo,
 }
 
@@ -93,19 +187,27 @@ impl TaskManager {
         tombstone_retention: HashMap<String, Duration>,
         restorer: Restorer,
     ) -> Self {
+        let (opened_tx, opened_rx) = std::sync::mpsc::channel();
         TaskManager {
             tasks: BTreeMap::new(),
             config,
             producer,
             resources,
             max_record_bytes,
-            tombstone_retention,
+            tombstone_retention: Arc::new(tombstone_retention),
             restorer,
             pending: Vec::new(),
             last_engine_metrics: Instant::now(),
             inflight: None,
             retired: Vec::new(),
             fetch_waker: None,
+            opened_tx,
+            opened_rx,
+            next_incarnation: 0,
+            offset_commits: RetryRun::default(),
+            offsets_in_flight: None,
+            commit_queue: None,
+            failures: HashMap::new(),
         }
     }
 
@@ -130,6 +232,7 @@ impl TaskManager {
             if let Some(task) = self.tasks.get_mut(p) {
                 task.topics.remove(topic);
                 task.rewind.remove(topic); // a later re-assignment starts from the committed offset
+                task.restart_from.remove(topic);
                 if task.topics.is_empty() {
                     closing.push(*p);
                 }
@@ -142,23 +245,38 @@ impl TaskManager {
         // leaving this member either way, and nothing may commit them later.
         // A lost assignment may not commit offsets, but the RocksDB writes
         // in flight must land before their stores close.
-        let committed = if lost { self.land_inflight(consumer, None) } else { self.commit(consumer, Some(&closing)) };
+        let committed =
+            if lost { self.land_inflight(consumer, Offsets::HandBack) } else { self.commit_closing(consumer, Some(&closing)) };
         for p in closing {
-            let Some(mut task) = self.tasks.remove(&p) else { continue };
-            if task.state == TaskState::Restoring {
-                // Partially restored stores are consistent at their checkpoint.
-                drop(self.restorer.cancel(p));
-            }
-            for s in &mut task.stores {
-                s.discard_uncommitted();
-            }
-            tracing::info!(partition = p, lost, "task closed");
+            let Some(task) = self.tasks.remove(&p) else { continue };
+            self.close_task(task, lost);
         }
         committed
     }
 
-    /// Opens the stores of newly assigned partitions and starts their restore.
+    /// Closes a task without committing: its uncommitted writes are dropped,
+    /// its stores stay at their checkpoints.
+    fn close_task(&mut self, mut task: Task, lost: bool) {
+        if task.state == TaskState::Restoring {
+            // Partially restored stores are consistent at their checkpoint.
+            drop(self.restorer.cancel(task.partition));
+        }
+        for s in &mut task.stores {
+            s.discard_uncommitted();
+        }
+        tracing::info!(partition = task.partition, lost, "task closed");
+    }
+
+    fn incarnation(&mut self) -> u64 {
+        self.next_incarnation += 1;
+        self.next_incarnation
+    }
+
+    /// Takes in newly assigned partitions and tasks due to be re-opened,
+    /// and has their stores opened off the processing thread (see
+    /// [`TaskManager::collect_opened`]).
     pub(crate) fn open_pending<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        self.collect_opened(consumer)?;
         let mut resume = Vec::new();
         for (topic, p) in std::mem::take(&mut self.pending) {
             if let Some(task) = self.tasks.get_mut(&p) {
@@ -175,38 +293,129 @@ impl TaskManager {
                 task.topics.insert(topic);
                 continue;
             }
-            let mut stores = Vec::with_capacity(self.config.stores.len());
-            for def in &self.config.stores {
-                let changelog_topic = crate::changelog_topic(&self.config.application_id, def.name());
-                stores.push(KeyValueStore::open(StoreOpenArgs {
-                    name: def.name(),
-                    partition: p,
-                    dir: self.config.store_dir(def.name(), p),
-                    tombstone_retention: self.tombstone_retention.get(&changelog_topic).copied(),
-                    changelog_topic,
-                    max_record_bytes: self.max_record_bytes,
-                    producer: self.producer.clone(),
-                    resources: &self.resources,
-                    lock_timeout: self.config.lock_timeout,
-                })?);
-            }
-            tracing::info!(partition = p, "task assigned; restoring its stores");
-            self.restorer.submit(RestoreJob { partition: p, stores });
-            self.tasks.insert(
-                p,
-                Task {
-                    partition: p,
-                    state: TaskState::Restoring,
-                    topics: BTreeSet::from([topic]),
-                    stores: Vec::new(),
-                    offsets: HashMap::new(),
-                    rewind: HashMap::new(),
-                },
-            );
+            let incarnation = self.incarnation();
+            self.tasks.insert(p, Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now()));
+        }
+        let now = Instant::now();
+        let due: Vec<(i32, u64)> = self
+            .tasks
+            .values_mut()
+            .filter(|t| t.state == TaskState::Opening && t.open_at.is_some_and(|at| at <= now))
+            .map(|t| {
+                t.open_at = None;
+                (t.partition, t.incarnation)
+            })
+            .collect();
+        for (p, incarnation) in due {
+            self.start_opening(p, incarnation)?;
         }
         for tpl in resume {
             resume_now(consumer, &tpl, self.fetch_waker.as_ref())?;
         }
+        Ok(())
+    }
+
+    /// Opens a task's stores on a thread of its own: waiting for a
+    /// directory lock still held by a previous owner, or a slow RocksDB
+    /// open, never stalls the partitions this member is processing.
+    fn start_opening(&mut self, partition: i32, incarnation: u64) -> Result<()> {
+        let config = self.config.clone();
+        let producer = self.producer.clone();
+        let resources = self.resources.clone();
+        let retention = self.tombstone_retention.clone();
+        let max_record_bytes = self.max_record_bytes;
+        let done = self.opened_tx.clone();
+        std::thread::Builder::new()
+            .name(format!("kstate-open-{partition}"))
+            .spawn(move || {
+                let mut stores = Vec::with_capacity(config.stores.len());
+                let mut result = Ok(());
+                for def in &config.stores {
+                    let changelog_topic = crate::changelog_topic(&config.application_id, def.name());
+                    let opened = KeyValueStore::open(StoreOpenArgs {
+                        name: def.name(),
+                        partition,
+                        dir: config.store_dir(def.name(), partition),
+                        tombstone_retention: retention.get(&changelog_topic).copied(),
+                        changelog_topic,
+                        max_record_bytes,
+                        producer: producer.clone(),
+                        resources: &resources,
+                        lock_timeout: config.lock_timeout,
+                    });
+                    match opened {
+                        Ok(s) => stores.push(s),
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+                // The receiver is gone once the runtime stopped: the stores close here.
+                let _ = done.send(Opened { partition, incarnation, stores: result.map(|()| stores) });
+            })
+            .map_err(|e| Error::io("kstate-open thread", e))?;
+        Ok(())
+    }
+
+    /// Hands tasks whose stores were opened to the restore thread.
+    fn collect_opened<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        while let Ok(Opened { partition, incarnation, stores }) = self.opened_rx.try_recv() {
+            let Some(task) = self.tasks.get_mut(&partition) else { continue };
+            if task.incarnation != incarnation || task.state != TaskState::Opening {
+                continue; // an earlier incarnation's stores: dropping them closes them
+            }
+            match stores {
+                Ok(stores) => {
+                    task.state = TaskState::Restoring;
+                    tracing::info!(partition, "task assigned; restoring its stores");
+                    self.restorer.submit(RestoreJob { partition, stores });
+                }
+                Err(e) => self.reinitialise(consumer, partition, e)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-initialises a task after a fault confined to it (a changelog with
+    /// another writer's records, a failed restore, a RocksDB or open error):
+    /// closes it without committing, then re-opens its stores, which
+    /// restore from their checkpoints (a diverged or invalid one restores
+    /// in full), and processing restarts at its last committed offset. The
+    /// other tasks go on. After [`MAX_TASK_FAILURES`] in a row it fails
+    /// with [`Error::TaskFailed`].
+    fn reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
+        let Some(mut task) = self.tasks.remove(&partition) else { return Ok(()) };
+        let now = Instant::now();
+        let failures = self.failures.entry(partition).or_default();
+        if failures.last.is_some_and(|t| now - t >= TASK_FAILURES_FORGOTTEN_AFTER) {
+            failures.count = 0;
+        }
+        failures.count += 1;
+        failures.last = Some(now);
+        let attempts = failures.count;
+        metrics::counter!(crate::metrics::TASK_REINITIALISATIONS, "partition" => partition.to_string()).increment(1);
+        if attempts >= MAX_TASK_FAILURES {
+            tracing::error!(partition, attempts, error = %cause, "task failed again; giving up");
+            self.tasks.insert(partition, task); // closed with the others
+            return Err(Error::TaskFailed { partition, attempts, last: Box::new(cause) });
+        }
+        // The first retry at once, then 0.5 s, 1 s, 2 s, ...
+        let backoff = if attempts == 1 { Duration::ZERO } else { Duration::from_millis(500) * (1 << (attempts - 2)) };
+        tracing::error!(partition, attempt = attempts, ?backoff, error = %cause,
+            "task failed; closing it without commit and restoring its stores from their changelogs");
+        if let Err(e) = consumer.pause(&task.input()) {
+            tracing::warn!(partition, error = %e, "pausing the input of a failed task failed");
+        }
+        let mut rewind = std::mem::take(&mut task.restart_from);
+        for (topic, offset) in std::mem::take(&mut task.rewind) {
+            let r = rewind.entry(topic).or_insert(offset);
+            *r = (*r).min(offset);
+        }
+        let topics = std::mem::take(&mut task.topics);
+        self.close_task(task, false);
+        let incarnation = self.incarnation();
+        self.tasks.insert(partition, Task::new(partition, topics, rewind, incarnation, now + backoff));
         Ok(())
     }
 
@@ -217,7 +426,7 @@ impl TaskManager {
                 Ok(o) => o,
                 Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    return Err(crate::error::Error::Restore {
+                    return Err(Error::Restore {
                         topic: String::new(),
                         partition: -1,
                         detail: "the restore thread stopped unexpectedly".into(),
@@ -227,27 +436,26 @@ impl TaskManager {
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
                 RestoreOutcome::Failed(job, e) => {
-                    if !self.tasks.contains_key(&job.partition) {
+                    if self.tasks.get(&job.partition).is_some_and(|t| t.state == TaskState::Restoring) {
+                        drop(job.stores);
+                        self.reinitialise(consumer, job.partition, e)?;
+                    } else {
                         tracing::warn!(partition = job.partition, error = %e, "restore of a revoked task failed; ignored");
-                        continue;
                     }
-                    tracing::error!(partition = job.partition, error = %e, "restore failed");
-                    return Err(e);
+                    continue;
                 }
             };
-            let Some(task) = self.tasks.get_mut(&job.partition) else {
+            let Some(task) = self.tasks.get_mut(&job.partition).filter(|t| t.state == TaskState::Restoring) else {
                 continue; // revoked meanwhile; dropping the stores closes them
             };
             task.stores = job.stores;
             task.state = TaskState::Running;
-            let mut tpl = TopicPartitionList::new();
             for topic in &task.topics {
                 if let Some(offset) = task.rewind.remove(topic) {
                     consumer.seek(topic, task.partition, Offset::Offset(offset), Duration::from_secs(10))?;
                 }
-                tpl.add_partition(topic, task.partition);
             }
-            resume_now(consumer, &tpl, self.fetch_waker.as_ref())?;
+            resume_now(consumer, &task.input(), self.fetch_waker.as_ref())?;
             tracing::info!(partition = task.partition, "task running");
         }
     }
@@ -265,23 +473,21 @@ impl TaskManager {
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         let (info, sealed) = self.seal_running(consumer, None)?;
         if sealed.is_empty() {
-            if info.offsets.count() > 0 {
-                consumer.commit(&info.offsets, CommitMode::Sync)?;
-            }
-            return Ok(());
+            return self.commit_offsets(consumer, info.offsets, Offsets::Commit);
         }
         let writer = std::thread::Builder::new()
             .name("kstate-commit".into())
             .spawn({
                 let retired = std::mem::take(&mut self.retired);
-                let (producer, timeout) = (self.producer.clone(), self.config.commit_timeout);
+                let producer = self.producer.clone();
+                let (timeout, patience) = (self.config.commit_timeout, self.config.task_timeout);
                 move || {
-                    let written = write_sealed(sealed, &producer, timeout);
+                    let written = write_sealed(sealed, &producer, timeout, patience);
                     drop(retired);
                     written
                 }
             })
-            .map_err(|e| crate::error::Error::io("kstate-commit thread", e))?;
+            .map_err(|e| Error::io("kstate-commit thread", e))?;
         self.inflight = Some(InFlightCommit { writer, info });
         Ok(())
     }
@@ -289,79 +495,233 @@ impl TaskManager {
     /// Completes the pipelined commit in flight if its writes have landed.
     pub(crate) fn poll_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         if self.inflight.as_ref().is_some_and(|c| c.writer.is_finished()) {
-            // Sync: a failed offset commit is an error here, as in the
-            // unpipelined commit, and no older commit can land after a newer one.
-            self.land_inflight(consumer, Some(CommitMode::Sync))?;
+            self.land_inflight(consumer, Offsets::Commit)?;
         }
         Ok(())
     }
 
     /// Waits for the pipelined commit in flight, if any, to land; then
-    /// commits its input offsets with `mode`. With `None` (a lost
-    /// assignment) they go back to the tasks that remain, so the next
-    /// commit takes them.
-    fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, mode: Option<CommitMode>) -> Result<()> {
+    /// deals with its input offsets as `offsets` says and re-initialises
+    /// the tasks whose part of it failed.
+    fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, offsets: Offsets) -> Result<()> {
         let Some((info, written)) = self.join_inflight() else { return Ok(()) };
-        written?;
-        self.finish_commit(consumer, info, mode, "pipelined commit landed")
+        self.finish_commit(consumer, info, written?, offsets, "pipelined commit landed")
     }
 
-    /// Waits for the writer of the commit in flight, if any; if its writes
-    /// landed, the stores stop reading them from memory.
-    fn join_inflight(&mut self) -> Option<(CommitInfo, Result<()>)> {
+    /// Waits for the writer of the commit in flight, if any; the stores
+    /// whose writes landed stop reading them from memory.
+    fn join_inflight(&mut self) -> Option<(CommitInfo, Result<FailedTasks>)> {
         let InFlightCommit { writer, info } = self.inflight.take()?;
         let written = writer.join().unwrap_or_else(|_| {
-            Err(crate::error::Error::Restore {
-                topic: String::new(),
-                partition: -1,
-                detail: "the commit writer thread panicked".into(),
-            })
+            Err(Error::Restore { topic: String::new(), partition: -1, detail: "the commit writer thread panicked".into() })
         });
-        if written.is_ok() {
-            self.mark_landed(&info.partitions);
+        if let Ok(failed) = &written {
+            self.mark_landed(&info.partitions, failed);
         }
         Some((info, written))
     }
 
-    /// The last step of a commit whose writes landed: commits its input
-    /// offsets with `mode` (`None`: hands them back to the tasks), records
-    /// its latency.
+    /// The last step of a commit whose writes landed (except those of the
+    /// `failed` tasks): commits or hands back its input offsets, records
+    /// its latency, re-initialises the failed tasks (their offsets are
+    /// never committed: their input is processed again).
     fn finish_commit<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
         info: CommitInfo,
-        mode: Option<CommitMode>,
+        failed: FailedTasks,
+        offsets: Offsets,
         what: &str,
     ) -> Result<()> {
         let stored = info.started.elapsed().as_secs_f64();
-        match mode {
-            Some(mode) if info.offsets.count() > 0 => consumer.commit(&info.offsets, mode)?,
-            Some(_) => {}
-            None => {
-                for e in info.offsets.elements() {
-                    if let (Some(task), Offset::Offset(o)) = (self.tasks.get_mut(&e.partition()), e.offset()) {
-                        // Offsets processed after the seal are newer: they win.
-                        task.offsets.entry(e.topic().to_string()).or_insert(o);
-                    }
-                }
+        let mut tpl = info.offsets;
+        if !failed.is_empty() {
+            let mut kept = TopicPartitionList::new();
+            for e in tpl.elements().iter().filter(|e| !failed.contains_key(&e.partition())) {
+                kept.add_partition_offset(e.topic(), e.partition(), e.offset())?;
             }
+            tpl = kept;
         }
+        let count = tpl.count();
+        self.commit_offsets(consumer, tpl, offsets)?;
         let seconds = info.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
-        tracing::debug!(seconds, stored, offsets = info.offsets.count(), "{what}");
+        tracing::debug!(seconds, stored, offsets = count, "{what}");
+        for (partition, e) in failed {
+            self.reinitialise(consumer, partition, e)?;
+        }
         self.refresh_engine_metrics();
         Ok(())
     }
 
-    /// The commit protocol (DESIGN.md §1) for `only` these partitions or all:
-    /// send each store's writes to the changelog and wait for every
-    /// acknowledgement, write each store's writes and checkpoint in one
-    /// RocksDB batch, then commit the input offsets.
-    pub(crate) fn commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
+    /// Commits input offsets under the group's current generation.
+    ///
+    /// While tasks run, the commit is asynchronous (a coordinator that is
+    /// away must not block processing) and at most one is in flight: offsets
+    /// that arrive meanwhile, or during a backoff, go back to their tasks
+    /// and the next commit takes them (the newest win). Its result arrives
+    /// in [`TaskManager::on_commit_result`]. For closing tasks the commit is
+    /// synchronous and done once, together with the offsets of an
+    /// asynchronous commit still in flight for them.
+    fn commit_offsets<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        mut tpl: TopicPartitionList,
+        offsets: Offsets,
+    ) -> Result<()> {
+        if offsets == Offsets::CommitClosing {
+            if let Some(inflight) = &self.offsets_in_flight {
+                for e in inflight.elements() {
+                    let closing = tpl.elements().iter().any(|c| c.partition() == e.partition());
+                    if closing && tpl.find_partition(e.topic(), e.partition()).is_none() {
+                        tpl.add_partition_offset(e.topic(), e.partition(), e.offset())?;
+                    }
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return Ok(());
+        }
+        // The previous commit's result may be in (a commit inside a long
+        // batch of records never passes the loop's own check).
+        self.poll_offset_commit()?;
+        let waiting = self.offsets_in_flight.is_some() || !self.offset_commits.due(Instant::now());
+        if offsets == Offsets::HandBack || (offsets == Offsets::Commit && waiting) {
+            self.hand_back(&tpl);
+            return Ok(());
+        }
+        let queue = self.commit_queue.clone().filter(|_| offsets == Offsets::Commit);
+        let closing = queue.is_none();
+        let sent = match &queue {
+            Some(queue) => queue.commit_async(consumer, &tpl),
+            None => consumer.commit(&tpl, CommitMode::Sync),
+        };
+        match sent {
+            Ok(()) if closing => {
+                self.committed(&tpl);
+                Ok(())
+            }
+            Ok(()) => {
+                self.offsets_in_flight = Some(tpl);
+                Ok(())
+            }
+            Err(e) => self.commit_failed(e, &tpl, closing),
+        }
+    }
+
+    /// Takes in the result of the asynchronous offset commit, if it arrived.
+    pub(crate) fn poll_offset_commit(&mut self) -> Result<()> {
+        let Some((result, tpl)) = self.commit_queue.as_ref().and_then(|q| q.commit_result()) else { return Ok(()) };
+        self.on_commit_result(result, &tpl)
+    }
+
+    /// The result of an asynchronous offset commit. Results of other
+    /// commits are ignored.
+    fn on_commit_result(&mut self, result: KafkaResult<()>, offsets: &[CommittedOffset]) -> Result<()> {
+        let same = |sent: &TopicPartitionList| {
+            sent.count() == offsets.len()
+                && offsets.iter().all(|o| {
+                    sent.find_partition(&o.topic, o.partition).is_some_and(|e| e.offset() == Offset::Offset(o.offset))
+                })
+        };
+        if !self.offsets_in_flight.as_ref().is_some_and(same) {
+            return Ok(());
+        }
+        let sent = self.offsets_in_flight.take().expect("checked");
+        // A partition's own error counts like the request's.
+        let partition_error = offsets.iter().find_map(|o| o.error).map(KafkaError::ConsumerCommit);
+        match result.and(partition_error.map_or(Ok(()), Err)) {
+            Ok(()) => {
+                self.committed(&sent);
+                Ok(())
+            }
+            Err(e) => self.commit_failed(e, &sent, false),
+        }
+    }
+
+    /// Offsets the coordinator accepted: where the tasks restart from if
+    /// they are re-initialised.
+    fn committed(&mut self, tpl: &TopicPartitionList) {
+        if let Some((failing_for, attempts)) = self.offset_commits.succeeded(Instant::now()) {
+            tracing::info!(?failing_for, attempts, "offset commits succeed again");
+        }
+        for e in tpl.elements() {
+            if let (Some(task), Offset::Offset(o)) = (self.tasks.get_mut(&e.partition()), e.offset()) {
+                task.restart_from.insert(e.topic().to_string(), o);
+            }
+        }
+    }
+
+    /// A failed offset commit: a group change or a retriable error hands the
+    /// offsets back (or, for closing tasks, is logged); past `task_timeout`
+    /// of failures in a row, or on any other error, this fails.
+    fn commit_failed(&mut self, error: KafkaError, tpl: &TopicPartitionList, closing: bool) -> Result<()> {
+        let error = match error {
+            KafkaError::Global(code) => KafkaError::ConsumerCommit(code),
+            other => other,
+        };
+        let kind = classify_commit_error(&error);
+        let label = match kind {
+            CommitFailure::GroupChanged => "group_changed",
+            CommitFailure::Retriable => "retriable",
+            CommitFailure::Fatal => "fatal",
+        };
+        metrics::counter!(crate::metrics::OFFSET_COMMIT_FAILURES, "kind" => label).increment(1);
+        if kind == CommitFailure::Fatal {
+            return Err(error.into());
+        }
+        if closing {
+            tracing::warn!(error = %error, kind = label,
+                "offset commit of closing tasks failed; their next owner reprocesses from the last committed offset");
+            return Ok(());
+        }
+        let now = Instant::now();
+        let failing_for = self.offset_commits.failed(now);
+        if failing_for >= self.config.task_timeout {
+            return Err(Error::RetriesExhausted {
+                operation: "offset commit",
+                retried_for: failing_for,
+                attempts: self.offset_commits.attempts(),
+                timeout: self.config.task_timeout,
+                last: Box::new(error.into()),
+            });
+        }
+        if self.offset_commits.should_warn(now) {
+            let why = if kind == CommitFailure::GroupChanged {
+                "the group is rebalancing or moved on; partitions still owned commit with the next commit, lost ones are closed without commit"
+            } else {
+                "the group coordinator or the brokers are unavailable; retrying with backoff while processing goes on"
+            };
+            tracing::warn!(error = %error, ?failing_for, attempts = self.offset_commits.attempts(),
+                task_timeout = ?self.config.task_timeout, "offset commit failed: {why}");
+        }
+        self.hand_back(tpl);
+        Ok(())
+    }
+
+    /// Gives offsets that were not committed back to the tasks that still
+    /// run, so the next commit takes them.
+    fn hand_back(&mut self, tpl: &TopicPartitionList) {
+        for e in tpl.elements() {
+            if let (Some(task), Offset::Offset(o)) = (self.tasks.get_mut(&e.partition()), e.offset()) {
+                if task.topics.contains(e.topic()) {
+                    // Offsets processed after the seal are newer: they win.
+                    task.offsets.entry(e.topic().to_string()).or_insert(o);
+                }
+            }
+        }
+    }
+
+    /// The commit protocol (DESIGN.md §1) for tasks that are closing (`only`
+    /// these partitions, or all at shutdown): send each store's writes to
+    /// the changelog and wait for every acknowledgement, write each store's
+    /// writes and checkpoint in one RocksDB batch, then commit the input
+    /// offsets once.
+    pub(crate) fn commit_closing<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
         let (info, sealed) = self.seal_running(consumer, only)?;
-        write_sealed(sealed, &self.producer, self.config.commit_timeout)?;
-        self.mark_landed(&info.partitions);
-        self.finish_commit(consumer, info, Some(CommitMode::Sync), "committed")
+        let failed = write_sealed(sealed, &self.producer, self.config.commit_timeout, self.config.task_timeout)?;
+        self.mark_landed(&info.partitions, &failed);
+        self.finish_commit(consumer, info, failed, Offsets::CommitClosing, "committed")
     }
 
     /// The first step of every commit, for `only` these partitions or all
@@ -372,7 +732,7 @@ impl TaskManager {
         consumer: &BaseConsumer<C>,
         only: Option<&[i32]>,
     ) -> Result<(CommitInfo, Vec<SealedCommit>)> {
-        self.land_inflight(consumer, Some(CommitMode::Sync))?;
+        self.land_inflight(consumer, Offsets::Commit)?;
         let started = Instant::now();
         let mut offsets = TopicPartitionList::new();
         let mut sealed = Vec::new();
@@ -395,9 +755,10 @@ impl TaskManager {
         Ok((CommitInfo { started, offsets, partitions }, sealed))
     }
 
-    /// The sealed writes of these tasks' stores are in RocksDB.
-    fn mark_landed(&mut self, partitions: &[i32]) {
-        for p in partitions {
+    /// The sealed writes of these tasks' stores are in RocksDB, except
+    /// those of the failed tasks (which are re-initialised).
+    fn mark_landed(&mut self, partitions: &[i32], failed: &FailedTasks) {
+        for p in partitions.iter().filter(|p| !failed.contains_key(p)) {
             if let Some(task) = self.tasks.get_mut(p) {
                 self.retired.extend(task.stores.iter_mut().map(KeyValueStore::commit_landed));
             }
@@ -417,8 +778,12 @@ impl TaskManager {
     /// Lets the writes in flight land (without committing offsets), so no
     /// store closes under the background writer.
     fn wait_inflight(&mut self) {
-        if let Some((_, Err(e))) = self.join_inflight() {
-            tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted");
+        match self.join_inflight() {
+            Some((_, Err(e))) => tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted"),
+            Some((_, Ok(failed))) if !failed.is_empty() => {
+                tracing::warn!(tasks = ?failed.keys().collect::<Vec<_>>(), "a pipelined commit failed for some tasks; their writes stay uncommitted")
+            }
+            _ => {}
         }
     }
 
@@ -460,27 +825,46 @@ fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartiti
 
 /// Sends sealed commits to their changelogs, waits for every
 /// acknowledgement, then writes them to RocksDB spread over the machine's
-/// cores (each store is its own RocksDB instance).
-fn write_sealed(mut sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration) -> Result<()> {
-    for s in &mut sealed {
-        s.send_and_build()?;
+/// cores (each store is its own RocksDB instance). A store whose part
+/// fails (its send, a foreign record in its changelog, its RocksDB write)
+/// fails its task only; the others land. The producer's flush waits
+/// `timeout`, and while records are still queued (brokers unavailable) up
+/// to `patience` in all, before the whole commit fails.
+fn write_sealed(sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration, patience: Duration) -> Result<FailedTasks> {
+    let mut items: Vec<(SealedCommit, Option<Error>)> = sealed.into_iter().map(|s| (s, None)).collect();
+    for (s, failure) in &mut items {
+        if let Err(e) = s.send_and_build() {
+            *failure = Some(e);
+        }
     }
-    producer.flush(timeout)?;
-    on_cores(&mut sealed, SealedCommit::write)
+    producer.flush_patiently(timeout, patience)?;
+    on_cores(&mut items, |(s, failure)| {
+        if failure.is_none() {
+            *failure = s.write().err();
+        }
+    });
+    let mut failed = FailedTasks::new();
+    for (s, failure) in items {
+        if let Some(e) = failure {
+            failed.entry(s.partition()).or_insert(e);
+        }
+    }
+    Ok(failed)
 }
 
 /// Runs `f` on every item, spread over the machine's cores.
-fn on_cores<T: Send>(items: &mut [T], f: impl Fn(&mut T) -> Result<()> + Sync) -> Result<()> {
+fn on_cores<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
     if workers <= 1 {
-        return items.iter_mut().try_for_each(f);
+        return items.iter_mut().for_each(f);
     }
     let mut parts = items.chunks_mut(items.len().div_ceil(workers));
     let mine = parts.next().unwrap_or_default();
     let f = &f;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = parts.map(|part| scope.spawn(move || part.iter_mut().try_for_each(f))).collect();
-        let first = mine.iter_mut().try_for_each(f);
-        handles.into_iter().map(|h| h.join().expect("store commit thread panicked")).fold(first, Result::and)
-    })
+        for part in parts {
+            scope.spawn(move || part.iter_mut().for_each(f));
+        }
+        mine.iter_mut().for_each(f);
+    });
 }

@@ -159,32 +159,3 @@ fn processor_error_stops_the_app_and_keeps_state_at_the_checkpoint() {
     let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
     assert!(data.is_empty() && checkpoint.is_none(), "uncommitted writes were discarded");
 }
-
-#[test]
-fn a_foreign_writer_in_the_changelog_stops_the_commit() {
-    let Fixture { input, app, state } = fixture("zombie", 1);
-    let (tx, rx) = mpsc::channel();
-    let running = Running::start(builder(&app, &input, state.path()).store(StoreDefinition::new("s")), move |ctx, rec| {
-        ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())?;
-        tx.send(rec.offset).unwrap();
-        Ok(())
-    });
-    let changelog = kstate::changelog_topic(&app, "s");
-    produce(&input, &[(0, b"a".to_vec(), Some(b"1".to_vec()))]);
-    rx.recv_timeout(TIMEOUT).unwrap();
-    wait_until("first commit", TIMEOUT, || committed_offset(&app, &input, 0) == Some(1));
-    // Another instance (a zombie) writes the same changelog partition.
-    produce(&changelog, &[(0, b"a".to_vec(), Some(b"zombie".to_vec()))]);
-    produce(&input, &[(0, b"b".to_vec(), Some(b"2".to_vec()))]);
-    rx.recv_timeout(TIMEOUT).unwrap();
-    wait_until("the app to stop", TIMEOUT, || running.is_finished());
-    match running.stop() {
-        Err(Error::ChangelogDiverged { expected, found, .. }) => assert_eq!((expected, found), (1, 2)),
-        other => panic!("expected ChangelogDiverged, got {other:?}"),
-    }
-    assert_eq!(committed_offset(&app, &input, 0), Some(1), "input after the foreign write stays uncommitted");
-    let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
-    assert_eq!(checkpoint, Some(0));
-    assert_eq!(data.get(&b"a"[..]).map(Vec::as_slice), Some(&b"1"[..]));
-    assert!(!data.contains_key(&b"b"[..]));
-}

@@ -136,14 +136,15 @@ fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_
     assert!(reason.is_some_and(|r| r.contains("unreadable")));
     assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
 
-    // 7. Changelog deleted and recreated (empty): checkpoints are past its end,
-    //    so both stores are wiped and restored from the (empty) changelog.
+    // 7. Changelog deleted and recreated (empty): its topic id changed (and
+    //    the checkpoints are past its end), so both stores are wiped and
+    //    restored from the (empty) changelog.
     delete_topic(&changelog);
     let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
     assert_eq!(r.restored_records(), 0);
     for s in r.starts.lock().unwrap().iter() {
         let why = s.full_restore_reason.clone().unwrap_or_default();
-        assert!(why.contains("past the changelog's end"), "partition {}: {why}", s.partition);
+        assert!(why.contains("changelog topic was recreated"), "partition {}: {why}", s.partition);
     }
     for p in 0..2 {
         assert_store_is_changelog_prefix(state.path(), &app, p, &Model::new());

@@ -63,18 +63,26 @@ pub fn unique(prefix: &str) -> String {
 }
 
 pub fn admin() -> AdminClient<DefaultClientContext> {
-    ClientConfig::new().set("bootstrap.servers", bootstrap()).create().expect("admin client")
+    admin_at(&bootstrap())
+}
+
+pub fn admin_at(bootstrap: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin client")
 }
 
 pub fn create_topic(name: &str, partitions: i32, configs: &[(&str, &str)]) {
-    let admin = admin();
+    create_topic_at(&bootstrap(), name, partitions, configs)
+}
+
+pub fn create_topic_at(bootstrap: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) {
+    let admin = admin_at(bootstrap);
     let mut t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
     for (k, v) in configs {
         t = t.set(k, v);
     }
     let res = futures::executor::block_on(admin.create_topics([&t], &AdminOptions::new())).expect("create_topics");
     for r in res {
-        r.unwrap_or_else(|(t, e)| panic!("creating {t}: {e} — is the broker at {} running?", bootstrap()));
+        r.unwrap_or_else(|(t, e)| panic!("creating {t}: {e} — is the broker at {bootstrap} running?"));
     }
     // Wait for the metadata to show every partition.
     let deadline = Instant::now() + TIMEOUT;
@@ -132,8 +140,12 @@ pub fn produce(topic: &str, records: &[KeyedRecord]) {
 
 /// Reads a whole partition: `(offset, key, value)`.
 pub fn read_partition(topic: &str, partition: i32) -> Vec<(i64, Vec<u8>, Option<Vec<u8>>)> {
+    read_partition_at(&bootstrap(), topic, partition)
+}
+
+pub fn read_partition_at(bootstrap: &str, topic: &str, partition: i32) -> Vec<(i64, Vec<u8>, Option<Vec<u8>>)> {
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+        .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("reader"))
         .set("enable.auto.commit", "false")
         .create()
@@ -166,15 +178,31 @@ pub fn read_partition(topic: &str, partition: i32) -> Vec<(i64, Vec<u8>, Option<
 }
 
 pub fn committed_offset(group: &str, topic: &str, partition: i32) -> Option<i64> {
+    committed_offset_at(&bootstrap(), group, topic, partition)
+}
+
+pub fn committed_offset_at(bootstrap: &str, group: &str, topic: &str, partition: i32) -> Option<i64> {
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+        .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
-    let c = consumer.committed_offsets(tpl, TIMEOUT).unwrap();
+    // A coordinator that is loading or moving answers with a retriable error.
+    let mut attempts = 0;
+    let c = loop {
+        match consumer.committed_offsets(tpl.clone(), TIMEOUT) {
+            Ok(c) => break c,
+            Err(e) if attempts < 20 => {
+                eprintln!("committed offsets of {group}: {e}; retrying");
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => panic!("committed offsets of {group}: {e}"),
+        }
+    };
     match c.find_partition(topic, partition).unwrap().offset() {
         Offset::Offset(o) => Some(o),
         _ => None,
@@ -309,4 +337,143 @@ pub fn assert_same_state(actual: &BTreeMap<Vec<u8>, Vec<u8>>, expected: &BTreeMa
     let n = diffs.len();
     diffs.truncate(8);
     panic!("{what}: {n} keys differ ({} actual vs {} expected entries), e.g. {diffs:?}", actual.len(), expected.len());
+}
+
+/// The end offset (high watermark) of a partition.
+pub fn end_offset_at(bootstrap: &str, topic: &str, partition: i32) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().unwrap();
+    consumer.fetch_watermarks(topic, partition, TIMEOUT).unwrap().1
+}
+
+/// Waits until `group` has committed every partition of `topic` up to its end.
+pub fn wait_all_committed_at(bootstrap: &str, group: &str, topic: &str, partitions: i32, timeout: Duration) {
+    let ends: Vec<i64> = (0..partitions).map(|p| end_offset_at(bootstrap, topic, p)).collect();
+    wait_until("every input offset to be committed", timeout, || {
+        (0..partitions).all(|p| committed_offset_at(bootstrap, group, topic, p) == Some(ends[p as usize]))
+    });
+}
+
+/// The state a store's changelog describes: every partition read in full
+/// and applied in order.
+pub fn changelog_state_at(bootstrap: &str, app: &str, store: &str, partitions: i32) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let topic = kstate::changelog_topic(app, store);
+    let mut state = BTreeMap::new();
+    for p in 0..partitions {
+        for (_, k, v) in read_partition_at(bootstrap, &topic, p) {
+            apply(&mut state, &k, v.as_deref());
+        }
+    }
+    state
+}
+
+/// Produces records at a steady rate on a thread of its own: record `i`
+/// goes to partition `i % partitions` with key `k<i % keys>` and value
+/// `<i>`. The producer rides out broker outages (message timeout 5 min).
+pub struct Feeder {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: JoinHandle<Vec<KeyedRecord>>,
+}
+
+impl Feeder {
+    pub fn start(bootstrap: &str, topic: &str, partitions: i32, keys: usize, per_second: u32, total: usize) -> Feeder {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (bootstrap, topic, flag) = (bootstrap.to_string(), topic.to_string(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let producer: BaseProducer = ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "2")
+                .set("message.timeout.ms", "300000")
+                .create()
+                .unwrap();
+            let started = Instant::now();
+            let mut sent = Vec::with_capacity(total);
+            for i in 0..total {
+                if flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                let due = started + Duration::from_secs_f64(i as f64 / per_second as f64);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                let (p, key, value) = ((i as i32) % partitions, format!("k{}", i % keys), i.to_string());
+                let mut rec = Some(BaseRecord::<[u8], [u8]>::to(&topic).partition(p).key(key.as_bytes()).payload(value.as_bytes()));
+                while let Some(r) = rec.take() {
+                    if let Err((_, r)) = producer.send(r) {
+                        producer.poll(Duration::from_millis(10));
+                        rec = Some(r);
+                    }
+                }
+                producer.poll(Duration::ZERO);
+                sent.push((p, key.into_bytes(), Some(value.into_bytes())));
+            }
+            producer.flush(Duration::from_secs(300)).expect("every input record acknowledged");
+            sent
+        });
+        Feeder { stop, thread }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits for the feeder to send everything (or stops it early with
+    /// `stop`); returns what it sent.
+    pub fn join(self, stop: bool) -> Vec<KeyedRecord> {
+        if stop {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+        wait_until("the feeder to finish", Duration::from_secs(400), || self.thread.is_finished());
+        self.thread.join().expect("feeder panicked")
+    }
+}
+
+/// What the availability tests' processor writes for an input record
+/// `key -> value`: `key/value -> value` (one entry per input record, so a
+/// lost record is a missing key) and `key -> value` (the latest value).
+/// Both are idempotent, so reprocessing under at-least-once is harmless.
+pub fn record_writes(key: &[u8], value: &[u8]) -> [(Vec<u8>, Vec<u8>); 2] {
+    [([key, b"/", value].concat(), value.to_vec()), (key.to_vec(), value.to_vec())]
+}
+
+/// The state [`record_writes`] builds from `input`, applied in order.
+pub fn model_of(input: &[KeyedRecord]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut model = BTreeMap::new();
+    for (_, k, v) in input {
+        for (key, value) in record_writes(k, v.as_deref().unwrap()) {
+            model.insert(key, value);
+        }
+    }
+    model
+}
+
+/// When each partition's records were processed, to measure pauses.
+#[derive(Clone, Default)]
+pub struct ProcessedTimes(pub Arc<Mutex<BTreeMap<i32, Vec<Instant>>>>);
+
+impl ProcessedTimes {
+    pub fn record(&self, partition: i32) {
+        self.0.lock().unwrap().entry(partition).or_default().push(Instant::now());
+    }
+
+    /// The longest gap between two processed records of `partition` within
+    /// `[from, to]` (counting from `from` to the first record and from the
+    /// last record to `to`).
+    pub fn longest_pause(&self, partition: i32, from: Instant, to: Instant) -> Duration {
+        let times = self.0.lock().unwrap();
+        let mut prev = from;
+        let mut longest = Duration::ZERO;
+        for &t in times.get(&partition).map(Vec::as_slice).unwrap_or_default() {
+            if t < from || t > to {
+                continue;
+            }
+            longest = longest.max(t - prev);
+            prev = t;
+        }
+        longest.max(to.saturating_duration_since(prev))
+    }
+
+    pub fn count(&self, partition: i32) -> usize {
+        self.0.lock().unwrap().get(&partition).map_or(0, Vec::len)
+    }
 }

@@ -1,0 +1,161 @@
+//! How kstate reacts to a failure: which Kafka errors mean "the group moved
+//! on", which are worth retrying, and how long retrying may go on
+//! (DESIGN.md §3a: a fault is handled at the smallest unit it touches).
+
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// What an offset-commit failure means for the tasks whose offsets it carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CommitFailure {
+    /// The group moved on (a rebalance, this member fenced or expelled): the
+    /// offsets were not committed. Tasks this member still owns commit them
+    /// with the next commit; tasks it lost are closed by the rebalance
+    /// without committing (Kafka Streams' "task migrated").
+    GroupChanged,
+    /// The coordinator or the brokers are briefly away: retried with backoff
+    /// while processing goes on.
+    Retriable,
+    /// Anything else (authorisation, a bad request): ends `run`.
+    Fatal,
+}
+
+/// Classifies an error returned by an offset commit.
+pub(crate) fn classify_commit_error(error: &KafkaError) -> CommitFailure {
+    use RDKafkaErrorCode as C;
+    let code = match error {
+        KafkaError::ConsumerCommit(code) | KafkaError::Global(code) => *code,
+        _ => return CommitFailure::Fatal,
+    };
+    match code {
+        C::IllegalGeneration
+        | C::UnknownMemberId
+        | C::RebalanceInProgress
+        | C::FencedInstanceId
+        | C::AssignmentLost
+        | C::State => CommitFailure::GroupChanged,
+        C::WaitingForCoordinator
+        | C::NotCoordinator
+        | C::CoordinatorLoadInProgress
+        | C::CoordinatorNotAvailable
+        | C::RequestTimedOut
+        | C::OperationTimedOut
+        | C::TimedOutQueue
+        | C::NetworkException
+        | C::BrokerTransportFailure
+        | C::AllBrokersDown
+        | C::Retry
+        | C::Outdated => CommitFailure::Retriable,
+        _ => CommitFailure::Fatal,
+    }
+}
+
+/// Tracks a run of failed attempts at one kind of operation: when it began,
+/// how many attempts failed, and when the next attempt is due (exponential
+/// backoff from 100 ms up to 5 s).
+#[derive(Debug, Default)]
+pub(crate) struct RetryRun {
+    since: Option<Instant>,
+    attempts: u32,
+    next_attempt: Option<Instant>,
+    last_warned: Option<Instant>,
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// A failing run logs a warning at its start and then at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+impl RetryRun {
+    /// Whether an attempt may be made now (no failure, or the backoff passed).
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.next_attempt.is_none_or(|t| now >= t)
+    }
+
+    /// Records a failed attempt; returns how long the run has been failing.
+    pub(crate) fn failed(&mut self, now: Instant) -> Duration {
+        let since = *self.since.get_or_insert(now);
+        self.attempts += 1;
+        let backoff = FIRST_BACKOFF.saturating_mul(1 << self.attempts.min(16).saturating_sub(1)).min(MAX_BACKOFF);
+        self.next_attempt = Some(now + backoff);
+        now - since
+    }
+
+    /// Whether a warning about the run should be logged now.
+    pub(crate) fn should_warn(&mut self, now: Instant) -> bool {
+        if self.last_warned.is_some_and(|t| now - t < WARN_EVERY) {
+            return false;
+        }
+        self.last_warned = Some(now);
+        true
+    }
+
+    /// Failed attempts so far.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The operation succeeded: returns how long it had been failing, if it was.
+    pub(crate) fn succeeded(&mut self, now: Instant) -> Option<(Duration, u32)> {
+        let since = self.since.take()?;
+        let attempts = std::mem::take(&mut self.attempts);
+        self.next_attempt = None;
+        self.last_warned = None;
+        Some((now - since, attempts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_changes_retriable_and_fatal_commit_errors_are_told_apart() {
+        let commit = |c| classify_commit_error(&KafkaError::ConsumerCommit(c));
+        for c in [
+            RDKafkaErrorCode::IllegalGeneration,
+            RDKafkaErrorCode::UnknownMemberId,
+            RDKafkaErrorCode::RebalanceInProgress,
+            RDKafkaErrorCode::FencedInstanceId,
+        ] {
+            assert_eq!(commit(c), CommitFailure::GroupChanged, "{c:?}");
+        }
+        for c in [
+            RDKafkaErrorCode::WaitingForCoordinator,
+            RDKafkaErrorCode::NotCoordinator,
+            RDKafkaErrorCode::CoordinatorLoadInProgress,
+            RDKafkaErrorCode::RequestTimedOut,
+            RDKafkaErrorCode::AllBrokersDown,
+        ] {
+            assert_eq!(commit(c), CommitFailure::Retriable, "{c:?}");
+        }
+        assert_eq!(commit(RDKafkaErrorCode::GroupAuthorizationFailed), CommitFailure::Fatal);
+        assert_eq!(commit(RDKafkaErrorCode::OffsetMetadataTooLarge), CommitFailure::Fatal);
+        assert_eq!(
+            classify_commit_error(&KafkaError::Subscription("x".into())),
+            CommitFailure::Fatal,
+            "not a commit error"
+        );
+    }
+
+    #[test]
+    fn a_retry_run_backs_off_and_reports_its_length() {
+        let t0 = Instant::now();
+        let mut run = RetryRun::default();
+        assert!(run.due(t0));
+        assert_eq!(run.failed(t0), Duration::ZERO);
+        assert!(!run.due(t0 + Duration::from_millis(50)));
+        assert!(run.due(t0 + Duration::from_millis(100)));
+        assert_eq!(run.failed(t0 + Duration::from_millis(100)), Duration::from_millis(100));
+        assert!(!run.due(t0 + Duration::from_millis(250)), "second backoff is 200 ms");
+        for i in 0..20 {
+            run.failed(t0 + Duration::from_secs(i));
+        }
+        assert!(run.due(t0 + Duration::from_secs(19) + MAX_BACKOFF), "backoff is capped");
+        assert_eq!(run.attempts(), 22);
+        assert_eq!(run.succeeded(t0 + Duration::from_secs(30)), Some((Duration::from_secs(30), 22)));
+        assert!(run.due(t0 + Duration::from_secs(30)));
+        assert_eq!(run.succeeded(t0 + Duration::from_secs(31)), None);
+    }
+}

@@ -1,0 +1,511 @@
+//! Availability: instances joining and leaving, a broker restart, one
+//! task's fault or a held directory lock never stop the application, and
+//! nothing is lost (DESIGN.md §3a).
+//!
+//! The multi-instance test runs each instance as a child process: this test
+//! binary started again with `child_instance` and its settings in
+//! `KSTATE_CHILD`.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::*;
+use kstate::{Error, ProcessingDecision, StoreDefinition};
+
+/// The tests of this file run one at a time: they measure pauses, which
+/// another test starting a broker or several processes beside them on a
+/// 2-core machine would stretch.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A child instance: runs the application until its stdin closes, then
+/// stops cleanly. Exits 0 if `run` returned `Ok`, 3 (printing the error)
+/// otherwise. Does nothing unless started by a test with `KSTATE_CHILD`.
+#[test]
+#[ignore = "run by the availability tests as a child process"]
+fn child_instance() {
+    let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
+    let [bootstrap, app, input, state]: [&str; 4] =
+        settings.split('\t').collect::<Vec<_>>().try_into().expect("KSTATE_CHILD: bootstrap, app, input, state dir");
+    init_tracing();
+    let app = builder(app, input, Path::new(state))
+        .bootstrap_servers(bootstrap)
+        .store(StoreDefinition::new("s"))
+        .build()
+        .expect("valid config");
+    let stop = app.shutdown_handle();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        stop.shutdown();
+    });
+    let result = app.run(|ctx, rec| {
+        let s = ctx.store("s")?;
+        for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+            s.put(&k, &v)?;
+        }
+        Ok::<(), Error>(())
+    });
+    match result {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("CHILD RUN FAILED: {e:?}");
+            std::process::exit(3)
+        }
+    }
+}
+
+/// One child instance and where its output goes.
+struct Instance {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Instance {
+    fn start(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path) -> Instance {
+        let state = dir.join(format!("state-{name}"));
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["child_instance", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("KSTATE_CHILD", format!("{bootstrap}\t{app}\t{input}\t{}", state.display()))
+            .env("RUST_LOG", "kstate=info")
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn a child instance");
+        Instance { name: name.to_string(), child, log }
+    }
+
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Fails the test if the instance ended on its own.
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("instance {} ended on its own ({status}); its log ends with:\n{}", self.name, self.tail());
+        }
+    }
+
+    fn kill(mut self) {
+        self.assert_running();
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Closes its stdin (clean shutdown) and expects exit code 0 within 60 s.
+    fn stop(mut self) {
+        self.assert_running();
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("instance {} did not stop within 60 s; its log ends with:\n{}", self.name, self.tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "instance {} stopped with {status}; its log ends with:\n{}", self.name, self.tail());
+    }
+}
+
+#[test]
+fn instances_joining_and_leaving_under_load_stop_nobody_and_lose_nothing() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("members", 4);
+    let bootstrap = bootstrap();
+    let dir = state.path();
+    let feeder = Feeder::start(&bootstrap, &input, 4, 64, 1000, 22_000);
+    let mut live: Vec<Instance> = Vec::new();
+    // (seconds after start, action): two, then three instances; members
+    // join, are killed (SIGKILL) and stop cleanly while records flow.
+    let plan: [(u64, &str, &str); 9] = [
+        (0, "start", "a"),
+        (2, "start", "b"),
+        (5, "start", "c"),
+        (8, "kill", "b"),
+        (11, "stop", "a"),
+        (13, "start", "d"),
+        (16, "kill", "c"),
+        (18, "start", "e"),
+        (21, "stop", "d"),
+    ];
+    let started = Instant::now();
+    for (at, action, name) in plan {
+        while started.elapsed() < Duration::from_secs(at) {
+            live.iter_mut().for_each(Instance::assert_running);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("t={:.1}s: {action} {name}", started.elapsed().as_secs_f64());
+        match action {
+            "start" => live.push(Instance::start(name, &bootstrap, &app, &input, dir)),
+            _ => {
+                let i = live.iter().position(|x| x.name == name).unwrap();
+                let instance = live.remove(i);
+                if action == "kill" { instance.kill() } else { instance.stop() }
+            }
+        }
+    }
+    let sent = feeder.join(false);
+    // The last instance takes over the killed members' partitions after
+    // their session timeout (6 s) and processes everything.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let ends: Vec<i64> = (0..4).map(|p| end_offset_at(&bootstrap, &input, p)).collect();
+    while !(0..4).all(|p| committed_offset(&app, &input, p) == Some(ends[p as usize])) {
+        live.iter_mut().for_each(Instance::assert_running);
+        assert!(Instant::now() < deadline, "input not fully committed within 90 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for instance in live {
+        instance.stop();
+    }
+    let state = changelog_state_at(&bootstrap, &app, "s", 4);
+    assert_same_state(&state, &model_of(&sent), "the changelogs after joins, kills and clean stops");
+}
+
+/// Starts a broker of this test's own (port `port`, its own data dir) with
+/// `testing/kafka.sh`, so stopping it disturbs no other test.
+struct OwnBroker {
+    env: Vec<(String, String)>,
+}
+
+impl OwnBroker {
+    fn script(&self, command: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/kafka.sh");
+        let status = Command::new("bash")
+            .arg(&script)
+            .arg(command)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .status()
+            .expect("run testing/kafka.sh");
+        assert!(status.success(), "testing/kafka.sh {command} failed");
+    }
+
+    fn start(port: u16) -> OwnBroker {
+        let data = std::env::temp_dir().join(format!("kstate-kafka-{port}-{}", std::process::id()));
+        let broker = OwnBroker {
+            env: vec![
+                ("KSTATE_KAFKA_PORT".into(), port.to_string()),
+                ("KSTATE_KAFKA_DATA".into(), data.display().to_string()),
+                ("KSTATE_KAFKA_HEAP".into(), "384m".into()),
+            ],
+        };
+        broker.script("start");
+        broker
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.script("stop");
+        if let Some((_, data)) = self.env.iter().find(|(k, _)| k == "KSTATE_KAFKA_DATA") {
+            let _ = std::fs::remove_dir_all(data);
+        }
+    }
+}
+
+#[test]
+fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
+    let _serial = serial();
+    if std::process::Command::new("java").arg("-version").output().is_err() {
+        eprintln!("skipped: no java to run a broker of the test's own");
+        return;
+    }
+    init_tracing();
+    let broker = OwnBroker::start(19092);
+    let bootstrap = "127.0.0.1:19092".to_string();
+    let (input, app) = (unique("restart-in"), unique("restart"));
+    create_topic_at(&bootstrap, &input, 2, &[]);
+    let state = tempfile::tempdir().unwrap();
+    let times = ProcessedTimes::default();
+    let running = Running::start(
+        builder(&app, &input, state.path()).bootstrap_servers(&bootstrap).store(StoreDefinition::new("s")),
+        {
+            let times = times.clone();
+            move |ctx, rec| {
+                let s = ctx.store("s")?;
+                for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+                    s.put(&k, &v)?;
+                }
+                times.record(rec.partition);
+                Ok(())
+            }
+        },
+    );
+    // A second application on the same input, without stores and with a
+    // long commit interval: its offset commits go out without a changelog
+    // send to wait for, and some are due while the broker is down.
+    let reader_app = unique("restart-reader");
+    let read = ProcessedTimes::default();
+    let reader_builder =
+        builder(&reader_app, &input, state.path()).bootstrap_servers(&bootstrap).commit_interval(Duration::from_secs(3));
+    let reader = Running::start(reader_builder, {
+        let read = read.clone();
+        move |_, rec| {
+            read.record(rec.partition);
+            Ok(())
+        }
+    });
+    let feeder = Feeder::start(&bootstrap, &input, 2, 64, 500, 20_000);
+    wait_until("processing to start", TIMEOUT, || {
+        assert!(!reader.is_finished() && !running.is_finished(), "an application stopped before the outage");
+        times.count(0) > 100 && times.count(1) > 100 && read.count(0) > 100 && read.count(1) > 100
+    });
+    broker.script("stop");
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(20));
+    assert!(!running.is_finished(), "the application stopped while the broker was down");
+    assert!(!reader.is_finished(), "the reader stopped while the broker was down");
+    broker.script("restart");
+    let up = Instant::now();
+    eprintln!("broker down for {:.1} s", (up - down).as_secs_f64());
+    let sent = feeder.join(false);
+    wait_all_committed_at(&bootstrap, &app, &input, 2, Duration::from_secs(120));
+    wait_all_committed_at(&bootstrap, &reader_app, &input, 2, Duration::from_secs(60));
+    let caught_up = Instant::now();
+    for p in 0..2 {
+        // From the broker's return to the end of the input.
+        let pause = times.longest_pause(p, up, caught_up);
+        eprintln!("partition {p}: longest pause after the broker returned {pause:?}");
+    }
+    assert!(!running.is_finished(), "the application stopped after the broker returned");
+    running.stop().expect("a clean stop after the outage");
+    reader.stop().expect("the reader stops cleanly after the outage");
+    let state_after = changelog_state_at(&bootstrap, &app, "s", 2);
+    assert_same_state(&state_after, &model_of(&sent), "the changelogs after a broker restart");
+    drop(broker);
+}
+
+/// Input of `partitions` partitions fed at 200 records/s each while `app`
+/// runs; what the processor saw goes to `times`.
+fn start_counting(app: &str, input: &str, state: &Path, times: &ProcessedTimes) -> Running {
+    let times = times.clone();
+    Running::start(builder(app, input, state).store(StoreDefinition::new("s")), move |ctx, rec| {
+        let s = ctx.store("s")?;
+        for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+            s.put(&k, &v)?;
+        }
+        times.record(rec.partition);
+        Ok(())
+    })
+}
+
+#[test]
+fn a_foreign_writer_in_one_changelog_reinitialises_that_task_only() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("foreign", 2);
+    let restores = Restores::default();
+    let times = ProcessedTimes::default();
+    let running = {
+        let times = times.clone();
+        Running::start(
+            builder(&app, &input, state.path()).store(StoreDefinition::new("s")).restore_listener(restores.clone()),
+            move |ctx, rec| {
+                let s = ctx.store("s")?;
+                for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+                    s.put(&k, &v)?;
+                }
+                times.record(rec.partition);
+                Ok(())
+            },
+        )
+    };
+    let feeder = Feeder::start(&bootstrap(), &input, 2, 32, 400, 8_000);
+    wait_until("processing to start", TIMEOUT, || times.count(0) > 200 && times.count(1) > 200);
+    // Another instance (a zombie) writes partition 0 of the changelog.
+    let changelog = kstate::changelog_topic(&app, "s");
+    let fault = Instant::now();
+    produce(&changelog, &[(0, b"zombie".to_vec(), Some(b"was here".to_vec()))]);
+    wait_until("task 0 to be restored again", TIMEOUT, || restores.starts.lock().unwrap().iter().filter(|s| s.partition == 0).count() == 2);
+    let sent = feeder.join(false);
+    wait_all_committed_at(&bootstrap(), &app, &input, 2, Duration::from_secs(60));
+    let done = Instant::now();
+    assert!(!running.is_finished(), "the application stopped");
+    let pause = times.longest_pause(1, fault, done);
+    eprintln!("partition 1: longest pause after the fault {pause:?}; partition 0: {:?}", times.longest_pause(0, fault, done));
+    assert!(pause < Duration::from_millis(1000), "the unrelated partition paused {pause:?}");
+    running.stop().expect("clean stop");
+    let starts = restores.starts.lock().unwrap();
+    assert_eq!(starts.iter().filter(|s| s.partition == 1).count(), 1, "task 1 was never re-initialised");
+    drop(starts);
+    // The foreign record is part of the changelog and so of the state.
+    let mut expected = model_of(&sent);
+    expected.insert(b"zombie".to_vec(), b"was here".to_vec());
+    assert_same_state(&changelog_state_at(&bootstrap(), &app, "s", 2), &expected, "the changelogs");
+    let mut local = read_store_dir(state.path(), &app, "s", 0).0;
+    local.append(&mut read_store_dir(state.path(), &app, "s", 1).0);
+    assert_same_state(&local, &expected, "the local stores");
+}
+
+#[test]
+fn a_task_failing_again_and_again_ends_run_with_a_typed_error() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("foreign-again", 1);
+    let times = ProcessedTimes::default();
+    let running = start_counting(&app, &input, state.path(), &times);
+    let feeder = Feeder::start(&bootstrap(), &input, 1, 32, 200, 100_000);
+    wait_until("processing to start", TIMEOUT, || times.count(0) > 50);
+    let changelog = kstate::changelog_topic(&app, "s");
+    // A zombie that never stops writing.
+    let started = Instant::now();
+    while !running.is_finished() {
+        assert!(started.elapsed() < Duration::from_secs(60), "run did not give up on the task");
+        produce(&changelog, &[(0, b"zombie".to_vec(), Some(b"again".to_vec()))]);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    feeder.join(true);
+    match running.stop() {
+        Err(Error::TaskFailed { partition, attempts, last }) => {
+            assert_eq!((partition, attempts), (0, 5));
+            assert!(matches!(*last, Error::ChangelogDiverged { .. }), "{last:?}");
+        }
+        other => panic!("expected TaskFailed, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_held_directory_lock_stalls_only_its_own_task() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("locked", 2);
+    // Another process (here: this one, through its own file handle) holds
+    // partition 1's store directory.
+    let dir = state.path().join(&app).join("s").join("1");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(".kstate.lock")).unwrap();
+    lock.lock().unwrap();
+    let times = ProcessedTimes::default();
+    let feeder = Feeder::start(&bootstrap(), &input, 2, 32, 400, 6_000);
+    let t0 = Instant::now();
+    let running = start_counting(&app, &input, state.path(), &times);
+    wait_until("partition 0 to be processed", TIMEOUT, || times.count(0) > 0);
+    let first = t0.elapsed();
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed()));
+    assert_eq!(times.count(1), 0, "partition 1 processed while its lock was held");
+    let released = Instant::now();
+    drop(lock);
+    wait_until("partition 1 to be processed", TIMEOUT, || times.count(1) > 0);
+    let p0_pause = times.longest_pause(0, t0 + first, released);
+    eprintln!("first record of partition 0 after {first:?}; its longest pause while 1 was locked {p0_pause:?}; partition 1 ran {:?} after the release", released.elapsed());
+    assert!(first < Duration::from_secs(4), "partition 0 waited {first:?} for partition 1's lock");
+    assert!(p0_pause < Duration::from_millis(1000), "partition 0 paused {p0_pause:?}");
+    let sent = feeder.join(false);
+    wait_all_committed_at(&bootstrap(), &app, &input, 2, Duration::from_secs(60));
+    running.stop().expect("clean stop");
+    assert_same_state(&changelog_state_at(&bootstrap(), &app, "s", 2), &model_of(&sent), "the changelogs");
+}
+
+#[test]
+fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("handler", 1);
+    let records: Vec<KeyedRecord> = (0..100)
+        .map(|i| (0, format!("k{i}").into_bytes(), Some(if i % 10 == 3 { b"bad".to_vec() } else { i.to_string().into_bytes() })))
+        .collect();
+    produce(&input, &records);
+    let skipped = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel();
+    let running = Running::start(
+        builder(&app, &input, state.path()).store(StoreDefinition::new("s")).processing_exception_handler({
+            let skipped = skipped.clone();
+            move |record, error| {
+                assert_eq!(record.value, Some(&b"bad"[..]));
+                assert!(error.to_string().contains("cannot parse"), "{error}");
+                skipped.fetch_add(1, Ordering::Relaxed);
+                ProcessingDecision::Continue
+            }
+        }),
+        move |ctx, rec| {
+            tx.send(rec.offset).unwrap();
+            let n: u64 = rec.value_str().unwrap().parse().map_err(|e| Error::Config(format!("cannot parse: {e}")))?;
+            ctx.store("s")?.put(rec.key.unwrap(), &n.to_be_bytes())?;
+            Ok(())
+        },
+    );
+    for _ in 0..100 {
+        rx.recv_timeout(TIMEOUT).unwrap();
+    }
+    wait_until("the input to be committed", TIMEOUT, || committed_offset(&app, &input, 0) == Some(100));
+    running.stop().expect("skipped records do not stop the app");
+    assert_eq!(skipped.load(Ordering::Relaxed), 10);
+    let (data, _) = read_store_dir(state.path(), &app, "s", 0);
+    assert_eq!(data.len(), 90, "every good record processed, the bad ones skipped");
+    assert!(!data.contains_key(&b"k3"[..]));
+}
+
+#[test]
+fn a_handler_that_says_fail_stops_the_app_with_the_processor_error() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("handler-fail", 1);
+    produce(&input, &[(0, b"a".to_vec(), Some(b"bad".to_vec()))]);
+    let asked = Arc::new(AtomicBool::new(false));
+    let app = builder(&app, &input, state.path())
+        .store(StoreDefinition::new("s"))
+        .processing_exception_handler({
+            let asked = asked.clone();
+            move |_, _| {
+                asked.store(true, Ordering::Relaxed);
+                ProcessingDecision::Fail
+            }
+        })
+        .build()
+        .unwrap();
+    let e = app.run(|_, _| Err::<(), _>("cannot handle it")).unwrap_err();
+    assert!(matches!(e, Error::Processor { offset: 0, .. }), "{e:?}");
+    assert!(asked.load(Ordering::Relaxed));
+}
+
+#[test]
+fn a_changelog_recreated_and_refilled_past_the_checkpoint_is_restored_in_full() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("recreated", 1);
+    let changelog = kstate::changelog_topic(&app, "s");
+    let old: Vec<KeyedRecord> = (0..20).map(|i| (0, format!("old{i}").into_bytes(), Some(b"1".to_vec()))).collect();
+    produce(&input, &old);
+    let times = ProcessedTimes::default();
+    let running = start_counting(&app, &input, state.path(), &times);
+    wait_all_committed_at(&bootstrap(), &app, &input, 1, TIMEOUT);
+    running.stop().unwrap();
+    let (_, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
+    let checkpoint = checkpoint.expect("a checkpoint");
+
+    // The changelog is deleted, recreated and refilled past the old checkpoint.
+    delete_topic(&changelog);
+    create_topic(&changelog, 1, &[("cleanup.policy", "compact")]);
+    let new: Vec<KeyedRecord> =
+        (0..checkpoint + 10).map(|i| (0, format!("new{i}").into_bytes(), Some(b"2".to_vec()))).collect();
+    produce(&changelog, &new);
+
+    let restores = Restores::default();
+    let running = Running::start(
+        builder(&app, &input, state.path()).store(StoreDefinition::new("s")).restore_listener(restores.clone()),
+        |_, _| Ok(()),
+    );
+    wait_until("the restore", TIMEOUT, || restores.ended() == 1);
+    running.stop().unwrap();
+    let start = restores.starts.lock().unwrap()[0].clone();
+    let reason = start.full_restore_reason.unwrap_or_default();
+    assert!(reason.contains("recreated"), "full restore reason: {reason:?}");
+    assert_eq!(start.start_offset, 0);
+    let (data, _) = read_store_dir(state.path(), &app, "s", 0);
+    let mut expected = std::collections::BTreeMap::new();
+    for (_, k, v) in &new {
+        apply(&mut expected, k, v.as_deref());
+    }
+    assert_same_state(&data, &expected, "the store after the changelog was recreated");
+}

@@ -29,7 +29,13 @@
 //!   replays them, then reprocesses the commit's input. The data-loss
 //!   boundary is the changelog itself: what the brokers acknowledged
 //!   (`acks=all`) survives; a changelog topic deleted or truncated behind
-//!   kstate's back is detected and leads to a full restore of what remains.
+//!   kstate's back is detected (by its offsets or its new topic id) and
+//!   leads to a full restore of what remains.
+//! * **Faults stay small.** A rebalance that refuses an offset commit, or a
+//!   broker or group coordinator that is away for a while (up to
+//!   `task_timeout`), does not stop the application; a fault of one task's
+//!   store (another writer in its changelog, a failed restore, a RocksDB
+//!   error) re-initialises that task only. See README's "What happens when".
 //!
 //! ## Layout
 //!

@@ -487,6 +487,13 @@ where
         // The record queue, in batches. Waiting here delays events, task
         // openings and restored tasks: only briefly, and not at all when
         // an event is already waiting.
+        // At the bound on uncommitted writes, with a commit still being
+        // written (brokers slow or away): take no records until it lands,
+        // but keep serving the group (rebalances, heartbeats, max.poll.interval).
+        if shared.tasks.lock().expect("task lock").backpressure() {
+            std::thread::sleep(IDLE_WAIT);
+            continue;
+        }
         let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
         if polled.poll(wait) > 0 {
             let mut tasks = shared.tasks.lock().expect("task lock");
@@ -499,8 +506,7 @@ where
                     if shutdown.is_shutdown() {
                         break;
                     }
-                    if last_commit.elapsed() >= config.commit_interval {
-                        tasks.commit_pipelined(consumer)?;
+                    if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
                         last_commit = Instant::now();
                     }
                 }
@@ -535,13 +541,11 @@ where
                     tracing::warn!(error = %e, %topic, partition, offset, "seeking back after a consumer error failed");
                 }
             }
-            if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes {
-                tasks.commit_pipelined(consumer)?;
+            if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
                 last_commit = Instant::now();
             }
         }
-        if last_commit.elapsed() >= config.commit_interval {
-            shared.tasks.lock().expect("task lock").commit_pipelined(consumer)?;
+        if last_commit.elapsed() >= config.commit_interval && shared.tasks.lock().expect("task lock").commit_pipelined(consumer)? {
             last_commit = Instant::now();
         }
     }

@@ -123,7 +123,8 @@ pub(crate) struct TaskManager {
     failures: HashMap<i32, TaskFailures>,
 }
 
-/// A task re-initialised this many times in a row ends `run`.
+/// A task that failed this many times in a row, over at least
+/// `task_timeout`, ends `run`.
 const MAX_TASK_FAILURES: u32 = 5;
 /// A task that ran this long since its last failure starts a new count.
 const TASK_FAILURES_FORGOTTEN_AFTER: Duration = Duration::from_secs(300);
@@ -131,6 +132,7 @@ const TASK_FAILURES_FORGOTTEN_AFTER: Duration = Duration::from_secs(300);
 #[derive(Default)]
 struct TaskFailures {
     count: u32,
+    first: Option<Instant>,
     last: Option<Instant>,
 }
 
@@ -227,31 +229,45 @@ impl TaskManager {
 
     fn revoke<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, tps: Vec<(String, i32)>, lost: bool) -> Result<()> {
         self.pending.retain(|tp| !tps.contains(tp));
-        let mut closing = Vec::new();
-        for (topic, p) in &tps {
-            if let Some(task) = self.tasks.get_mut(p) {
-                task.topics.remove(topic);
-                task.rewind.remove(topic); // a later re-assignment starts from the committed offset
-                task.restart_from.remove(topic);
-                if task.topics.is_empty() {
-                    closing.push(*p);
-                }
-            }
-        }
-        if closing.is_empty() {
-            return Ok(());
-        }
+        let closing: Vec<i32> = self
+            .tasks
+            .values()
+            .filter(|t| !t.topics.is_empty() && t.topics.iter().all(|topic| tps.iter().any(|(x, p)| x == topic && *p == t.partition)))
+            .map(|t| t.partition)
+            .collect();
         // Close the tasks even if their commit fails: the partitions are
         // leaving this member either way, and nothing may commit them later.
-        // A lost assignment may not commit offsets, but the RocksDB writes
-        // in flight must land before their stores close.
-        let committed =
-            if lost { self.land_inflight(consumer, Offsets::HandBack) } else { self.commit_closing(consumer, Some(&closing)) };
+        // A revoked task commits while it still owns its topics, so offsets
+        // handed back on the way (a commit in flight, a backoff) go into its
+        // closing commit. A lost assignment may not commit offsets, but the
+        // RocksDB writes in flight must land before their stores close.
+        let committed = if lost {
+            self.forget_topics(&tps);
+            self.land_inflight(consumer, Offsets::HandBack)
+        } else if closing.is_empty() {
+            Ok(())
+        } else {
+            self.commit_closing(consumer, Some(&closing))
+        };
+        self.forget_topics(&tps);
         for p in closing {
             let Some(task) = self.tasks.remove(&p) else { continue };
             self.close_task(task, lost);
         }
         committed
+    }
+
+    /// These input partitions are no longer this member's: their tasks
+    /// forget them (a later re-assignment starts from the committed offset).
+    fn forget_topics(&mut self, tps: &[(String, i32)]) {
+        for (topic, p) in tps {
+            if let Some(task) = self.tasks.get_mut(p) {
+                task.topics.remove(topic);
+                task.rewind.remove(topic);
+                task.restart_from.remove(topic);
+                task.offsets.remove(topic);
+            }
+        }
     }
 
     /// Closes a task without committing: its uncommitted writes are dropped,
@@ -382,8 +398,8 @@ impl TaskManager {
     /// closes it without committing, then re-opens its stores, which
     /// restore from their checkpoints (a diverged or invalid one restores
     /// in full), and processing restarts at its last committed offset. The
-    /// other tasks go on. After [`MAX_TASK_FAILURES`] in a row it fails
-    /// with [`Error::TaskFailed`].
+    /// other tasks go on. After [`MAX_TASK_FAILURES`] in a row, failing for
+    /// at least `task_timeout`, it fails with [`Error::TaskFailed`].
     fn reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
         let Some(mut task) = self.tasks.remove(&partition) else { return Ok(()) };
         let now = Instant::now();
@@ -391,23 +407,40 @@ impl TaskManager {
         if failures.last.is_some_and(|t| now - t >= TASK_FAILURES_FORGOTTEN_AFTER) {
             failures.count = 0;
         }
+        if failures.count == 0 {
+            failures.first = Some(now);
+        }
         failures.count += 1;
         failures.last = Some(now);
         let attempts = failures.count;
+        let failing_for = failures.first.map_or(Duration::ZERO, |t| now - t);
         metrics::counter!(crate::metrics::TASK_REINITIALISATIONS, "partition" => partition.to_string()).increment(1);
-        if attempts >= MAX_TASK_FAILURES {
+        if attempts >= MAX_TASK_FAILURES && failing_for >= self.config.task_timeout {
             tracing::error!(partition, attempts, error = %cause, "task failed again; giving up");
             self.tasks.insert(partition, task); // closed with the others
             return Err(Error::TaskFailed { partition, attempts, last: Box::new(cause) });
         }
-        // The first retry at once, then 0.5 s, 1 s, 2 s, ...
-        let backoff = if attempts == 1 { Duration::ZERO } else { Duration::from_millis(500) * (1 << (attempts - 2)) };
+        // The first retry at once, then 0.5 s, 1 s, 2 s, ... up to 30 s.
+        let backoff = if attempts == 1 {
+            Duration::ZERO
+        } else {
+            (Duration::from_millis(500) * (1 << (attempts - 2).min(6))).min(Duration::from_secs(30))
+        };
         tracing::error!(partition, attempt = attempts, ?backoff, error = %cause,
             "task failed; closing it without commit and restoring its stores from their changelogs");
         if let Err(e) = consumer.pause(&task.input()) {
             tracing::warn!(partition, error = %e, "pausing the input of a failed task failed");
         }
         let mut rewind = std::mem::take(&mut task.restart_from);
+        // An offset commit in flight covers writes that landed: restarting
+        // there is safe, and keeps the committed offset from going back.
+        if let Some(inflight) = &self.offsets_in_flight {
+            for e in inflight.elements().iter().filter(|e| e.partition() == partition) {
+                if let (Some(r), Offset::Offset(o)) = (rewind.get_mut(e.topic()), e.offset()) {
+                    *r = (*r).max(o);
+                }
+            }
+        }
         for (topic, offset) in std::mem::take(&mut task.rewind) {
             let r = rewind.entry(topic).or_insert(offset);
             *r = (*r).min(offset);
@@ -470,10 +503,19 @@ impl TaskManager {
     /// sends them to the changelog, waits for every acknowledgement and
     /// writes RocksDB. Its input offsets are committed by
     /// [`TaskManager::poll_inflight`] once the writes landed.
-    pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+    ///
+    /// While the previous commit's writer is still busy (brokers slow or
+    /// away) nothing is sealed and `false` is returned: processing goes on
+    /// and the next call retries; the runtime stops taking records once
+    /// `max_uncommitted_bytes` is reached (see [`TaskManager::backpressure`]).
+    pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<bool> {
+        if self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) {
+            return Ok(false);
+        }
         let (info, sealed) = self.seal_running(consumer, None)?;
         if sealed.is_empty() {
-            return self.commit_offsets(consumer, info.offsets, Offsets::Commit);
+            self.commit_offsets(consumer, info.offsets, Offsets::Commit)?;
+            return Ok(true);
         }
         let writer = std::thread::Builder::new()
             .name("kstate-commit".into())
@@ -489,7 +531,15 @@ impl TaskManager {
             })
             .map_err(|e| Error::io("kstate-commit thread", e))?;
         self.inflight = Some(InFlightCommit { writer, info });
-        Ok(())
+        Ok(true)
+    }
+
+    /// Whether to stop taking records for now: the uncommitted writes
+    /// reached `max_uncommitted_bytes` while a commit is still being
+    /// written, so a new one cannot start.
+    pub(crate) fn backpressure(&self) -> bool {
+        self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished())
+            && self.uncommitted_bytes() >= self.config.max_uncommitted_bytes
     }
 
     /// Completes the pipelined commit in flight if its writes have landed.
@@ -580,6 +630,11 @@ impl TaskManager {
             }
         }
         if tpl.count() == 0 {
+            if self.offsets_in_flight.is_none() {
+                // Nothing is left to retry: a failing run is over (a run that
+                // never ends would fail a much later, unrelated commit).
+                self.offset_commits.succeeded(Instant::now());
+            }
             return Ok(());
         }
         // The previous commit's result may be in (a commit inside a long
@@ -695,21 +750,31 @@ impl TaskManager {
             tracing::warn!(error = %error, ?failing_for, attempts = self.offset_commits.attempts(),
                 task_timeout = ?self.config.task_timeout, "offset commit failed: {why}");
         }
-        self.hand_back(tpl);
+        if self.hand_back(tpl) == 0 {
+            // Their tasks are gone: nothing to retry.
+            self.offset_commits.succeeded(now);
+        }
         Ok(())
     }
 
     /// Gives offsets that were not committed back to the tasks that still
-    /// run, so the next commit takes them.
-    fn hand_back(&mut self, tpl: &TopicPartitionList) {
+    /// run, so the next commit takes them; returns how many found a task.
+    /// Every handed-back offset has landed writes behind it, so the larger
+    /// of it and what a task holds is safe to commit. A task that has not
+    /// processed the topic yet (a new incarnation: no `restart_from`) gets
+    /// nothing: its restart position must come from its own first record.
+    fn hand_back(&mut self, tpl: &TopicPartitionList) -> usize {
+        let mut given = 0;
         for e in tpl.elements() {
             if let (Some(task), Offset::Offset(o)) = (self.tasks.get_mut(&e.partition()), e.offset()) {
-                if task.topics.contains(e.topic()) {
-                    // Offsets processed after the seal are newer: they win.
-                    task.offsets.entry(e.topic().to_string()).or_insert(o);
+                if task.topics.contains(e.topic()) && task.restart_from.contains_key(e.topic()) {
+                    let held = task.offsets.entry(e.topic().to_string()).or_insert(o);
+                    *held = (*held).max(o);
+                    given += 1;
                 }
             }
         }
+        given
     }
 
     /// The commit protocol (DESIGN.md §1) for tasks that are closing (`only`
@@ -845,8 +910,15 @@ fn write_sealed(sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout
     });
     let mut failed = FailedTasks::new();
     for (s, failure) in items {
-        if let Some(e) = failure {
-            failed.entry(s.partition()).or_insert(e);
+        match failure {
+            // The producer gave up on a record (its message.timeout.ms passed,
+            // the topic refuses it): not one task's fault, and reopening the
+            // task would not help.
+            Some(e @ Error::ChangelogDelivery { .. }) => return Err(e),
+            Some(e) => {
+                failed.entry(s.partition()).or_insert(e);
+            }
+            None => {}
         }
     }
     Ok(failed)

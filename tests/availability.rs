@@ -171,9 +171,20 @@ fn instances_joining_and_leaving_under_load_stop_nobody_and_lose_nothing() {
         (21, "stop", "d"),
     ];
     let started = Instant::now();
+    // Committed offsets only move forward: a member's late or handed-back
+    // commit never takes a partition back.
+    let mut highest = [None::<i64>; 4];
+    let check_committed = |highest: &mut [Option<i64>; 4]| {
+        for p in 0..4 {
+            let now = committed_offset(&app, &input, p);
+            assert!(now >= highest[p as usize], "partition {p}: committed offset went back from {:?} to {now:?}", highest[p as usize]);
+            highest[p as usize] = now;
+        }
+    };
     for (at, action, name) in plan {
         while started.elapsed() < Duration::from_secs(at) {
             live.iter_mut().for_each(Instance::assert_running);
+            check_committed(&mut highest);
             std::thread::sleep(Duration::from_millis(100));
         }
         eprintln!("t={:.1}s: {action} {name}", started.elapsed().as_secs_f64());
@@ -193,6 +204,7 @@ fn instances_joining_and_leaving_under_load_stop_nobody_and_lose_nothing() {
     let ends: Vec<i64> = (0..4).map(|p| end_offset_at(&bootstrap, &input, p)).collect();
     while !(0..4).all(|p| committed_offset(&app, &input, p) == Some(ends[p as usize])) {
         live.iter_mut().for_each(Instance::assert_running);
+        check_committed(&mut highest);
         assert!(Instant::now() < deadline, "input not fully committed within 90 s");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -222,6 +234,21 @@ impl OwnBroker {
         assert!(status.success(), "testing/kafka.sh {command} failed");
     }
 
+    /// Like `script`, but only reports a failure (for `Drop`, which may run
+    /// while the test is already panicking).
+    fn try_script(&self, command: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/kafka.sh");
+        let status = Command::new("bash")
+            .arg(&script)
+            .arg(command)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .status();
+        if !status.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!("testing/kafka.sh {command} failed: {status:?}");
+        }
+    }
+
     fn start(port: u16) -> OwnBroker {
         let data = std::env::temp_dir().join(format!("kstate-kafka-{port}-{}", std::process::id()));
         let broker = OwnBroker {
@@ -238,7 +265,7 @@ impl OwnBroker {
 
 impl Drop for OwnBroker {
     fn drop(&mut self) {
-        self.script("stop");
+        self.try_script("stop");
         if let Some((_, data)) = self.env.iter().find(|(k, _)| k == "KSTATE_KAFKA_DATA") {
             let _ = std::fs::remove_dir_all(data);
         }
@@ -365,7 +392,7 @@ fn a_foreign_writer_in_one_changelog_reinitialises_that_task_only() {
     let changelog = kstate::changelog_topic(&app, "s");
     let fault = Instant::now();
     produce(&changelog, &[(0, b"zombie".to_vec(), Some(b"was here".to_vec()))]);
-    wait_until("task 0 to be restored again", TIMEOUT, || restores.starts.lock().unwrap().iter().filter(|s| s.partition == 0).count() == 2);
+    wait_until("task 0 to be restored again", TIMEOUT, || restores.starts.lock().unwrap().iter().filter(|s| s.partition == 0).count() >= 2);
     let sent = feeder.join(false);
     // Pauses up to the end of the input (after it, nothing is left to process).
     let done = Instant::now();
@@ -397,7 +424,18 @@ fn a_task_failing_again_and_again_ends_run_with_a_typed_error() {
     let _serial = serial();
     let Fixture { input, app, state } = fixture("foreign-again", 1);
     let times = ProcessedTimes::default();
-    let running = start_counting(&app, &input, state.path(), &times);
+    let running = {
+        let times = times.clone();
+        // Gives up after 5 failures in a row that span at least 2 s.
+        Running::start(
+            builder(&app, &input, state.path()).store(StoreDefinition::new("s")).task_timeout(Duration::from_secs(2)),
+            move |ctx, rec| {
+                ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())?;
+                times.record(rec.partition);
+                Ok(())
+            },
+        )
+    };
     let feeder = Feeder::start(&bootstrap(), &input, 1, 32, 200, 100_000);
     wait_until("processing to start", TIMEOUT, || times.count(0) > 50);
     let changelog = kstate::changelog_topic(&app, "s");
@@ -459,13 +497,14 @@ fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
         .collect();
     produce(&input, &records);
     let skipped = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Vec::new()));
     let (tx, rx) = mpsc::channel();
     let running = Running::start(
         builder(&app, &input, state.path()).store(StoreDefinition::new("s")).processing_exception_handler({
             let skipped = skipped.clone();
+            let seen = seen.clone();
             move |record, error| {
-                assert_eq!(record.value, Some(&b"bad"[..]));
-                assert!(error.to_string().contains("cannot parse"), "{error}");
+                seen.lock().unwrap().push((record.offset, record.value.map(<[u8]>::to_vec), error.to_string()));
                 skipped.fetch_add(1, Ordering::Relaxed);
                 ProcessingDecision::Continue
             }
@@ -483,6 +522,11 @@ fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
     wait_until("the input to be committed", TIMEOUT, || committed_offset(&app, &input, 0) == Some(100));
     running.stop().expect("skipped records do not stop the app");
     assert_eq!(skipped.load(Ordering::Relaxed), 10);
+    for (offset, value, error) in seen.lock().unwrap().iter() {
+        assert_eq!(offset % 10, 3, "only the bad records reach the handler");
+        assert_eq!(value.as_deref(), Some(&b"bad"[..]));
+        assert!(error.contains("cannot parse"), "{error}");
+    }
     assert_eq!(counter("kstate_skipped_records_total", &[("topic", &input), ("partition", "0")]), Some(10));
     let (data, _) = read_store_dir(state.path(), &app, "s", 0);
     assert_eq!(data.len(), 90, "every good record processed, the bad ones skipped");

@@ -111,6 +111,8 @@ pub(crate) struct TaskManager {
     /// Stores opened off the processing thread come back here.
     opened_tx: Sender<Opened>,
     opened_rx: Receiver<Opened>,
+    /// Opener threads running.
+    opening: usize,
     next_incarnation: u64,
     /// Offset commits failing in a row (group changes, coordinator away).
     offset_commits: RetryRun,
@@ -123,6 +125,10 @@ pub(crate) struct TaskManager {
     failures: HashMap<i32, TaskFailures>,
 }
 
+/// Tasks whose stores open at the same time (each on a thread of its own;
+/// a large assignment opens in waves instead of thousands of threads and
+/// file handles at once).
+const MAX_OPENING: usize = 8;
 /// A task that failed this many times in a row, over at least
 /// `task_timeout`, ends `run`.
 const MAX_TASK_FAILURES: u32 = 5;
@@ -205,6 +211,7 @@ impl TaskManager {
             fetch_waker: None,
             opened_tx,
             opened_rx,
+            opening: 0,
             next_incarnation: 0,
             offset_commits: RetryRun::default(),
             offsets_in_flight: None,
@@ -313,10 +320,12 @@ impl TaskManager {
             self.tasks.insert(p, Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now()));
         }
         let now = Instant::now();
+        let free = MAX_OPENING.saturating_sub(self.opening);
         let due: Vec<(i32, u64)> = self
             .tasks
             .values_mut()
             .filter(|t| t.state == TaskState::Opening && t.open_at.is_some_and(|at| at <= now))
+            .take(free)
             .map(|t| {
                 t.open_at = None;
                 (t.partition, t.incarnation)
@@ -344,39 +353,44 @@ impl TaskManager {
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
             .spawn(move || {
-                let mut stores = Vec::with_capacity(config.stores.len());
-                let mut result = Ok(());
-                for def in &config.stores {
-                    let changelog_topic = crate::changelog_topic(&config.application_id, def.name());
-                    let opened = KeyValueStore::open(StoreOpenArgs {
-                        name: def.name(),
-                        partition,
-                        dir: config.store_dir(def.name(), partition),
-                        tombstone_retention: retention.get(&changelog_topic).copied(),
-                        changelog_topic,
-                        max_record_bytes,
-                        producer: producer.clone(),
-                        resources: &resources,
-                        lock_timeout: config.lock_timeout,
-                    });
-                    match opened {
-                        Ok(s) => stores.push(s),
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
+                let open_all = || -> Result<Vec<KeyValueStore>> {
+                    let mut stores = Vec::with_capacity(config.stores.len());
+                    for def in &config.stores {
+                        let changelog_topic = crate::changelog_topic(&config.application_id, def.name());
+                        stores.push(KeyValueStore::open(StoreOpenArgs {
+                            name: def.name(),
+                            partition,
+                            dir: config.store_dir(def.name(), partition),
+                            tombstone_retention: retention.get(&changelog_topic).copied(),
+                            changelog_topic,
+                            max_record_bytes,
+                            producer: producer.clone(),
+                            resources: &resources,
+                            lock_timeout: config.lock_timeout,
+                        })?);
                     }
-                }
+                    Ok(stores)
+                };
+                // A reply on every path, so the opener count stays right.
+                let stores = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open_all)).unwrap_or_else(|_| {
+                    Err(Error::Restore {
+                        topic: String::new(),
+                        partition,
+                        detail: "opening the task's stores panicked".into(),
+                    })
+                });
                 // The receiver is gone once the runtime stopped: the stores close here.
-                let _ = done.send(Opened { partition, incarnation, stores: result.map(|()| stores) });
+                let _ = done.send(Opened { partition, incarnation, stores });
             })
             .map_err(|e| Error::io("kstate-open thread", e))?;
+        self.opening += 1;
         Ok(())
     }
 
     /// Hands tasks whose stores were opened to the restore thread.
     fn collect_opened<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         while let Ok(Opened { partition, incarnation, stores }) = self.opened_rx.try_recv() {
+            self.opening -= 1;
             let Some(task) = self.tasks.get_mut(&partition) else { continue };
             if task.incarnation != incarnation || task.state != TaskState::Opening {
                 continue; // an earlier incarnation's stores: dropping them closes them

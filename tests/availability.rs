@@ -222,28 +222,25 @@ struct OwnBroker {
 }
 
 impl OwnBroker {
-    fn script(&self, command: &str) {
+    fn run(&self, command: &str) -> std::io::Result<std::process::ExitStatus> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/kafka.sh");
-        let status = Command::new("bash")
+        Command::new("bash")
             .arg(&script)
             .arg(command)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .status()
-            .expect("run testing/kafka.sh");
+    }
+
+    fn script(&self, command: &str) {
+        let status = self.run(command).expect("run testing/kafka.sh");
         assert!(status.success(), "testing/kafka.sh {command} failed");
     }
 
     /// Like `script`, but only reports a failure (for `Drop`, which may run
     /// while the test is already panicking).
     fn try_script(&self, command: &str) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/kafka.sh");
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg(command)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::null())
-            .status();
+        let status = self.run(command);
         if !status.as_ref().is_ok_and(|s| s.success()) {
             eprintln!("testing/kafka.sh {command} failed: {status:?}");
         }
@@ -286,20 +283,7 @@ fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
     create_topic_at(&bootstrap, &input, 2, &[]);
     let state = tempfile::tempdir().unwrap();
     let times = ProcessedTimes::default();
-    let running = Running::start(
-        builder(&app, &input, state.path()).bootstrap_servers(&bootstrap).store(StoreDefinition::new("s")),
-        {
-            let times = times.clone();
-            move |ctx, rec| {
-                let s = ctx.store("s")?;
-                for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
-                    s.put(&k, &v)?;
-                }
-                times.record(rec.partition);
-                Ok(())
-            }
-        },
-    );
+    let running = start_counting(builder(&app, &input, state.path()).bootstrap_servers(&bootstrap), &times);
     // A second application on the same input, without stores and with a
     // long commit interval: its offset commits go out without a changelog
     // send to wait for, and some are due while the broker is down.
@@ -347,11 +331,12 @@ fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
     drop(broker);
 }
 
-/// Input of `partitions` partitions fed at 200 records/s each while `app`
-/// runs; what the processor saw goes to `times`.
-fn start_counting(app: &str, input: &str, state: &Path, times: &ProcessedTimes) -> Running {
+/// Runs an application with store `s` whose processor applies
+/// [`record_writes`]; when each partition's records were processed goes to
+/// `times`.
+fn start_counting(builder: kstate::AppBuilder, times: &ProcessedTimes) -> Running {
     let times = times.clone();
-    Running::start(builder(app, input, state).store(StoreDefinition::new("s")), move |ctx, rec| {
+    Running::start(builder.store(StoreDefinition::new("s")), move |ctx, rec| {
         let s = ctx.store("s")?;
         for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
             s.put(&k, &v)?;
@@ -370,20 +355,7 @@ fn a_foreign_writer_in_one_changelog_reinitialises_that_task_only() {
     let Fixture { input, app, state } = fixture("foreign", 2);
     let restores = Restores::default();
     let times = ProcessedTimes::default();
-    let running = {
-        let times = times.clone();
-        Running::start(
-            builder(&app, &input, state.path()).store(StoreDefinition::new("s")).restore_listener(restores.clone()),
-            move |ctx, rec| {
-                let s = ctx.store("s")?;
-                for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
-                    s.put(&k, &v)?;
-                }
-                times.record(rec.partition);
-                Ok(())
-            },
-        )
-    };
+    let running = start_counting(builder(&app, &input, state.path()).restore_listener(restores.clone()), &times);
     let feeder = Feeder::start(&bootstrap(), &input, 2, 32, 400, 8_000);
     wait_until("processing to start", TIMEOUT, || times.count(0) > 200 && times.count(1) > 200);
     let before = Instant::now();
@@ -469,7 +441,7 @@ fn a_held_directory_lock_stalls_only_its_own_task() {
     let times = ProcessedTimes::default();
     let feeder = Feeder::start(&bootstrap(), &input, 2, 32, 400, 6_000);
     let t0 = Instant::now();
-    let running = start_counting(&app, &input, state.path(), &times);
+    let running = start_counting(builder(&app, &input, state.path()), &times);
     wait_until("partition 0 to be processed", TIMEOUT, || times.count(0) > 0);
     let first = t0.elapsed();
     std::thread::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed()));
@@ -563,7 +535,7 @@ fn a_changelog_recreated_and_refilled_past_the_checkpoint_is_restored_in_full() 
     let old: Vec<KeyedRecord> = (0..20).map(|i| (0, format!("old{i}").into_bytes(), Some(b"1".to_vec()))).collect();
     produce(&input, &old);
     let times = ProcessedTimes::default();
-    let running = start_counting(&app, &input, state.path(), &times);
+    let running = start_counting(builder(&app, &input, state.path()), &times);
     wait_all_committed_at(&bootstrap(), &app, &input, 1, TIMEOUT);
     running.stop().unwrap();
     let (_, checkpoint) = read_store_dir(state.path(), &app, "s", 0);

@@ -113,6 +113,8 @@ pub(crate) struct TaskManager {
     opened_rx: Receiver<Opened>,
     /// Opener threads running.
     opening: usize,
+    /// Threads closing stores (joined by `close_all`).
+    closing: Vec<std::thread::JoinHandle<()>>,
     next_incarnation: u64,
     /// Offset commits failing in a row (group changes, coordinator away).
     offset_commits: RetryRun,
@@ -212,6 +214,7 @@ impl TaskManager {
             opened_tx,
             opened_rx,
             opening: 0,
+            closing: Vec::new(),
             next_incarnation: 0,
             offset_commits: RetryRun::default(),
             offsets_in_flight: None,
@@ -282,12 +285,33 @@ impl TaskManager {
     fn close_task(&mut self, mut task: Task, lost: bool) {
         if task.state == TaskState::Restoring {
             // Partially restored stores are consistent at their checkpoint.
-            drop(self.restorer.cancel(task.partition));
+            if let Some(job) = self.restorer.cancel(task.partition) {
+                self.close_in_background(job.stores);
+            }
         }
         for s in &mut task.stores {
             s.discard_uncommitted();
         }
+        self.close_in_background(std::mem::take(&mut task.stores));
         tracing::info!(partition = task.partition, lost, "task closed");
+    }
+
+    /// Closes stores on a thread of their own: closing flushes RocksDB's
+    /// memtables (up to `write_buffer_bytes` each), which must not stall the
+    /// partitions this member keeps (a revoke runs inside the rebalance, on
+    /// the processing thread). A store's directory lock is released once
+    /// it is closed; whoever opens it next waits for that on its own thread.
+    fn close_in_background(&mut self, stores: Vec<KeyValueStore>) {
+        if stores.is_empty() {
+            return;
+        }
+        self.closing.retain(|h| !h.is_finished());
+        let spawned = std::thread::Builder::new().name("kstate-close".into()).spawn(move || drop(stores));
+        match spawned {
+            Ok(handle) => self.closing.push(handle),
+            // The stores went with the failed closure: they closed here.
+            Err(e) => tracing::warn!(error = %e, "no thread to close stores on; closed them in place"),
+        }
     }
 
     fn incarnation(&mut self) -> u64 {
@@ -393,7 +417,11 @@ impl TaskManager {
             self.opening -= 1;
             let Some(task) = self.tasks.get_mut(&partition) else { continue };
             if task.incarnation != incarnation || task.state != TaskState::Opening {
-                continue; // an earlier incarnation's stores: dropping them closes them
+                // An earlier incarnation's stores.
+                if let Ok(stores) = stores {
+                    self.close_in_background(stores);
+                }
+                continue;
             }
             match stores {
                 Ok(stores) => {
@@ -483,18 +511,21 @@ impl TaskManager {
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
                 RestoreOutcome::Failed(job, e) => {
-                    if self.tasks.get(&job.partition).is_some_and(|t| t.state == TaskState::Restoring) {
-                        drop(job.stores);
-                        self.reinitialise(consumer, job.partition, e)?;
+                    let partition = job.partition;
+                    self.close_in_background(job.stores);
+                    if self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Restoring) {
+                        self.reinitialise(consumer, partition, e)?;
                     } else {
-                        tracing::warn!(partition = job.partition, error = %e, "restore of a revoked task failed; ignored");
+                        tracing::warn!(partition, error = %e, "restore of a revoked task failed; ignored");
                     }
                     continue;
                 }
             };
-            let Some(task) = self.tasks.get_mut(&job.partition).filter(|t| t.state == TaskState::Restoring) else {
-                continue; // revoked meanwhile; dropping the stores closes them
-            };
+            if !self.tasks.get(&job.partition).is_some_and(|t| t.state == TaskState::Restoring) {
+                self.close_in_background(job.stores); // revoked meanwhile
+                continue;
+            }
+            let task = self.tasks.get_mut(&job.partition).expect("checked");
             task.stores = job.stores;
             task.state = TaskState::Running;
             for topic in &task.topics {
@@ -883,6 +914,10 @@ impl TaskManager {
             drop(self.restorer.cancel(p));
         }
         self.tasks.clear();
+        // Every store is closed when `run` returns.
+        for handle in self.closing.drain(..) {
+            let _ = handle.join();
+        }
     }
 }
 

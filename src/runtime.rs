@@ -160,6 +160,26 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
     tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect()
 }
 
+impl RuntimeContext {
+    /// librdkafka pauses every assigned partition while a rebalance callback
+    /// runs and resumes them when it (incrementally) assigns or unassigns,
+    /// without waking its broker threads (`rd_kafka_toppar_pause_resume`
+    /// only flips a flag): the partitions a member keeps got no records for
+    /// up to 1 s after each cooperative round (measured 0.60 s). A
+    /// watermark query per partition wakes their fetchers (see
+    /// [`crate::fetch_wake`]).
+    fn wake_kept_partitions(&self, consumer: &BaseConsumer<Self>) {
+        let Ok(assignment) = consumer.assignment() else { return };
+        if assignment.count() == 0 {
+            return;
+        }
+        let tasks = self.shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(waker) = &tasks.fetch_waker {
+            waker.wake(&assignment);
+        }
+    }
+}
+
 impl ConsumerContext for RuntimeContext {
     /// rust-rdkafka's default asks librdkafka for the rebalance protocol on
     /// every rebalance. That call, like `assign`, waits forever once the
@@ -187,6 +207,7 @@ impl ConsumerContext for RuntimeContext {
         if let Some(e) = failure {
             tracing::error!(error = %e, assign, "applying a rebalance failed");
         }
+        self.wake_kept_partitions(consumer);
         self.post_rebalance(consumer, &rebalance);
     }
 

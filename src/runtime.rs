@@ -501,6 +501,12 @@ where
                     process_one(&mut shared.tasks.lock().expect("task lock"), config, store_index, &record, processor)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                // librdkafka's fatal errors leave the consumer unusable (e.g.
+                // another instance joined with the same group.instance.id).
+                Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
+                    tracing::error!(error = %e, "fatal consumer error; stopping");
+                    return Err(e.into());
+                }
                 Some(Err(e)) => consumer_errors.warn(&e),
             }
             Ok(())

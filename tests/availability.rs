@@ -599,3 +599,26 @@ fn a_member_joining_under_load_pauses_nothing_the_first_member_keeps() {
     second.stop().expect("the second member stops cleanly");
     assert_same_state(&changelog_state_at(&bootstrap(), &app, "s", 4), &model_of(&sent), "the changelogs");
 }
+
+#[test]
+fn a_second_instance_with_the_same_static_member_id_fences_the_first() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("static", 2);
+    let second_state = tempfile::tempdir().unwrap();
+    let member = unique("member");
+    let (first_times, second_times) = (ProcessedTimes::default(), ProcessedTimes::default());
+    let feeder = Feeder::start(&bootstrap(), &input, 2, 32, 200, 100_000);
+    let first = start_counting(builder(&app, &input, state.path()).kafka_config("group.instance.id", &member), &first_times);
+    wait_until("the first instance to process", TIMEOUT, || first_times.count(0) > 0 && first_times.count(1) > 0);
+    // A misconfigured deployment: a second instance reuses the id.
+    let second = start_counting(builder(&app, &input, second_state.path()).kafka_config("group.instance.id", &member), &second_times);
+    wait_until("the fenced instance to stop", TIMEOUT, || first.is_finished());
+    match first.stop() {
+        Err(Error::Kafka(e)) => assert!(e.to_string().contains("FencedInstanceId") || e.to_string().contains("fenced"), "{e}"),
+        other => panic!("expected the fenced instance to stop with a fatal Kafka error, got {other:?}"),
+    }
+    wait_until("the second instance to process", TIMEOUT, || second_times.count(0) > 0 && second_times.count(1) > 0);
+    assert!(!second.is_finished(), "the instance that joined last keeps running");
+    feeder.join(true);
+    second.stop().expect("the second instance stops cleanly");
+}

@@ -44,7 +44,8 @@ impl DirLock {
                         return Err(Error::StateDirLocked { path: dir.to_path_buf(), waited });
                     }
                     if !warned {
-                        tracing::warn!(dir = %dir.display(), "state directory is locked by another process; retrying");
+                        tracing::warn!(dir = %dir.display(),
+                            "state directory is locked (by another process, or by this one's previous use of it still closing); retrying");
                         warned = true;
                     }
                     std::thread::sleep(backoff.min(wait - waited));

@@ -168,11 +168,18 @@ impl RuntimeContext {
     /// up to 1 s after each cooperative round (measured 0.60 s). A
     /// watermark query per partition wakes their fetchers (see
     /// [`crate::fetch_wake`]).
-    fn wake_kept_partitions(&self, consumer: &BaseConsumer<Self>) {
-        let Ok(assignment) = consumer.assignment() else { return };
-        if assignment.count() == 0 {
+    fn wake_kept_partitions(&self, consumer: &BaseConsumer<Self>, new: Option<&TopicPartitionList>) {
+        let Ok(current) = consumer.assignment() else { return };
+        let mut kept = TopicPartitionList::new();
+        for e in current.elements() {
+            if !new.is_some_and(|n| n.find_partition(e.topic(), e.partition()).is_some()) {
+                kept.add_partition(e.topic(), e.partition());
+            }
+        }
+        if kept.count() == 0 {
             return;
         }
+        let assignment = kept;
         let tasks = self.shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(waker) = &tasks.fetch_waker {
             waker.wake(&assignment);
@@ -207,7 +214,8 @@ impl ConsumerContext for RuntimeContext {
         if let Some(e) = failure {
             tracing::error!(error = %e, assign, "applying a rebalance failed");
         }
-        self.wake_kept_partitions(consumer);
+        // Newly assigned partitions stay paused until their restore ends.
+        self.wake_kept_partitions(consumer, if assign { Some(&*tpl) } else { None });
         self.post_rebalance(consumer, &rebalance);
     }
 

@@ -260,10 +260,13 @@ impl TaskManager {
             self.commit_closing(consumer, Some(&closing))
         };
         self.forget_topics(&tps);
+        // One closing thread for all of them.
+        let mut stores = Vec::new();
         for p in closing {
             let Some(task) = self.tasks.remove(&p) else { continue };
-            self.close_task(task, lost);
+            stores.extend(self.close_task(task, lost));
         }
+        self.close_in_background(stores);
         committed
     }
 
@@ -282,18 +285,18 @@ impl TaskManager {
 
     /// Closes a task without committing: its uncommitted writes are dropped,
     /// its stores stay at their checkpoints.
-    fn close_task(&mut self, mut task: Task, lost: bool) {
+    /// Returns its stores, for [`TaskManager::close_in_background`].
+    fn close_task(&mut self, mut task: Task, lost: bool) -> Vec<KeyValueStore> {
+        let mut stores = std::mem::take(&mut task.stores);
         if task.state == TaskState::Restoring {
             // Partially restored stores are consistent at their checkpoint.
-            if let Some(job) = self.restorer.cancel(task.partition) {
-                self.close_in_background(job.stores);
-            }
+            stores.extend(self.restorer.cancel(task.partition).map(|job| job.stores).unwrap_or_default());
         }
-        for s in &mut task.stores {
+        for s in &mut stores {
             s.discard_uncommitted();
         }
-        self.close_in_background(std::mem::take(&mut task.stores));
         tracing::info!(partition = task.partition, lost, "task closed");
+        stores
     }
 
     /// Closes stores on a thread of their own: closing flushes RocksDB's
@@ -488,7 +491,8 @@ impl TaskManager {
             *r = (*r).min(offset);
         }
         let topics = std::mem::take(&mut task.topics);
-        self.close_task(task, false);
+        let stores = self.close_task(task, false);
+        self.close_in_background(stores);
         let incarnation = self.incarnation();
         self.tasks.insert(partition, Task::new(partition, topics, rewind, incarnation, now + backoff));
         Ok(())
@@ -924,6 +928,12 @@ impl TaskManager {
 impl Drop for TaskManager {
     fn drop(&mut self) {
         self.wait_inflight();
+        // Also when `run` unwinds (a panicking processor): no store is left
+        // closing behind it.
+        self.tasks.clear();
+        for handle in self.closing.drain(..) {
+            let _ = handle.join();
+        }
     }
 }
 

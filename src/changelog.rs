@@ -515,13 +515,6 @@ impl ChangelogProducer {
         Ok(TopicHandle(rkt))
     }
 
-    /// Waits until every queued record is acknowledged or failed.
-    ///
-    /// Not `Producer::flush`: with a `ThreadedProducer` its wait loop polls
-    /// an event queue that the producer's own thread drains, so every flush
-    /// with records in flight took at least 100 ms (measured: 100.0 ms per
-    /// commit, most of the write path's time). kstate counts its own
-    /// deliveries instead and wakes up when the last one is reported.
     /// Flushes, and while records are still unacknowledged after `timeout`
     /// (brokers restarting, a leader moving) keeps waiting, with a warning
     /// each `timeout`, up to `patience` in all; the producer retries them
@@ -540,6 +533,13 @@ impl ChangelogProducer {
         }
     }
 
+    /// Waits until every queued record is acknowledged or failed.
+    ///
+    /// Not `Producer::flush`: with a `ThreadedProducer` its wait loop polls
+    /// an event queue that the producer's own thread drains, so every flush
+    /// with records in flight took at least 100 ms (measured: 100.0 ms per
+    /// commit, most of the write path's time). kstate counts its own
+    /// deliveries instead and wakes up when the last one is reported.
     pub(crate) fn flush(&self, timeout: Duration) -> Result<()> {
         let context = self.producer.context();
         let wanted = context.sent.0.load(Ordering::SeqCst);

@@ -45,6 +45,16 @@ pub(crate) struct QueueHandle {
 unsafe impl Send for QueueHandle {}
 unsafe impl Sync for QueueHandle {}
 
+/// One partition's offset in the result of an asynchronous commit.
+#[derive(Debug)]
+pub(crate) struct CommittedOffset {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    /// The partition's own error, if any.
+    pub(crate) error: Option<RDKafkaErrorCode>,
+}
+
 impl QueueHandle {
     /// A new, empty queue that partitions can be forwarded to.
     ///
@@ -80,19 +90,7 @@ impl QueueHandle {
         }
         true
     }
-}
 
-/// One partition's offset in the result of an asynchronous commit.
-#[derive(Debug)]
-pub(crate) struct CommittedOffset {
-    pub(crate) topic: String,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
-    /// The partition's own error, if any.
-    pub(crate) error: Option<RDKafkaErrorCode>,
-}
-
-impl QueueHandle {
     /// Commits `offsets` asynchronously; the result arrives on this queue
     /// (read it with [`QueueHandle::commit_result`]). Only for a queue that
     /// no partition is forwarded to.

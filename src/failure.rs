@@ -21,6 +21,17 @@ pub(crate) enum CommitFailure {
     Fatal,
 }
 
+impl CommitFailure {
+    /// The `kind` label of `kstate_offset_commit_failures_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            CommitFailure::GroupChanged => "group_changed",
+            CommitFailure::Retriable => "retriable",
+            CommitFailure::Fatal => "fatal",
+        }
+    }
+}
+
 /// Classifies an error returned by an offset commit.
 pub(crate) fn classify_commit_error(error: &KafkaError) -> CommitFailure {
     use RDKafkaErrorCode as C;

@@ -95,43 +95,31 @@ const IDLE_WAIT: Duration = Duration::from_millis(10);
 /// inside a polled batch (a clock read per record would cost ~2% at 1M/s).
 const DEADLINE_CHECK_EVERY: usize = 32;
 
+/// Installs the runtime's handles in the task manager (the fetch waker and
+/// the offset-commit queue) and takes them out again when dropped, also
+/// while unwinding: the waker thread ends once the last waker is gone (the
+/// scope waits for it), and the queue must not outlive the consumer.
+struct TaskHandlesInstalled<'s>(&'s Shared);
+
+impl<'s> TaskHandlesInstalled<'s> {
+    fn install(shared: &'s Shared, waker: FetchWaker, commit_queue: Arc<QueueHandle>) -> Self {
+        let mut tasks = shared.tasks.lock().expect("task lock");
+        tasks.fetch_waker = Some(waker);
+        tasks.commit_queue = Some(commit_queue);
+        TaskHandlesInstalled(shared)
+    }
+}
+
+impl Drop for TaskHandlesInstalled<'_> {
+    fn drop(&mut self) {
+        let mut tasks = self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        tasks.fetch_waker = None;
+        tasks.commit_queue = None;
+    }
+}
+
 /// Keeps the record queue in `Shared` (for the rebalance callback) and takes
 /// it out again when dropped, so it never outlives the consumer.
-/// Keeps the fetch waker in the task manager while it is installed.
-struct WakerInstalled<'s>(&'s Shared);
-
-impl<'s> WakerInstalled<'s> {
-    fn install(shared: &'s Shared, waker: FetchWaker) -> Self {
-        shared.tasks.lock().expect("task lock").fetch_waker = Some(waker);
-        WakerInstalled(shared)
-    }
-}
-
-impl Drop for WakerInstalled<'_> {
-    fn drop(&mut self) {
-        // Also while unwinding, so the waker thread ends and the scope does
-        // not wait for it forever.
-        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fetch_waker = None;
-    }
-}
-
-/// Keeps the offset-commit queue in the task manager while it is installed
-/// (it must not outlive the consumer).
-struct CommitQueueInstalled<'s>(&'s Shared);
-
-impl<'s> CommitQueueInstalled<'s> {
-    fn install(shared: &'s Shared, queue: Arc<QueueHandle>) -> Self {
-        shared.tasks.lock().expect("task lock").commit_queue = Some(queue);
-        CommitQueueInstalled(shared)
-    }
-}
-
-impl Drop for CommitQueueInstalled<'_> {
-    fn drop(&mut self) {
-        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).commit_queue = None;
-    }
-}
-
 struct RecordQueueGuard<'s>(&'s Shared);
 
 impl<'s> RecordQueueGuard<'s> {
@@ -172,17 +160,16 @@ impl RuntimeContext {
         let Ok(current) = consumer.assignment() else { return };
         let mut kept = TopicPartitionList::new();
         for e in current.elements() {
-            if !new.is_some_and(|n| n.find_partition(e.topic(), e.partition()).is_some()) {
+            if new.is_none_or(|n| n.find_partition(e.topic(), e.partition()).is_none()) {
                 kept.add_partition(e.topic(), e.partition());
             }
         }
         if kept.count() == 0 {
             return;
         }
-        let assignment = kept;
         let tasks = self.shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(waker) = &tasks.fetch_waker {
-            waker.wake(&assignment);
+            waker.wake(&kept);
         }
     }
 }
@@ -416,16 +403,13 @@ where
             .name("kstate-fetch-wake".into())
             .spawn_scoped(scope, || fetch_wake::run(&consumer, wake_requests))
             .map_err(|e| Error::io("kstate-fetch-wake thread", e))?;
-        // Removed again on every path out of this scope (the thread ends
-        // when the last waker is gone, and the scope waits for it).
-        let _waker = WakerInstalled::install(&shared, waker);
-        // SAFETY: `records` and the guard's copy in `shared` are declared
-        // after the consumer, so both are dropped before it on every path.
+        // SAFETY: `records`, `commit_queue` and the guards' copies are
+        // declared after the consumer, so all are dropped before it on every path.
         let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
         let _records_in_shared = RecordQueueGuard::install(&shared, records.clone());
-        // SAFETY: as for `records`: dropped (with the guard's copy) before the consumer.
         let commit_queue = Arc::new(unsafe { QueueHandle::new(&consumer) });
-        let _commit_queue_in_tasks = CommitQueueInstalled::install(&shared, commit_queue);
+        // Removed again on every path out of this scope.
+        let _installed = TaskHandlesInstalled::install(&shared, waker, commit_queue);
         let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
@@ -519,9 +503,6 @@ where
             }
             Ok(())
         })?;
-        // The record queue, in batches. Waiting here delays events, task
-        // openings and restored tasks: only briefly, and not at all when
-        // an event is already waiting.
         // At the bound on uncommitted writes, with a commit still being
         // written (brokers slow or away): take no records until it lands,
         // but keep serving the group (rebalances, heartbeats, max.poll.interval).
@@ -529,6 +510,9 @@ where
             std::thread::sleep(IDLE_WAIT);
             continue;
         }
+        // The record queue, in batches. Waiting here delays events, task
+        // openings and restored tasks: only briefly, and not at all when
+        // an event is already waiting.
         let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
         if polled.poll(wait) > 0 {
             let mut tasks = shared.tasks.lock().expect("task lock");

@@ -694,19 +694,19 @@ impl TaskManager {
             self.hand_back(&tpl);
             return Ok(());
         }
-        let queue = self.commit_queue.clone().filter(|_| offsets == Offsets::Commit);
-        let closing = queue.is_none();
+        let closing = offsets == Offsets::CommitClosing;
+        let queue = self.commit_queue.clone().filter(|_| !closing);
         let sent = match &queue {
             Some(queue) => queue.commit_async(consumer, &tpl),
             None => consumer.commit(&tpl, CommitMode::Sync),
         };
         match sent {
-            Ok(()) if closing => {
-                self.committed(&tpl);
+            Ok(()) if queue.is_some() => {
+                self.offsets_in_flight = Some(tpl);
                 Ok(())
             }
             Ok(()) => {
-                self.offsets_in_flight = Some(tpl);
+                self.committed(&tpl);
                 Ok(())
             }
             Err(e) => self.commit_failed(e, &tpl, closing),
@@ -760,16 +760,8 @@ impl TaskManager {
     /// offsets back (or, for closing tasks, is logged); past `task_timeout`
     /// of failures in a row, or on any other error, this fails.
     fn commit_failed(&mut self, error: KafkaError, tpl: &TopicPartitionList, closing: bool) -> Result<()> {
-        let error = match error {
-            KafkaError::Global(code) => KafkaError::ConsumerCommit(code),
-            other => other,
-        };
         let kind = classify_commit_error(&error);
-        let label = match kind {
-            CommitFailure::GroupChanged => "group_changed",
-            CommitFailure::Retriable => "retriable",
-            CommitFailure::Fatal => "fatal",
-        };
+        let label = kind.label();
         metrics::counter!(crate::metrics::OFFSET_COMMIT_FAILURES, "kind" => label).increment(1);
         if kind == CommitFailure::Fatal {
             return Err(error.into());
@@ -927,13 +919,9 @@ impl TaskManager {
 
 impl Drop for TaskManager {
     fn drop(&mut self) {
-        self.wait_inflight();
-        // Also when `run` unwinds (a panicking processor): no store is left
-        // closing behind it.
-        self.tasks.clear();
-        for handle in self.closing.drain(..) {
-            let _ = handle.join();
-        }
+        // Also when `run` unwinds (a panicking processor): no write is left
+        // in flight and no store closing behind it.
+        self.close_all();
     }
 }
 

@@ -71,13 +71,7 @@ fn child_instance() {
         let _ = std::io::stdin().read_to_end(&mut Vec::new());
         stop.shutdown();
     });
-    let result = app.run(|ctx, rec| {
-        let s = ctx.store("s")?;
-        for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
-            s.put(&k, &v)?;
-        }
-        Ok::<(), Error>(())
-    });
+    let result = app.run(apply_record);
     match result {
         Ok(()) => std::process::exit(0),
         Err(e) => {
@@ -331,16 +325,21 @@ fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
     drop(broker);
 }
 
-/// Runs an application with store `s` whose processor applies
-/// [`record_writes`]; when each partition's records were processed goes to
-/// `times`.
+/// The processor of these tests: applies [`record_writes`] to store `s`.
+fn apply_record(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), Error> {
+    let s = ctx.store("s")?;
+    for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+        s.put(&k, &v)?;
+    }
+    Ok(())
+}
+
+/// Runs an application with store `s` and [`apply_record`]; when each
+/// partition's records were processed goes to `times`.
 fn start_counting(builder: kstate::AppBuilder, times: &ProcessedTimes) -> Running {
     let times = times.clone();
     Running::start(builder.store(StoreDefinition::new("s")), move |ctx, rec| {
-        let s = ctx.store("s")?;
-        for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
-            s.put(&k, &v)?;
-        }
+        apply_record(ctx, rec)?;
         times.record(rec.partition);
         Ok(())
     })

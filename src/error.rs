@@ -28,6 +28,50 @@ pub enum Error {
         detail: String,
     },
 
+    /// The TLS handshake with a broker failed: its certificate is not
+    /// trusted or does not name the host, or it refused ours. Not retried.
+    #[error("TLS with broker `{broker}` failed: {detail}")]
+    Tls {
+        /// The broker (`host:port`) of the listener.
+        broker: String,
+        /// Why, as OpenSSL or the broker put it.
+        detail: String,
+    },
+
+    /// A broker refused the SASL credentials (wrong user or password, or a
+    /// mechanism the listener does not enable). Not retried.
+    #[error("SASL {mechanism} authentication with broker `{broker}` failed: {detail}")]
+    Authentication {
+        /// The broker (`host:port`) of the listener.
+        broker: String,
+        /// The SASL mechanism tried.
+        mechanism: &'static str,
+        /// The broker's reason.
+        detail: String,
+    },
+
+    /// A broker does not speak a request kstate needs in any version kstate
+    /// knows, or sent a response kstate cannot read.
+    #[error("broker `{broker}` is not supported: {detail}")]
+    UnsupportedBroker {
+        /// The broker (`host:port`).
+        broker: String,
+        /// What is missing or malformed.
+        detail: String,
+    },
+
+    /// kstate's membership in the application's group failed in a way
+    /// retrying cannot fix: another instance took this one's
+    /// `group.instance.id`, the group is used by other clients with another
+    /// protocol, or the group is not authorised.
+    #[error("group `{group}`: {detail}")]
+    GroupMembership {
+        /// The group (the application id).
+        group: String,
+        /// What the coordinator said and what it means.
+        detail: String,
+    },
+
     /// An input topic does not exist on the cluster.
     #[error("input topic `{0}` does not exist (kstate never creates input topics)")]
     MissingInputTopic(String),

@@ -1,0 +1,705 @@
+//! This instance's membership in the application's group, on a thread of
+//! its own (`kstate-group`): JoinGroup, SyncGroup (the leader runs the
+//! assignor), Heartbeat, LeaveGroup.
+//!
+//! Rebalances are cooperative, as in Kafka Streams: a member keeps
+//! processing the tasks it keeps, the leader withholds a task that moves
+//! until its previous owner has given it up, and a member that gave up
+//! tasks rejoins at once so that a second round hands them out. Every
+//! assignment (and every loss of the tasks, when this member was fenced)
+//! goes to the runtime as a [`GroupEvent`]; the membership waits for the
+//! runtime to apply it (revoked tasks committed and closed, lost ones closed
+//! without commit) before it rejoins, heartbeating meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+use kafka_protocol::messages::{GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest};
+use kafka_protocol::protocol::StrBytes;
+
+use super::assignor::{self, MemberState, TaskId};
+use super::conn::Connection;
+use super::coordinator::Brokers;
+use super::payload::{AssignmentError, MemberTasks, Subscription, SubscriptionInfo, USER_DATA_VERSION};
+use crate::error::{Error, Result};
+
+/// The protocol type: Kafka's consumer protocol, so the usual tools
+/// describe the group, its members' partitions and their lag.
+pub(crate) const PROTOCOL_TYPE: &str = "consumer";
+/// The assignor's name in JoinGroup; every member must offer it.
+pub(crate) const PROTOCOL_NAME: &str = "kstate";
+
+/// What the membership needs to know about the application.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupSettings {
+    /// The group id (the application id).
+    pub(crate) group: String,
+    /// The input topics (every member must subscribe the same).
+    pub(crate) topics: Vec<String>,
+    /// Number of tasks (the input partition count).
+    pub(crate) tasks: i32,
+    pub(crate) session_timeout: Duration,
+    pub(crate) heartbeat_interval: Duration,
+    /// How long the group waits for members to rejoin (Kafka Streams'
+    /// `max.poll.interval.ms`).
+    pub(crate) rebalance_timeout: Duration,
+    /// Static membership (`group.instance.id`).
+    pub(crate) instance_id: Option<String>,
+    pub(crate) num_standby_replicas: usize,
+    pub(crate) process_id: String,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) client_tags: BTreeMap<String, String>,
+}
+
+/// The identity under which this member's commits are accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Generation {
+    pub(crate) id: i32,
+    pub(crate) member_id: String,
+    pub(crate) instance_id: Option<String>,
+}
+
+/// Reads the checkpoint offset sums of the tasks whose state is on this
+/// instance's disk (called before every JoinGroup).
+pub(crate) type LocalOffsets = Box<dyn FnMut() -> BTreeMap<TaskId, i64> + Send>;
+
+/// What the runtime must apply, then acknowledge with [`Membership::applied`].
+#[derive(Debug)]
+pub(crate) enum GroupEvent {
+    /// This member's tasks in a new generation: tasks active before but
+    /// not now are revoked (commit under this generation, then close).
+    Assigned { generation: Arc<Generation>, active: BTreeSet<TaskId>, standby: BTreeSet<TaskId> },
+    /// This member was fenced (session expired, generation moved on):
+    /// another member may own its active tasks already, so close them
+    /// without committing.
+    Lost { reason: String },
+    /// The membership cannot go on (see [`Error::GroupMembership`]); no
+    /// acknowledgement expected.
+    Failed(Error),
+}
+
+enum Command {
+    Applied,
+    /// Stop heartbeating for a while, like a frozen process (tests).
+    #[cfg(test)]
+    Freeze(Duration),
+    /// Leave the group (a clean shutdown) and end the thread.
+    Leave,
+}
+
+/// The runtime's handle on the membership thread.
+pub(crate) struct Membership {
+    commands: Sender<Command>,
+    /// Events for the runtime, in order.
+    pub(crate) events: Receiver<GroupEvent>,
+    thread: Option<JoinHandle<()>>,
+    stopping: Arc<AtomicBool>,
+    /// Set to stop without LeaveGroup, as a crash would (tests).
+    silent: Arc<AtomicBool>,
+}
+
+impl Membership {
+    /// Starts the membership thread; it joins the group at once.
+    pub(crate) fn start(brokers: Brokers, settings: GroupSettings, local: LocalOffsets) -> Result<Membership> {
+        let (commands, command_rx) = mpsc::channel();
+        let (event_tx, events) = mpsc::channel();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let silent = Arc::new(AtomicBool::new(false));
+        let member = Member {
+            silent: silent.clone(),
+            brokers,
+            settings,
+            local,
+            events: event_tx,
+            commands: command_rx,
+            conn: None,
+            rotate: 0,
+            member_id: String::new(),
+            generation: -1,
+            owned: BTreeSet::new(),
+            standby: BTreeSet::new(),
+            pending: BTreeSet::new(),
+            stopping: stopping.clone(),
+            failures: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("kstate-group".into())
+            .spawn(move || member.run())
+            .map_err(|e| Error::io("kstate-group thread", e))?;
+        Ok(Membership { commands, events, thread: Some(thread), stopping, silent })
+    }
+
+    /// The runtime applied the last [`GroupEvent`].
+    pub(crate) fn applied(&self) {
+        let _ = self.commands.send(Command::Applied);
+    }
+
+    /// Leaves the group (dynamic members; a static member keeps its place
+    /// until its session times out, as in Kafka Streams) and waits for the
+    /// thread, at most `timeout`.
+    pub(crate) fn leave(mut self, timeout: Duration) {
+        self.stop(timeout);
+    }
+
+    /// Stops heartbeating for `pause`, like a process stopped with SIGSTOP.
+    #[cfg(test)]
+    pub(crate) fn freeze(&self, pause: Duration) {
+        let _ = self.commands.send(Command::Freeze(pause));
+    }
+
+    /// Stops without leaving the group, like a crashed instance.
+    #[cfg(test)]
+    pub(crate) fn crash(mut self) {
+        self.silent.store(true, Ordering::SeqCst);
+        self.stop(Duration::from_secs(5));
+    }
+
+    fn stop(&mut self, timeout: Duration) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.commands.send(Command::Leave);
+        if let Some(thread) = self.thread.take() {
+            let deadline = Instant::now() + timeout;
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                tracing::warn!(?timeout, "the group thread did not stop in time; left behind");
+            }
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// The membership thread's state.
+struct Member {
+    brokers: Brokers,
+    settings: GroupSettings,
+    local: LocalOffsets,
+    events: Sender<GroupEvent>,
+    commands: Receiver<Command>,
+    conn: Option<Connection>,
+    /// Rotates the bootstrap broker tried first.
+    rotate: usize,
+    member_id: String,
+    generation: i32,
+    /// Active tasks of the current generation (our subscription's owned partitions).
+    owned: BTreeSet<TaskId>,
+    standby: BTreeSet<TaskId>,
+    /// Tasks the last assignment meant for us once released elsewhere.
+    pending: BTreeSet<TaskId>,
+    stopping: Arc<AtomicBool>,
+    silent: Arc<AtomicBool>,
+    /// Retriable failures in a row (for backoff and logs).
+    failures: u32,
+}
+
+/// How a group request ended, apart from success.
+enum Outcome {
+    /// Rejoin the group (a rebalance started, or the coordinator moved).
+    Rejoin,
+    /// This member is not in the group (any more): its tasks are lost.
+    Fenced(String),
+}
+
+fn code_name(code: i16) -> String {
+    ResponseError::try_from_code(code).map_or_else(|| "NONE".into(), |e| e.to_string())
+}
+
+impl Member {
+    fn run(mut self) {
+        let result = self.run_inner();
+        if let Err(e) = result {
+            tracing::error!(group = %self.settings.group, error = %e, "group membership failed");
+            let _ = self.events.send(GroupEvent::Failed(e));
+        }
+        let silent = self.silent.load(Ordering::SeqCst);
+        if self.settings.instance_id.is_none() && !self.member_id.is_empty() && self.generation >= 0 && !silent {
+            self.leave_group();
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    fn run_inner(&mut self) -> Result<()> {
+        let mut reason = "joining".to_string();
+        while !self.stopping() {
+            let Some((generation, tasks)) = self.join_and_sync(&reason)? else {
+                continue;
+            };
+            let revoked: BTreeSet<TaskId> = self.owned.difference(&tasks.active).copied().collect();
+            let generation = Arc::new(generation);
+            tracing::info!(
+                group = %self.settings.group, generation = generation.id, member = %generation.member_id,
+                active = ?tasks.active, standby = ?tasks.standby, revoked = ?revoked, "assignment received"
+            );
+            self.owned = tasks.active.clone();
+            self.standby = tasks.standby.clone();
+            self.pending = tasks.pending.clone();
+            let event = GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: tasks.standby };
+            if self.events.send(event).is_err() {
+                return Ok(()); // the runtime is gone
+            }
+            let mut next = self.wait_applied(Some(&generation))?;
+            reason = "the group is rebalancing".into();
+            if next.is_none() && !revoked.is_empty() {
+                // Cooperative: the tasks given up go out in a second round.
+                next = Some(Outcome::Rejoin);
+                reason = format!("gave up tasks {revoked:?}");
+            }
+            if next.is_none() {
+                next = self.stable(&generation)?;
+            }
+            match next {
+                Some(Outcome::Fenced(why)) => {
+                    self.lose(&why)?;
+                    reason = format!("fenced: {why}");
+                }
+                Some(Outcome::Rejoin) => {}
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Heartbeats until a rebalance, a fence or shutdown.
+    fn stable(&mut self, generation: &Generation) -> Result<Option<Outcome>> {
+        let mut last_ok = Instant::now();
+        loop {
+            match self.commands.recv_timeout(self.settings.heartbeat_interval) {
+                Ok(Command::Leave) | Err(RecvTimeoutError::Disconnected) => return Ok(None),
+                Ok(Command::Applied) | Err(RecvTimeoutError::Timeout) => {}
+                #[cfg(test)]
+                Ok(Command::Freeze(pause)) => std::thread::sleep(pause),
+            }
+            if self.stopping() {
+                return Ok(None);
+            }
+            match self.heartbeat(generation) {
+                Ok(None) => last_ok = Instant::now(),
+                Ok(Some(outcome)) => return Ok(Some(outcome)),
+                Err(e @ Error::BrokerUnreachable { .. }) => {
+                    self.conn = None;
+                    // The coordinator has dropped a member that it did not
+                    // hear from for a session: its tasks may be elsewhere.
+                    if last_ok.elapsed() >= self.settings.session_timeout {
+                        return Ok(Some(Outcome::Fenced(format!("no heartbeat for a session timeout: {e}"))));
+                    }
+                    tracing::warn!(group = %self.settings.group, error = %e, "heartbeat failed; finding the coordinator again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Waits until the runtime applied the last event, heartbeating under
+    /// `generation` meanwhile (if any). Returns what the heartbeats found.
+    fn wait_applied(&mut self, generation: Option<&Generation>) -> Result<Option<Outcome>> {
+        let mut found = None;
+        loop {
+            match self.commands.recv_timeout(self.settings.heartbeat_interval) {
+                Ok(Command::Applied) => return Ok(found),
+                Ok(Command::Leave) | Err(RecvTimeoutError::Disconnected) => return Ok(None),
+                Err(RecvTimeoutError::Timeout) => {}
+                #[cfg(test)]
+                Ok(Command::Freeze(pause)) => std::thread::sleep(pause),
+            }
+            if self.stopping() {
+                return Ok(None);
+            }
+            if let (Some(g), None) = (generation, &found) {
+                match self.heartbeat(g) {
+                    Ok(outcome) => found = outcome,
+                    Err(Error::BrokerUnreachable { .. }) => self.conn = None,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+
+    /// Tells the runtime its active tasks are lost and waits until it
+    /// closed them; standbys stay (they only follow changelogs).
+    fn lose(&mut self, why: &str) -> Result<()> {
+        tracing::warn!(group = %self.settings.group, member = %self.member_id, tasks = ?self.owned, reason = why,
+            "this member was fenced; its active tasks are closed without commit");
+        self.generation = -1;
+        if self.owned.is_empty() {
+            return Ok(());
+        }
+        self.owned.clear();
+        if self.events.send(GroupEvent::Lost { reason: why.to_string() }).is_err() {
+            return Ok(());
+        }
+        self.wait_applied(None)?;
+        Ok(())
+    }
+
+    /// The coordinator connection, found again if needed. Retriable
+    /// failures back off (100 ms doubling to 5 s) and retry until shutdown.
+    fn coordinator(&mut self) -> Result<Option<&mut Connection>> {
+        while self.conn.is_none() {
+            if self.stopping() {
+                return Ok(None);
+            }
+            match self.brokers.coordinator(&self.settings.group, self.rotate) {
+                Ok(conn) => {
+                    if self.failures > 0 {
+                        tracing::info!(group = %self.settings.group, coordinator = conn.broker(), attempts = self.failures, "coordinator found");
+                    }
+                    self.failures = 0;
+                    self.conn = Some(conn);
+                }
+                Err(e @ Error::BrokerUnreachable { .. }) => self.backoff(&e),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.conn.as_mut())
+    }
+
+    fn backoff(&mut self, error: &Error) {
+        self.failures += 1;
+        self.rotate += 1;
+        let wait = (Duration::from_millis(100) * (1 << self.failures.min(6))).min(Duration::from_secs(5));
+        if self.failures == 1 || self.failures.is_multiple_of(10) {
+            tracing::warn!(group = %self.settings.group, error = %error, attempts = self.failures, ?wait,
+                "group coordinator unavailable; retrying");
+        }
+        // Wake early on shutdown.
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline && !self.stopping() {
+            std::thread::sleep(Duration::from_millis(20).min(deadline - Instant::now()));
+        }
+    }
+
+    /// One retriable protocol failure: drop the connection, back off.
+    fn retry_after(&mut self, error: Error) -> Result<()> {
+        match error {
+            e @ Error::BrokerUnreachable { .. } => {
+                self.conn = None;
+                self.backoff(&e);
+                Ok(())
+            }
+            e => Err(e),
+        }
+    }
+
+    fn subscription(&mut self) -> Subscription {
+        let task_offsets = (self.local)();
+        Subscription {
+            topics: self.settings.topics.clone(),
+            owned: self.owned.clone(),
+            info: SubscriptionInfo {
+                version: USER_DATA_VERSION,
+                latest_supported_version: USER_DATA_VERSION,
+                process_id: self.settings.process_id.clone(),
+                endpoint: self.settings.endpoint.clone(),
+                client_tags: self.settings.client_tags.clone(),
+                standby: self.standby.clone(),
+                pending: self.pending.clone(),
+                task_offsets,
+            },
+        }
+    }
+
+    fn fatal(&self, detail: String) -> Error {
+        Error::GroupMembership { group: self.settings.group.clone(), detail }
+    }
+
+    /// One JoinGroup + SyncGroup round. `None`: try again (retriable
+    /// failure, rebalance restarted); errors are fatal.
+    fn join_and_sync(&mut self, reason: &str) -> Result<Option<(Generation, MemberTasks)>> {
+        let metadata = self.subscription().encode();
+        let settings = self.settings.clone();
+        let short_timeout = self.brokers.timeout;
+        let member_id = self.member_id.clone();
+        let Some(conn) = self.coordinator()? else { return Ok(None) };
+        let version = conn.version::<JoinGroupRequest>()?;
+        if settings.instance_id.is_some() && version < 5 {
+            return Err(Error::GroupMembership {
+                group: settings.group.clone(),
+                detail: "static membership (`group.instance.id`) needs JoinGroup v5 (Kafka 2.3 or newer)".into(),
+            });
+        }
+        let mut join = JoinGroupRequest::default();
+        join.group_id = GroupId(StrBytes::from_string(settings.group.clone()));
+        join.session_timeout_ms = millis(settings.session_timeout);
+        join.rebalance_timeout_ms = millis(settings.rebalance_timeout);
+        join.member_id = StrBytes::from_string(member_id);
+        join.group_instance_id = settings.instance_id.clone().map(StrBytes::from_string);
+        join.protocol_type = StrBytes::from_static_str(PROTOCOL_TYPE);
+        let mut protocol = JoinGroupRequestProtocol::default();
+        protocol.name = StrBytes::from_static_str(PROTOCOL_NAME);
+        protocol.metadata = metadata;
+        join.protocols = vec![protocol];
+        join.reason = Some(StrBytes::from_string(reason.to_string()));
+        // The coordinator answers once every member rejoined, or after the
+        // rebalance timeout.
+        let started = Instant::now();
+        conn.set_request_timeout(settings.rebalance_timeout + Duration::from_secs(5))?;
+        let sent = conn.send(&join);
+        let _ = conn.set_request_timeout(short_timeout);
+        let (response, _) = match sent {
+            Ok(r) => r,
+            Err(e) => return self.retry_after(e).map(|()| None),
+        };
+        match ResponseError::try_from_code(response.error_code) {
+            None => {}
+            Some(ResponseError::MemberIdRequired) => {
+                // Kafka 2.2+: the first JoinGroup only hands out the member id.
+                self.member_id = response.member_id.to_string();
+                return Ok(None);
+            }
+            Some(ResponseError::UnknownMemberId) => {
+                self.member_id.clear();
+                self.lose("the coordinator no longer knows this member")?;
+                return Ok(None);
+            }
+            Some(
+                ResponseError::RebalanceInProgress
+                | ResponseError::CoordinatorLoadInProgress
+                | ResponseError::CoordinatorNotAvailable
+                | ResponseError::NotCoordinator,
+            ) => {
+                self.conn = None;
+                self.backoff(&self.fatal(format!("JoinGroup: {}", code_name(response.error_code))));
+                return Ok(None);
+            }
+            Some(ResponseError::FencedInstanceId) => {
+                return Err(self.fatal(format!(
+                    "another instance joined with the same `group.instance.id` ({:?}); this one stops",
+                    settings.instance_id.unwrap_or_default()
+                )))
+            }
+            Some(ResponseError::InconsistentGroupProtocol) => {
+                return Err(self.fatal(
+                    "the group's other members use another protocol (a consumer or an older kstate with the same group id?); \
+                     every instance of an application must run the same kstate protocol"
+                        .into(),
+                ))
+            }
+            Some(e) => return Err(self.fatal(format!("JoinGroup failed: {e}"))),
+        }
+        self.member_id = response.member_id.to_string();
+        self.generation = response.generation_id;
+        let leader = response.leader == response.member_id;
+        tracing::debug!(group = %settings.group, generation = response.generation_id, leader, members = response.members.len(),
+            waited = ?started.elapsed(), "joined");
+        // A static leader that restarted into a stable group is told to
+        // keep the assignment it no longer knows (KIP-814).
+        let assignments = if leader && !response.skip_assignment { self.assign(&response.members) } else { Vec::new() };
+        let generation = Generation {
+            id: response.generation_id,
+            member_id: self.member_id.clone(),
+            instance_id: settings.instance_id.clone(),
+        };
+        let mut sync = SyncGroupRequest::default();
+        sync.group_id = GroupId(StrBytes::from_string(settings.group.clone()));
+        sync.generation_id = generation.id;
+        sync.member_id = StrBytes::from_string(generation.member_id.clone());
+        sync.group_instance_id = settings.instance_id.clone().map(StrBytes::from_string);
+        sync.protocol_type = Some(StrBytes::from_static_str(PROTOCOL_TYPE));
+        sync.protocol_name = Some(StrBytes::from_static_str(PROTOCOL_NAME));
+        sync.assignments = assignments;
+        let Some(conn) = self.coordinator()? else { return Ok(None) };
+        conn.set_request_timeout(settings.rebalance_timeout + Duration::from_secs(5))?;
+        let sent = conn.send(&sync);
+        let _ = conn.set_request_timeout(short_timeout);
+        let (response, _) = match sent {
+            Ok(r) => r,
+            Err(e) => return self.retry_after(e).map(|()| None),
+        };
+        match ResponseError::try_from_code(response.error_code) {
+            None => {}
+            Some(ResponseError::RebalanceInProgress) => return Ok(None),
+            Some(ResponseError::UnknownMemberId) => {
+                self.member_id.clear();
+                self.lose("the coordinator no longer knows this member")?;
+                return Ok(None);
+            }
+            Some(ResponseError::IllegalGeneration) => {
+                self.lose("the generation moved on during SyncGroup")?;
+                return Ok(None);
+            }
+            Some(ResponseError::CoordinatorNotAvailable | ResponseError::NotCoordinator | ResponseError::CoordinatorLoadInProgress) => {
+                self.conn = None;
+                return Ok(None);
+            }
+            Some(ResponseError::FencedInstanceId) => {
+                return Err(self.fatal("another instance joined with the same `group.instance.id`; this one stops".into()))
+            }
+            Some(e) => return Err(self.fatal(format!("SyncGroup failed: {e}"))),
+        }
+        let tasks = MemberTasks::decode(response.assignment)
+            .map_err(|e| self.fatal(format!("the leader's assignment cannot be read: {e}")))?;
+        if tasks.error == AssignmentError::MismatchedTopics as u16 {
+            return Err(self.fatal(
+                "the group's members subscribe to different input topics; every instance of an application must read the same topics".into(),
+            ));
+        }
+        Ok(Some((generation, tasks)))
+    }
+
+    /// The leader's part: every member's tasks, encoded for SyncGroup.
+    fn assign(&self, members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember]) -> Vec<SyncGroupRequestAssignment> {
+        let mut states = Vec::new();
+        let mut version = USER_DATA_VERSION;
+        let mut mismatch = false;
+        let mut claims: BTreeMap<TaskId, Vec<String>> = BTreeMap::new();
+        let mut pending: Vec<(usize, BTreeSet<TaskId>)> = Vec::new();
+        for m in members {
+            let id = m.member_id.to_string();
+            match Subscription::decode(m.metadata.clone()) {
+                Ok(s) => {
+                    version = version.min(s.info.latest_supported_version);
+                    if s.topics != self.settings.topics {
+                        tracing::error!(member = %id, topics = ?s.topics, ours = ?self.settings.topics, "a member subscribes to other topics");
+                        mismatch = true;
+                    }
+                    for t in &s.owned {
+                        claims.entry(*t).or_default().push(id.clone());
+                    }
+                    pending.push((states.len(), s.info.pending));
+                    states.push(MemberState {
+                        member_id: id,
+                        prev_active: s.owned,
+                        prev_standby: s.info.standby,
+                        task_offsets: s.info.task_offsets,
+                        client_tags: s.info.client_tags,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(member = %id, error = %e, "a member's subscription cannot be read; it gets no tasks");
+                    states.push(MemberState {
+                        member_id: id,
+                        prev_active: BTreeSet::new(),
+                        prev_standby: BTreeSet::new(),
+                        task_offsets: BTreeMap::new(),
+                        client_tags: BTreeMap::new(),
+                    });
+                }
+            }
+        }
+        // A task handed over between two rounds counts as its new owner's,
+        // unless some member still claims it.
+        for (i, tasks) in pending {
+            let unclaimed = tasks.into_iter().filter(|t| !claims.contains_key(t));
+            states[i].prev_active.extend(unclaimed);
+        }
+        let mut plan = assignor::assign(self.settings.tasks, &states, self.settings.num_standby_replicas);
+        // Cooperative: a task that moves is withheld from its new owner
+        // until every previous owner gave it up (they rejoin at once).
+        let mut withheld: BTreeMap<String, BTreeSet<TaskId>> = BTreeMap::new();
+        for (member, tasks) in plan.iter_mut() {
+            tasks.active.retain(|t| {
+                let others = claims.get(t).is_some_and(|c| c.iter().any(|owner| owner != member));
+                if others {
+                    withheld.entry(member.clone()).or_default().insert(*t);
+                }
+                !others
+            });
+        }
+        tracing::info!(group = %self.settings.group, generation = self.generation, members = states.len(),
+            withheld = ?withheld, plan = ?plan, "assignment computed");
+        states
+            .iter()
+            .map(|m| {
+                let tasks = plan.get(&m.member_id).cloned().unwrap_or_default();
+                let pending = withheld.get(&m.member_id).cloned().unwrap_or_default();
+                let mut tasks = MemberTasks { active: tasks.active, standby: tasks.standby, pending, error: 0 };
+                if mismatch {
+                    tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };
+                }
+                let mut a = SyncGroupRequestAssignment::default();
+                a.member_id = StrBytes::from_string(m.member_id.clone());
+                a.assignment = tasks.encode(&self.settings.topics, version);
+                a
+            })
+            .collect()
+    }
+
+    /// One heartbeat. `Ok(None)`: still a member of this generation.
+    fn heartbeat(&mut self, generation: &Generation) -> Result<Option<Outcome>> {
+        let group = self.settings.group.clone();
+        let Some(conn) = self.coordinator()? else { return Ok(None) };
+        let mut request = HeartbeatRequest::default();
+        request.group_id = GroupId(StrBytes::from_string(group.clone()));
+        request.generation_id = generation.id;
+        request.member_id = StrBytes::from_string(generation.member_id.clone());
+        request.group_instance_id = generation.instance_id.clone().map(StrBytes::from_string);
+        let (response, _) = conn.send(&request)?;
+        match ResponseError::try_from_code(response.error_code) {
+            None => Ok(None),
+            Some(ResponseError::RebalanceInProgress) => Ok(Some(Outcome::Rejoin)),
+            Some(ResponseError::IllegalGeneration) => {
+                Ok(Some(Outcome::Fenced("heartbeat: the group moved to a newer generation".into())))
+            }
+            Some(ResponseError::UnknownMemberId) => {
+                self.member_id.clear();
+                Ok(Some(Outcome::Fenced("heartbeat: the coordinator no longer knows this member".into())))
+            }
+            Some(ResponseError::FencedInstanceId) => {
+                Err(self.fatal("another instance joined with the same `group.instance.id`; this one stops".into()))
+            }
+            Some(ResponseError::CoordinatorNotAvailable | ResponseError::NotCoordinator | ResponseError::CoordinatorLoadInProgress) => {
+                self.conn = None;
+                Ok(None)
+            }
+            Some(e) => {
+                tracing::warn!(group = %group, error = %e, "heartbeat failed");
+                Ok(None)
+            }
+        }
+    }
+
+    /// LeaveGroup, so the group rebalances at once instead of after the
+    /// session timeout. Best effort.
+    fn leave_group(&mut self) {
+        let group = self.settings.group.clone();
+        let member_id = std::mem::take(&mut self.member_id);
+        let Ok(Some(conn)) = self.coordinator_once() else { return };
+        let mut request = LeaveGroupRequest::default();
+        request.group_id = GroupId(StrBytes::from_string(group.clone()));
+        let version = conn.version::<LeaveGroupRequest>().unwrap_or(0);
+        if version >= 3 {
+            let mut identity = MemberIdentity::default();
+            identity.member_id = StrBytes::from_string(member_id.clone());
+            identity.reason = Some(StrBytes::from_static_str("the instance is shutting down"));
+            request.members = vec![identity];
+        } else {
+            request.member_id = StrBytes::from_string(member_id.clone());
+        }
+        match conn.send(&request) {
+            Ok((r, _)) if r.error_code == 0 => tracing::info!(group = %group, member = %member_id, "left the group"),
+            Ok((r, _)) => tracing::warn!(group = %group, error = %code_name(r.error_code), "LeaveGroup failed"),
+            Err(e) => tracing::warn!(group = %group, error = %e, "LeaveGroup failed"),
+        }
+    }
+
+    /// The coordinator connection without retries (for leaving).
+    fn coordinator_once(&mut self) -> Result<Option<&mut Connection>> {
+        if self.conn.is_none() {
+            self.conn = Some(self.brokers.coordinator(&self.settings.group, self.rotate)?);
+        }
+        Ok(self.conn.as_mut())
+    }
+}
+
+fn millis(d: Duration) -> i32 {
+    d.as_millis().min(i32::MAX as u128) as i32
+}

@@ -154,6 +154,8 @@ impl AppConfig {
                 return Err(Error::Config(format!("kafka config `{k}` is managed by kstate and cannot be overridden")));
             }
         }
+        // kstate's own connections must be able to honour the security settings.
+        crate::group::security::Security::from_kafka_config(&self.kafka_overrides)?;
         Ok(())
     }
 

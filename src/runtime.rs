@@ -332,6 +332,12 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let base = client_config(&config);
+    // TLS and SASL failures are typed errors at once, not a startup timeout.
+    let security = crate::group::security::Security::from_kafka_config(&config.kafka_overrides)?;
+    let client_id = format!("{}-kstate", config.application_id);
+    let connect_timeout = config.startup_timeout.min(Duration::from_secs(10));
+    crate::group::coordinator::Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout)
+        .reach(config.startup_timeout)?;
     let admin: AdminClient<DefaultClientContext> = base.create()?;
     let partitions = input_partitions(&admin, &config)?;
     let specs: Vec<ChangelogSpec> = config

@@ -88,4 +88,12 @@ kstate_start_broker() {
     [[ -n $KSTATE_BOOTSTRAP ]] || { kstate_log "testing/kafka.sh start printed no address"; exit 1; }
     export KSTATE_BOOTSTRAP
     kstate_log "KSTATE_BOOTSTRAP=$KSTATE_BOOTSTRAP"
+    # The SSL and SASL listeners of the same broker, and its certificates
+    # (KSTATE_SSL_BOOTSTRAP, KSTATE_SASL_BOOTSTRAP, KSTATE_TLS_*), for the
+    # security tests.
+    local env_lines
+    env_lines=$(bash "$KSTATE_KAFKA_SH" env) || { kstate_log "testing/kafka.sh env failed"; exit 1; }
+    set -a
+    eval "$env_lines"
+    set +a
 }

@@ -130,6 +130,9 @@ impl Default for AppBuilder {
                 assignment: AssignmentStrategy::Auto,
                 restore_listener: None,
                 processing_exception_handler: None,
+                num_standby_replicas: 0,
+                application_server: None,
+                client_tags: Default::default(),
             },
         }
     }
@@ -265,9 +268,35 @@ impl AppBuilder {
         self
     }
 
-    /// The group assignment strategy (default [`AssignmentStrategy::Auto`]).
+    /// Ignored: kstate assigns tasks with its own state-aware assignor
+    /// (partition `p` of every input topic always stays together).
+    #[deprecated(note = "kstate assigns tasks itself; the strategy is ignored")]
     pub fn assignment_strategy(mut self, strategy: AssignmentStrategy) -> Self {
         self.config.assignment = strategy;
+        self
+    }
+
+    /// Standby replicas per task (default 0; Kafka Streams'
+    /// `num.standby.replicas`): other instances keep a copy of each store
+    /// partition up to date from its changelog, so a failover replays only
+    /// their lag instead of the whole changelog.
+    pub fn num_standby_replicas(mut self, replicas: usize) -> Self {
+        self.config.num_standby_replicas = replicas;
+        self
+    }
+
+    /// This instance's `host:port` for interactive queries (Kafka Streams'
+    /// `application.server`); published to the group.
+    pub fn application_server(mut self, host_port: impl Into<String>) -> Self {
+        self.config.application_server = Some(host_port.into());
+        self
+    }
+
+    /// A client tag (e.g. `zone` = `eu-1a`): standbys of a task go to
+    /// instances whose tags differ from its active's where possible
+    /// (Kafka Streams' `client.tag.*`, KIP-708).
+    pub fn client_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config.client_tags.insert(key.into(), value.into());
         self
     }
 

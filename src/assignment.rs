@@ -1,12 +1,14 @@
 //! Where partition assignments come from.
 //!
-//! Today kstate joins the application's consumer group through librdkafka's
-//! own `subscribe()` and maps its rebalance callbacks to task events
-//! ([`AssignmentEvent`]). DESIGN.md §3 plans a state-aware assignor (own
-//! group protocol, standbys, warmups) that will produce the same events, so
-//! the task manager does not change when it lands.
+//! kstate's own group membership ([`crate::group`]) decides which tasks
+//! this instance runs; the runtime turns each new assignment into task
+//! events ([`AssignmentEvent`]), so the task manager does not know where
+//! assignments come from.
 
-/// The group assignment strategy used with librdkafka's `subscribe()`.
+/// The group assignment strategy of earlier versions, which joined the
+/// group through librdkafka's `subscribe()`. Ignored: kstate now assigns
+/// tasks with its own state-aware assignor, which always keeps partition
+/// `p` of every input topic together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AssignmentStrategy {
@@ -21,17 +23,6 @@ pub enum AssignmentStrategy {
     /// Eager `range`: every rebalance revokes and reassigns all partitions,
     /// keeping partition `p` of every input topic together.
     Range,
-}
-
-impl AssignmentStrategy {
-    /// The librdkafka `partition.assignment.strategy` for `input_topics` topics.
-    pub(crate) fn librdkafka_name(self, input_topics: usize) -> &'static str {
-        match self {
-            AssignmentStrategy::Auto if input_topics <= 1 => "cooperative-sticky",
-            AssignmentStrategy::Auto | AssignmentStrategy::Range => "range",
-            AssignmentStrategy::CooperativeSticky => "cooperative-sticky",
-        }
-    }
 }
 
 /// A change of this member's assignment, whatever produced it.

@@ -65,7 +65,30 @@ pub(crate) struct AppConfig {
     pub(crate) assignment: AssignmentStrategy,
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
     pub(crate) processing_exception_handler: Option<Arc<ProcessingExceptionHandler>>,
+    pub(crate) num_standby_replicas: usize,
+    pub(crate) application_server: Option<String>,
+    pub(crate) client_tags: std::collections::BTreeMap<String, String>,
 }
+
+/// The group membership's timing and identity, read from `kafka_config`
+/// under the consumer settings' (and Kafka Streams') names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GroupTimeouts {
+    /// `session.timeout.ms` (default 45 s).
+    pub(crate) session: Duration,
+    /// `heartbeat.interval.ms` (default 3 s).
+    pub(crate) heartbeat: Duration,
+    /// `max.poll.interval.ms` (default 5 min): how long the group waits
+    /// for a member to rejoin, and for this member to apply an assignment.
+    pub(crate) rebalance: Duration,
+    /// `group.instance.id`: static membership.
+    pub(crate) instance_id: Option<String>,
+}
+
+/// Consumer settings the membership uses and librdkafka must not see
+/// (its consumers only ever `assign`).
+pub(crate) const MEMBERSHIP_KEYS: [&str; 5] =
+    ["session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "group.instance.id", "partition.assignment.strategy"];
 
 /// Decides what happens to a record the processor failed on (see
 /// [`AppBuilder::processing_exception_handler`](crate::AppBuilder::processing_exception_handler)).
@@ -142,13 +165,6 @@ impl AppConfig {
         if self.max_uncommitted_bytes == 0 {
             return Err(Error::Config("max_uncommitted_bytes must be greater than zero".into()));
         }
-        if self.assignment == crate::assignment::AssignmentStrategy::CooperativeSticky && self.input_topics.len() > 1 {
-            return Err(Error::Config(
-                "cooperative-sticky assignment does not keep partition p of several input topics on one member; \
-                 use AssignmentStrategy::Auto or Range with more than one input topic"
-                    .into(),
-            ));
-        }
         for (k, _) in &self.kafka_overrides {
             if matches!(k.as_str(), "group.id" | "enable.auto.commit" | "enable.idempotence" | "bootstrap.servers") {
                 return Err(Error::Config(format!("kafka config `{k}` is managed by kstate and cannot be overridden")));
@@ -156,7 +172,41 @@ impl AppConfig {
         }
         // kstate's own connections must be able to honour the security settings.
         crate::group::security::Security::from_kafka_config(&self.kafka_overrides)?;
+        self.group_timeouts()?;
+        if let Some(server) = &self.application_server {
+            let ok = server.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(Error::Config(format!("application_server must be host:port, not `{server}`")));
+            }
+        }
         Ok(())
+    }
+
+    /// The membership's settings from `kafka_config` (checked by `validate`).
+    pub(crate) fn group_timeouts(&self) -> Result<GroupTimeouts> {
+        let get = |key: &str| self.kafka_overrides.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.trim());
+        let millis = |key: &str, default: u64| -> Result<Duration> {
+            match get(key) {
+                None => Ok(Duration::from_millis(default)),
+                Some(v) => match v.parse::<u64>() {
+                    Ok(ms) if ms > 0 && ms <= i32::MAX as u64 => Ok(Duration::from_millis(ms)),
+                    _ => Err(Error::Config(format!("`{key}` must be a positive number of milliseconds, not `{v}`"))),
+                },
+            }
+        };
+        let t = GroupTimeouts {
+            session: millis("session.timeout.ms", 45_000)?,
+            heartbeat: millis("heartbeat.interval.ms", 3_000)?,
+            rebalance: millis("max.poll.interval.ms", 300_000)?,
+            instance_id: get("group.instance.id").filter(|v| !v.is_empty()).map(String::from),
+        };
+        if t.heartbeat >= t.session {
+            return Err(Error::Config(format!(
+                "`heartbeat.interval.ms` ({:?}) must be lower than `session.timeout.ms` ({:?})",
+                t.heartbeat, t.session
+            )));
+        }
+        Ok(t)
     }
 
     pub(crate) fn store_dir(&self, store: &str, partition: i32) -> PathBuf {

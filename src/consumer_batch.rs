@@ -45,16 +45,6 @@ pub(crate) struct QueueHandle {
 unsafe impl Send for QueueHandle {}
 unsafe impl Sync for QueueHandle {}
 
-/// One partition's offset in the result of an asynchronous commit.
-#[derive(Debug)]
-pub(crate) struct CommittedOffset {
-    pub(crate) topic: String,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
-    /// The partition's own error, if any.
-    pub(crate) error: Option<RDKafkaErrorCode>,
-}
-
 impl QueueHandle {
     /// A new, empty queue that partitions can be forwarded to.
     ///
@@ -89,59 +79,6 @@ impl QueueHandle {
             rdsys::rd_kafka_queue_destroy(partq);
         }
         true
-    }
-
-    /// Commits `offsets` asynchronously; the result arrives on this queue
-    /// (read it with [`QueueHandle::commit_result`]). Only for a queue that
-    /// no partition is forwarded to.
-    pub(crate) fn commit_async<C: ConsumerContext>(
-        &self,
-        consumer: &BaseConsumer<C>,
-        offsets: &rdkafka::TopicPartitionList,
-    ) -> KafkaResult<()> {
-        // SAFETY: live consumer handle and queue; librdkafka copies the list.
-        let err = unsafe {
-            rdsys::rd_kafka_commit_queue(consumer.client().native_ptr(), offsets.ptr(), self.ptr.as_ptr(), None, std::ptr::null_mut())
-        };
-        if err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-            Ok(())
-        } else {
-            Err(rdkafka::error::KafkaError::ConsumerCommit(err.into()))
-        }
-    }
-
-    /// The result of an asynchronous commit, if one has arrived: the
-    /// request's error and the offsets with their per-partition errors.
-    pub(crate) fn commit_result(&self) -> Option<(KafkaResult<()>, Vec<CommittedOffset>)> {
-        // SAFETY: our queue; the event and its list are read and copied,
-        // and the event destroyed before returning.
-        unsafe {
-            let event = rdsys::rd_kafka_queue_poll(self.ptr.as_ptr(), 0);
-            if event.is_null() {
-                return None;
-            }
-            let err = rdsys::rd_kafka_event_error(event);
-            let result = if err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-                Ok(())
-            } else {
-                Err(rdkafka::error::KafkaError::ConsumerCommit(err.into()))
-            };
-            let list = rdsys::rd_kafka_event_topic_partition_list(event);
-            let mut offsets = Vec::new();
-            if !list.is_null() && (*list).cnt > 0 {
-                for e in std::slice::from_raw_parts((*list).elems, (*list).cnt as usize) {
-                    offsets.push(CommittedOffset {
-                        topic: CStr::from_ptr(e.topic).to_string_lossy().into_owned(),
-                        partition: e.partition,
-                        offset: e.offset,
-                        error: (e.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR)
-                            .then(|| RDKafkaErrorCode::from(e.err)),
-                    });
-                }
-            }
-            rdsys::rd_kafka_event_destroy(event);
-            Some((result, offsets))
-        }
     }
 }
 

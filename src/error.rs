@@ -155,6 +155,11 @@ pub enum Error {
         found: i64,
     },
 
+    /// The group coordinator refused an offset commit for a reason retrying
+    /// cannot fix (e.g. the group or topic is not authorised).
+    #[error("offset commit failed: {0}")]
+    OffsetCommit(String),
+
     /// A commit did not finish in time (producer flush or offset commit).
     #[error("commit timed out after {0:?} waiting for changelog acknowledgements")]
     CommitTimeout(Duration),

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 /// What an offset-commit failure means for the tasks whose offsets it carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,36 +28,6 @@ impl CommitFailure {
             CommitFailure::Retriable => "retriable",
             CommitFailure::Fatal => "fatal",
         }
-    }
-}
-
-/// Classifies an error returned by an offset commit.
-pub(crate) fn classify_commit_error(error: &KafkaError) -> CommitFailure {
-    use RDKafkaErrorCode as C;
-    let code = match error {
-        KafkaError::ConsumerCommit(code) | KafkaError::Global(code) => *code,
-        _ => return CommitFailure::Fatal,
-    };
-    match code {
-        C::IllegalGeneration
-        | C::UnknownMemberId
-        | C::RebalanceInProgress
-        | C::FencedInstanceId
-        | C::AssignmentLost
-        | C::State => CommitFailure::GroupChanged,
-        C::WaitingForCoordinator
-        | C::NotCoordinator
-        | C::CoordinatorLoadInProgress
-        | C::CoordinatorNotAvailable
-        | C::RequestTimedOut
-        | C::OperationTimedOut
-        | C::TimedOutQueue
-        | C::NetworkException
-        | C::BrokerTransportFailure
-        | C::AllBrokersDown
-        | C::Retry
-        | C::Outdated => CommitFailure::Retriable,
-        _ => CommitFailure::Fatal,
     }
 }
 
@@ -120,35 +89,6 @@ impl RetryRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn group_changes_retriable_and_fatal_commit_errors_are_told_apart() {
-        let commit = |c| classify_commit_error(&KafkaError::ConsumerCommit(c));
-        for c in [
-            RDKafkaErrorCode::IllegalGeneration,
-            RDKafkaErrorCode::UnknownMemberId,
-            RDKafkaErrorCode::RebalanceInProgress,
-            RDKafkaErrorCode::FencedInstanceId,
-        ] {
-            assert_eq!(commit(c), CommitFailure::GroupChanged, "{c:?}");
-        }
-        for c in [
-            RDKafkaErrorCode::WaitingForCoordinator,
-            RDKafkaErrorCode::NotCoordinator,
-            RDKafkaErrorCode::CoordinatorLoadInProgress,
-            RDKafkaErrorCode::RequestTimedOut,
-            RDKafkaErrorCode::AllBrokersDown,
-        ] {
-            assert_eq!(commit(c), CommitFailure::Retriable, "{c:?}");
-        }
-        assert_eq!(commit(RDKafkaErrorCode::GroupAuthorizationFailed), CommitFailure::Fatal);
-        assert_eq!(commit(RDKafkaErrorCode::OffsetMetadataTooLarge), CommitFailure::Fatal);
-        assert_eq!(
-            classify_commit_error(&KafkaError::Subscription("x".into())),
-            CommitFailure::Fatal,
-            "not a commit error"
-        );
-    }
 
     #[test]
     fn a_retry_run_backs_off_and_reports_its_length() {

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use crate::app::ShutdownHandle;
@@ -22,6 +21,9 @@ use crate::config::{AppConfig, ProcessingDecision};
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
 use crate::fetch_wake::{self, FetchWaker};
+use crate::group::coordinator::Brokers;
+use crate::group::member::{GroupEvent, GroupSettings, Membership};
+use crate::group::offsets::Committer;
 use crate::restore::{NoopListener, Restorer};
 use crate::store::{KeyValueStore, TypedStore};
 use crate::task::{Task, TaskManager, TaskState};
@@ -80,13 +82,10 @@ impl<'t> ProcessorContext<'t> {
     }
 }
 
-/// Shared between the loop and the rebalance callbacks (which run inside `poll`).
+/// The task manager, shared with the membership thread (which reads the
+/// checkpoints of open stores for its subscription).
 struct Shared {
     tasks: Mutex<TaskManager>,
-    fatal: Mutex<Option<Error>>,
-    /// Where assigned partitions' records go (read in batches by the loop);
-    /// taken out before the consumer is dropped.
-    records: Mutex<Option<Arc<QueueHandle>>>,
 }
 
 /// How long an idle loop pass waits for records.
@@ -94,201 +93,145 @@ const IDLE_WAIT: Duration = Duration::from_millis(10);
 /// Records processed between checks of the commit deadline and shutdown
 /// inside a polled batch (a clock read per record would cost ~2% at 1M/s).
 const DEADLINE_CHECK_EVERY: usize = 32;
+/// How long a clean shutdown waits for LeaveGroup.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Installs the runtime's handles in the task manager (the fetch waker and
-/// the offset-commit queue) and takes them out again when dropped, also
-/// while unwinding: the waker thread ends once the last waker is gone (the
-/// scope waits for it), and the queue must not outlive the consumer.
-struct TaskHandlesInstalled<'s>(&'s Shared);
+/// Installs the fetch waker in the task manager and takes it out again
+/// when dropped, also while unwinding: the waker thread ends once the last
+/// waker is gone (the scope waits for it).
+struct WakerInstalled<'s>(&'s Shared);
 
-impl<'s> TaskHandlesInstalled<'s> {
-    fn install(shared: &'s Shared, waker: FetchWaker, commit_queue: Arc<QueueHandle>) -> Self {
-        let mut tasks = shared.tasks.lock().expect("task lock");
-        tasks.fetch_waker = Some(waker);
-        tasks.commit_queue = Some(commit_queue);
-        TaskHandlesInstalled(shared)
+impl<'s> WakerInstalled<'s> {
+    fn install(shared: &'s Shared, waker: FetchWaker) -> Self {
+        shared.tasks.lock().expect("task lock").fetch_waker = Some(waker);
+        WakerInstalled(shared)
     }
 }
 
-impl Drop for TaskHandlesInstalled<'_> {
+impl Drop for WakerInstalled<'_> {
     fn drop(&mut self) {
-        let mut tasks = self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        tasks.fetch_waker = None;
-        tasks.commit_queue = None;
+        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fetch_waker = None;
     }
 }
 
-/// Keeps the record queue in `Shared` (for the rebalance callback) and takes
-/// it out again when dropped, so it never outlives the consumer.
-struct RecordQueueGuard<'s>(&'s Shared);
-
-impl<'s> RecordQueueGuard<'s> {
-    fn install(shared: &'s Shared, queue: Arc<QueueHandle>) -> Self {
-        *shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(queue);
-        RecordQueueGuard(shared)
-    }
-}
-
-impl Drop for RecordQueueGuard<'_> {
-    fn drop(&mut self) {
-        self.0.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-    }
-}
-
-struct RuntimeContext {
-    shared: Arc<Shared>,
-    /// Whether the group uses the cooperative protocol (incremental
-    /// assign/unassign) rather than eager `assign`.
-    cooperative: bool,
-}
+/// The processing consumer's context. The consumer only ever `assign`s
+/// (kstate's own membership decides what it reads), so librdkafka runs no
+/// rebalance callbacks.
+struct RuntimeContext;
 
 impl ClientContext for RuntimeContext {}
+impl ConsumerContext for RuntimeContext {}
 
-fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
-    tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect()
+/// Input partitions of `tasks`: partition `p` of every input topic.
+fn input_partitions_of(topics: &[String], tasks: impl IntoIterator<Item = i32> + Clone) -> Vec<(String, i32)> {
+    topics.iter().flat_map(|t| tasks.clone().into_iter().map(move |p| (t.clone(), p))).collect()
 }
 
-impl RuntimeContext {
-    /// librdkafka pauses every assigned partition while a rebalance callback
-    /// runs and resumes them when it (incrementally) assigns or unassigns,
-    /// without waking its broker threads (`rd_kafka_toppar_pause_resume`
-    /// only flips a flag): the partitions a member keeps got no records for
-    /// up to 1 s after each cooperative round (measured 0.60 s). A
-    /// watermark query per partition wakes their fetchers (see
-    /// [`crate::fetch_wake`]).
-    fn wake_kept_partitions(&self, consumer: &BaseConsumer<Self>, new: Option<&TopicPartitionList>) {
-        let Ok(current) = consumer.assignment() else { return };
-        let mut kept = TopicPartitionList::new();
-        for e in current.elements() {
-            if new.is_none_or(|n| n.find_partition(e.topic(), e.partition()).is_none()) {
-                kept.add_partition(e.topic(), e.partition());
-            }
-        }
-        if kept.count() == 0 {
-            return;
-        }
-        let tasks = self.shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(waker) = &tasks.fetch_waker {
-            waker.wake(&kept);
-        }
+fn tpl_of(tps: &[(String, i32)]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for (t, p) in tps {
+        tpl.add_partition(t, *p);
     }
+    tpl
 }
 
-impl ConsumerContext for RuntimeContext {
-    /// rust-rdkafka's default asks librdkafka for the rebalance protocol on
-    /// every rebalance. That call, like `assign`, waits forever once the
-    /// group has terminated during the consumer's close (librdkafka#4041,
-    /// rust-rdkafka#509; seen here as a test hanging in `BaseConsumer`'s
-    /// drop on a stale rebalance event). kstate knows its protocol from its
-    /// configuration, and ignores rebalance events once the consumer closed.
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let rk = consumer.client().native_ptr();
-        // SAFETY: a live consumer handle (we are inside its poll).
-        if unsafe { rdkafka::bindings::rd_kafka_consumer_closed(rk) } == 1 {
-            tracing::debug!(error = ?err, "rebalance event after the consumer closed; ignored");
-            return;
-        }
-        let assign = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
-        let rebalance = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
-            other => Rebalance::Error(KafkaError::Rebalance(other.into())),
-        };
-        self.pre_rebalance(consumer, &rebalance);
-        // Anything but an assignment (revocations and errors) gives up the
-        // partitions, as rust-rdkafka's default does.
-        let failure = assign_or_unassign(rk, tpl, assign, self.cooperative);
-        if let Some(e) = failure {
-            tracing::error!(error = %e, assign, "applying a rebalance failed");
-        }
-        // Newly assigned partitions stay paused until their restore ends.
-        self.wake_kept_partitions(consumer, if assign { Some(&*tpl) } else { None });
-        self.post_rebalance(consumer, &rebalance);
-    }
-
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
-            // Before the assignment takes effect, so no record of these
-            // partitions reaches the consumer queue first.
-            let records = self.shared.records.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(q) = records.as_ref() {
-                for (topic, p) in partitions(tpl) {
-                    if !q.forward_partition(consumer, &topic, p) {
-                        tracing::warn!(%topic, partition = p, "cannot forward the partition to the record queue; reading it one record at a time");
+/// Applies what the membership reports: a new generation's tasks (revoked
+/// ones committed under it and closed, new ones assigned paused until
+/// restored), or the loss of every active task (closed without commit).
+/// Every event is acknowledged once applied: the membership rejoins only
+/// after that.
+fn apply_group_events(
+    membership: &Membership,
+    consumer: &BaseConsumer<RuntimeContext>,
+    records: &QueueHandle,
+    tasks: &mut TaskManager,
+    topics: &[String],
+) -> Result<()> {
+    while let Ok(event) = membership.events.try_recv() {
+        match event {
+            GroupEvent::Assigned { generation, active, standby } => {
+                let owned = tasks.partitions();
+                tasks.generation = Some(generation.clone());
+                let revoked: Vec<i32> = owned.difference(&active).copied().collect();
+                let new: Vec<i32> = active.difference(&owned).copied().collect();
+                tracing::info!(generation = generation.id, active = ?active, standby = ?standby, revoked = ?revoked, new = ?new,
+                    "applying the group's assignment");
+                if !revoked.is_empty() {
+                    let tps = input_partitions_of(topics, revoked);
+                    let committed = tasks.on_event(consumer, AssignmentEvent::Revoked(tps.clone()));
+                    if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
+                        tracing::warn!(error = %e, "unassigning revoked partitions failed");
                     }
+                    committed?;
                 }
+                if !new.is_empty() {
+                    let tps = input_partitions_of(topics, new);
+                    // Before the assignment takes effect, so no record of
+                    // these partitions reaches the consumer queue first.
+                    for (topic, p) in &tps {
+                        if !records.forward_partition(consumer, topic, *p) {
+                            tracing::warn!(%topic, partition = p, "cannot forward the partition to the record queue; reading it one record at a time");
+                        }
+                    }
+                    let tpl = tpl_of(&tps);
+                    consumer.incremental_assign(&tpl)?;
+                    // No record of a new partition may be processed before
+                    // its restore ends: paused until it runs.
+                    consumer.pause(&tpl)?;
+                    tasks.on_event(consumer, AssignmentEvent::Assigned(tps))?;
+                }
+                membership.applied();
             }
-        }
-        if let Rebalance::Revoke(tpl) = rebalance {
-            let tps = partitions(tpl);
-            let event = if consumer.assignment_lost() {
-                tracing::warn!(partitions = ?tps, "assignment lost; closing tasks without commit");
-                AssignmentEvent::Lost(tps)
-            } else {
-                tracing::info!(partitions = ?tps, "partitions revoked; committing and closing");
-                AssignmentEvent::Revoked(tps)
-            };
-            // A poisoned lock means the processor panicked mid-record: its
-            // writes are uncommitted, so close without committing.
-            let (mut tasks, event) = match self.shared.tasks.lock() {
-                Ok(t) => (t, event),
-                Err(poisoned) => (poisoned.into_inner(), AssignmentEvent::Lost(partitions(tpl))),
-            };
-            if let Err(e) = tasks.on_event(consumer, event) {
-                tracing::error!(error = %e, "commit on revoke failed");
-                self.shared.fatal.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
+            GroupEvent::Lost { reason } => {
+                let tps = input_partitions_of(topics, tasks.partitions());
+                tracing::warn!(%reason, partitions = ?tps, "tasks lost; closing them without commit");
+                tasks.generation = None;
+                let closed = tasks.on_event(consumer, AssignmentEvent::Lost(tps.clone()));
+                if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
+                    tracing::warn!(error = %e, "unassigning lost partitions failed");
+                }
+                membership.applied();
+                closed?;
             }
+            GroupEvent::Failed(e) => return Err(e),
         }
     }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                // No record of a new partition may be processed before its
-                // restore ends: pause at once, resume when it runs.
-                if let Err(e) = consumer.pause(tpl) {
-                    tracing::error!(error = %e, "pausing newly assigned partitions failed");
-                }
-                let tps = partitions(tpl);
-                tracing::info!(partitions = ?tps, "partitions assigned");
-                let mut tasks = self.shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let _ = tasks.on_event(consumer, AssignmentEvent::Assigned(tps));
-            }
-            Rebalance::Error(e) => tracing::error!(error = %e, "rebalance error"),
-            Rebalance::Revoke(_) => {}
-        }
-    }
+    Ok(())
 }
 
-/// Applies a rebalance to the consumer: (incremental) assign of `tpl`, or
-/// unassign. Returns librdkafka's error, if any.
-fn assign_or_unassign(
-    rk: *mut rdkafka::bindings::rd_kafka_t,
-    tpl: &TopicPartitionList,
-    assign: bool,
-    cooperative: bool,
-) -> Option<String> {
-    use rdkafka::bindings as rdsys;
-    // SAFETY: `rk` is the live consumer handle of the rebalance callback and
-    // `tpl` the event's list; a returned error object is destroyed here.
-    unsafe {
-        if cooperative {
-            let error = if assign {
-                rdsys::rd_kafka_incremental_assign(rk, tpl.ptr())
-            } else {
-                rdsys::rd_kafka_incremental_unassign(rk, tpl.ptr())
-            };
-            if error.is_null() {
-                return None;
-            }
-            let text = std::ffi::CStr::from_ptr(rdsys::rd_kafka_error_string(error)).to_string_lossy().into_owned();
-            rdsys::rd_kafka_error_destroy(error);
-            Some(text)
-        } else {
-            let err = rdsys::rd_kafka_assign(rk, if assign { tpl.ptr() } else { std::ptr::null_mut() });
-            (err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| RDKafkaErrorCode::from(err).to_string())
+/// A process id that survives restarts, kept in the application's state
+/// directory (Kafka Streams keeps one there too): the group tells an
+/// instance that restarted apart from a new one.
+fn process_id(config: &AppConfig) -> Result<String> {
+    let dir = config.state_dir.join(&config.application_id);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+    let path = dir.join("kstate.process-id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        let id = id.trim();
+        if !id.is_empty() {
+            return Ok(id.to_string());
         }
     }
+    let mut raw = [0u8; 16];
+    openssl::rand::rand_bytes(&mut raw).map_err(|e| Error::Config(format!("no random bytes for a process id: {e}")))?;
+    let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, &id).map_err(|e| Error::io(path.display().to_string(), e))?;
+    Ok(id)
+}
+
+/// The tasks whose state is on this instance's disk: every partition with
+/// a store directory (its checkpoint is not read here: that would open
+/// every RocksDB instance).
+fn local_tasks(config: &AppConfig, partitions: i32) -> std::collections::BTreeMap<i32, i64> {
+    let mut found = std::collections::BTreeMap::new();
+    for store in &config.stores {
+        for p in 0..partitions {
+            if config.store_dir(store.name(), p).is_dir() {
+                found.entry(p).or_insert(0);
+            }
+        }
+    }
+    found
 }
 
 fn client_config(config: &AppConfig) -> ClientConfig {
@@ -336,7 +279,7 @@ where
     let security = crate::group::security::Security::from_kafka_config(&config.kafka_overrides)?;
     let client_id = format!("{}-kstate", config.application_id);
     let connect_timeout = config.startup_timeout.min(Duration::from_secs(10));
-    crate::group::coordinator::Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout)
+    Brokers::new(&config.bootstrap_servers, security.clone(), client_id.clone(), connect_timeout)
         .reach(config.startup_timeout)?;
     let admin: AdminClient<DefaultClientContext> = base.create()?;
     let partitions = input_partitions(&admin, &config)?;
@@ -363,27 +306,26 @@ where
     let restorer = Restorer::start(restore_config, listener, config.startup_timeout)?;
 
     let resources = EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes);
-    let shared = Arc::new(Shared {
-        tasks: Mutex::new(TaskManager::new(
-            config.clone(),
-            producer,
-            resources,
-            max_message_bytes,
-            infos.iter().filter_map(|(topic, i)| Some((topic.clone(), i.tombstone_retention?))).collect(),
-            restorer,
-        )),
-        fatal: Mutex::new(None),
-        records: Mutex::new(None),
-    });
+    let mut task_manager = TaskManager::new(
+        config.clone(),
+        producer,
+        resources,
+        max_message_bytes,
+        infos.iter().filter_map(|(topic, i)| Some((topic.clone(), i.tombstone_retention?))).collect(),
+        restorer,
+    );
+    let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
+    task_manager.committer = Some(Committer::start(brokers.clone(), config.application_id.clone())?);
+    let shared = Arc::new(Shared { tasks: Mutex::new(task_manager) });
 
-    let strategy = config.assignment.librdkafka_name(config.input_topics.len());
-    let cooperative = strategy == "cooperative-sticky";
     let mut consumer_config = base.clone();
+    for key in crate::config::MEMBERSHIP_KEYS {
+        consumer_config.remove(key);
+    }
     consumer_config
         .set("group.id", &config.application_id)
         .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("partition.assignment.strategy", strategy);
+        .set("enable.auto.offset.store", "false");
     crate::config::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
     // As for restores: librdkafka otherwise pauses fetching for up to 1 s
     // whenever 100k messages per partition are queued, starving a busy loop,
@@ -391,38 +333,61 @@ where
     // records: 6.4 s of fetch thread CPU instead of 1.7 s, 190k -> 281k
     // records/s). librdkafka's default queue depth (queued.min.messages
     // 100k per partition) is kept: since commits no longer stall the
-    // processing thread, a 10x deeper queue only cost memory (2M-record
-    // write benchmark: 612 -> 381 MiB peak RSS, 843k -> 924k records/s).
+    // processing thread, a 10x deeper queue only cost memory.
     crate::config::set_default(&mut consumer_config, "fetch.queue.backoff.ms", crate::restore::FETCH_QUEUE_BACKOFF_MS);
     // A partition resumed while a fetch is in flight joins the next fetch,
     // which a broker holds back up to fetch.wait.max.ms when the partitions
     // already fetched have no new data. librdkafka's 500 ms delayed every
-    // task whose restore ended after another task started running (restore
-    // demo after a crash: caught up 0.87 s after start; with 100 ms, see
-    // CHANGELOG). An idle consumer sends a few more fetches (10/s).
+    // task whose restore ended after another task started running. An idle
+    // consumer sends a few more fetches (10/s).
     crate::config::set_default(&mut consumer_config, "fetch.wait.max.ms", "100");
-    let consumer: BaseConsumer<RuntimeContext> =
-        consumer_config.create_with_context(RuntimeContext { shared: shared.clone(), cooperative })?;
+    let consumer: BaseConsumer<RuntimeContext> = consumer_config.create_with_context(RuntimeContext)?;
+
+    let timeouts = config.group_timeouts()?;
+    let settings = GroupSettings {
+        group: config.application_id.clone(),
+        topics: config.input_topics.clone(),
+        tasks: partitions,
+        session_timeout: timeouts.session,
+        heartbeat_interval: timeouts.heartbeat,
+        rebalance_timeout: timeouts.rebalance,
+        instance_id: timeouts.instance_id,
+        num_standby_replicas: config.num_standby_replicas,
+        process_id: process_id(&config)?,
+        endpoint: config.application_server.clone(),
+        client_tags: config.client_tags.clone(),
+    };
+    let local = {
+        let config = config.clone();
+        Box::new(move || local_tasks(&config, partitions))
+    };
+    let membership = Membership::start(brokers, settings, local)?;
+
     let (waker, wake_requests) = FetchWaker::new();
     let result = std::thread::scope(|scope| -> Result<()> {
         std::thread::Builder::new()
             .name("kstate-fetch-wake".into())
             .spawn_scoped(scope, || fetch_wake::run(&consumer, wake_requests))
             .map_err(|e| Error::io("kstate-fetch-wake thread", e))?;
-        // SAFETY: `records`, `commit_queue` and the guards' copies are
-        // declared after the consumer, so all are dropped before it on every path.
-        let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
-        let _records_in_shared = RecordQueueGuard::install(&shared, records.clone());
-        let commit_queue = Arc::new(unsafe { QueueHandle::new(&consumer) });
+        // SAFETY: `records` is declared after the consumer and dropped
+        // before it on every path.
+        let records = unsafe { QueueHandle::new(&consumer) };
         // Removed again on every path out of this scope.
-        let _installed = TaskHandlesInstalled::install(&shared, waker, commit_queue);
-        let topics: Vec<&str> = config.input_topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
-        tracing::info!(application_id = %config.application_id, topics = ?topics, partitions, "kstate started");
+        let _installed = WakerInstalled::install(&shared, waker);
+        tracing::info!(application_id = %config.application_id, topics = ?config.input_topics, partitions, "kstate started");
 
         let store_index: HashMap<String, usize> =
             config.stores.iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
-        let result = process_loop(&config, &shutdown, &consumer, &records, &shared, &store_index, &mut processor);
+        let parts = LoopParts {
+            config: &config,
+            shutdown: &shutdown,
+            consumer: &consumer,
+            records: &records,
+            membership: &membership,
+            shared: &shared,
+            store_index: &store_index,
+        };
+        let result = process_loop(parts, &mut processor);
 
         let mut tasks = shared.tasks.lock().expect("task lock");
         let result = match result {
@@ -440,52 +405,50 @@ where
         };
         tasks.close_all();
         drop(tasks);
-        consumer.unsubscribe();
-        // Serve the revoke callback of the unsubscribe before the consumer closes.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && consumer.assignment().map(|a| a.count() > 0).unwrap_or(false) {
-            let _ = consumer.poll(Duration::from_millis(50));
+        if let Ok(assigned) = consumer.assignment() {
+            let _ = consumer.incremental_unassign(&assigned);
         }
         result
     });
+    membership.leave(LEAVE_TIMEOUT);
     drop(consumer);
     tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
     result
 }
 
-fn process_loop<F, E>(
-    config: &AppConfig,
-    shutdown: &ShutdownHandle,
-    consumer: &BaseConsumer<RuntimeContext>,
-    records: &QueueHandle,
-    shared: &Shared,
-    store_index: &HashMap<String, usize>,
-    processor: &mut F,
-) -> Result<()>
+/// What the processing loop works with.
+struct LoopParts<'a> {
+    config: &'a AppConfig,
+    shutdown: &'a ShutdownHandle,
+    consumer: &'a BaseConsumer<RuntimeContext>,
+    records: &'a QueueHandle,
+    membership: &'a Membership,
+    shared: &'a Shared,
+    store_index: &'a HashMap<String, usize>,
+}
+
+fn process_loop<F, E>(parts: LoopParts<'_>, processor: &mut F) -> Result<()>
 where
     F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
     while !shutdown.is_shutdown() {
         {
             let mut tasks = shared.tasks.lock().expect("task lock");
+            apply_group_events(membership, consumer, records, &mut tasks, &config.input_topics)?;
             tasks.open_pending(consumer)?;
             tasks.collect_restored(consumer)?;
             tasks.poll_inflight(consumer)?;
             tasks.poll_offset_commit()?;
         }
-        // The consumer queue: rebalance callbacks, errors and logs (served
-        // by rust-rdkafka, one per call), and records of partitions that
-        // could not be forwarded to the record queue.
+        // The consumer queue: errors and logs (served by rust-rdkafka, one
+        // per call), and records of partitions that could not be forwarded
+        // to the record queue.
         serve_consumer_queue(consumer, |event| {
-            // Rebalance callbacks run inside poll and report failures (e.g.
-            // the commit on revoke) here: stop before committing anything else.
-            if let Some(e) = shared.fatal.lock().expect("fatal lock").take() {
-                return Err(e);
-            }
             match event {
                 Some(Ok(msg)) => {
                     let record = Record {
@@ -499,11 +462,10 @@ where
                     process_one(&mut shared.tasks.lock().expect("task lock"), config, store_index, &record, processor)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                // librdkafka's fatal errors leave the consumer unusable (e.g.
-                // another instance joined with the same group.instance.id).
+                // librdkafka's fatal errors leave the consumer unusable.
                 Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
                     tracing::error!(error = %e, "fatal consumer error; stopping");
-                    return Err(e.into());
+                    return Err(Error::from(e));
                 }
                 Some(Err(e)) => consumer_errors.warn(&e),
             }

@@ -10,18 +10,18 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::assignment::AssignmentEvent;
 use crate::changelog::ChangelogProducer;
 use crate::config::AppConfig;
-use crate::consumer_batch::{CommittedOffset, QueueHandle};
 use crate::engine::EngineResources;
 use crate::fetch_wake::FetchWaker;
 use crate::error::{Error, Result};
-use crate::failure::{classify_commit_error, CommitFailure, RetryRun};
+use crate::failure::{CommitFailure, RetryRun};
+use crate::group::member::Generation;
+use crate::group::offsets::{CommitError, Committer};
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
 use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
 
@@ -120,9 +120,11 @@ pub(crate) struct TaskManager {
     offset_commits: RetryRun,
     /// The asynchronous offset commit awaiting its result, if any.
     offsets_in_flight: Option<TopicPartitionList>,
-    /// Where asynchronous offset commits report (set by the runtime; without
-    /// it offsets are committed synchronously).
-    pub(crate) commit_queue: Option<Arc<QueueHandle>>,
+    /// Commits input offsets under the group generation (set by the runtime).
+    pub(crate) committer: Option<Committer>,
+    /// The generation of the current assignment: offsets are committed
+    /// under it, so a member the group has fenced cannot commit.
+    pub(crate) generation: Option<Arc<Generation>>,
     /// Failures in a row per task, for the re-initialisation limit.
     failures: HashMap<i32, TaskFailures>,
 }
@@ -218,7 +220,8 @@ impl TaskManager {
             next_incarnation: 0,
             offset_commits: RetryRun::default(),
             offsets_in_flight: None,
-            commit_queue: None,
+            committer: None,
+            generation: None,
             failures: HashMap::new(),
         }
     }
@@ -542,6 +545,11 @@ impl TaskManager {
         }
     }
 
+    /// The partitions of every task this member holds or is about to open.
+    pub(crate) fn partitions(&self) -> BTreeSet<i32> {
+        self.tasks.keys().copied().chain(self.pending.iter().map(|(_, p)| *p)).collect()
+    }
+
     /// Uncommitted bytes over every store, including a commit in flight.
     pub(crate) fn uncommitted_bytes(&self) -> usize {
         self.tasks.values().flat_map(|t| &t.stores).map(KeyValueStore::uncommitted_bytes).sum()
@@ -563,7 +571,7 @@ impl TaskManager {
         }
         let (info, sealed) = self.seal_running(consumer, None)?;
         if sealed.is_empty() {
-            self.commit_offsets(consumer, info.offsets, Offsets::Commit)?;
+            self.commit_offsets(info.offsets, Offsets::Commit)?;
             return Ok(true);
         }
         let writer = std::thread::Builder::new()
@@ -642,7 +650,7 @@ impl TaskManager {
             tpl = kept;
         }
         let count = tpl.count();
-        self.commit_offsets(consumer, tpl, offsets)?;
+        self.commit_offsets(tpl, offsets)?;
         let seconds = info.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
         tracing::debug!(seconds, stored, offsets = count, "{what}");
@@ -662,12 +670,7 @@ impl TaskManager {
     /// in [`TaskManager::on_commit_result`]. For closing tasks the commit is
     /// synchronous and done once, together with the offsets of an
     /// asynchronous commit still in flight for them.
-    fn commit_offsets<C: ConsumerContext>(
-        &mut self,
-        consumer: &BaseConsumer<C>,
-        mut tpl: TopicPartitionList,
-        offsets: Offsets,
-    ) -> Result<()> {
+    fn commit_offsets(&mut self, mut tpl: TopicPartitionList, offsets: Offsets) -> Result<()> {
         if offsets == Offsets::CommitClosing {
             if let Some(inflight) = &self.offsets_in_flight {
                 for e in inflight.elements() {
@@ -695,46 +698,41 @@ impl TaskManager {
             return Ok(());
         }
         let closing = offsets == Offsets::CommitClosing;
-        let queue = self.commit_queue.clone().filter(|_| !closing);
-        let sent = match &queue {
-            Some(queue) => queue.commit_async(consumer, &tpl),
-            None => consumer.commit(&tpl, CommitMode::Sync),
+        let (Some(committer), Some(generation)) = (&self.committer, &self.generation) else {
+            // Not a member yet: nothing can have been processed.
+            self.hand_back(&tpl);
+            return Ok(());
         };
-        match sent {
-            Ok(()) if queue.is_some() => {
-                self.offsets_in_flight = Some(tpl);
-                Ok(())
+        let list = offsets_of(&tpl);
+        if closing {
+            match committer.commit_sync(generation.clone(), list, self.config.commit_timeout) {
+                Ok(()) => {
+                    self.committed(&tpl);
+                    Ok(())
+                }
+                Err(e) => self.commit_failed(e, &tpl, true),
             }
-            Ok(()) => {
-                self.committed(&tpl);
-                Ok(())
-            }
-            Err(e) => self.commit_failed(e, &tpl, closing),
+        } else {
+            committer.send(generation.clone(), list);
+            self.offsets_in_flight = Some(tpl);
+            Ok(())
         }
     }
 
     /// Takes in the result of the asynchronous offset commit, if it arrived.
     pub(crate) fn poll_offset_commit(&mut self) -> Result<()> {
-        let Some((result, tpl)) = self.commit_queue.as_ref().and_then(|q| q.commit_result()) else { return Ok(()) };
-        self.on_commit_result(result, &tpl)
+        let Some((offsets, result)) = self.committer.as_ref().and_then(Committer::result) else { return Ok(()) };
+        self.on_commit_result(result, &offsets)
     }
 
     /// The result of an asynchronous offset commit. Results of other
     /// commits are ignored.
-    fn on_commit_result(&mut self, result: KafkaResult<()>, offsets: &[CommittedOffset]) -> Result<()> {
-        let same = |sent: &TopicPartitionList| {
-            sent.count() == offsets.len()
-                && offsets.iter().all(|o| {
-                    sent.find_partition(&o.topic, o.partition).is_some_and(|e| e.offset() == Offset::Offset(o.offset))
-                })
-        };
-        if !self.offsets_in_flight.as_ref().is_some_and(same) {
+    fn on_commit_result(&mut self, result: std::result::Result<(), CommitError>, offsets: &[(String, i32, i64)]) -> Result<()> {
+        if self.offsets_in_flight.as_ref().is_none_or(|sent| offsets_of(sent) != offsets) {
             return Ok(());
         }
         let sent = self.offsets_in_flight.take().expect("checked");
-        // A partition's own error counts like the request's.
-        let partition_error = offsets.iter().find_map(|o| o.error).map(KafkaError::ConsumerCommit);
-        match result.and(partition_error.map_or(Ok(()), Err)) {
+        match result {
             Ok(()) => {
                 self.committed(&sent);
                 Ok(())
@@ -759,12 +757,12 @@ impl TaskManager {
     /// A failed offset commit: a group change or a retriable error hands the
     /// offsets back (or, for closing tasks, is logged); past `task_timeout`
     /// of failures in a row, or on any other error, this fails.
-    fn commit_failed(&mut self, error: KafkaError, tpl: &TopicPartitionList, closing: bool) -> Result<()> {
-        let kind = classify_commit_error(&error);
+    fn commit_failed(&mut self, error: CommitError, tpl: &TopicPartitionList, closing: bool) -> Result<()> {
+        let kind = error.kind;
         let label = kind.label();
         metrics::counter!(crate::metrics::OFFSET_COMMIT_FAILURES, "kind" => label).increment(1);
         if kind == CommitFailure::Fatal {
-            return Err(error.into());
+            return Err(Error::OffsetCommit(error.detail));
         }
         if closing {
             tracing::warn!(error = %error, kind = label,
@@ -779,7 +777,7 @@ impl TaskManager {
                 retried_for: failing_for,
                 attempts: self.offset_commits.attempts(),
                 timeout: self.config.task_timeout,
-                last: Box::new(error.into()),
+                last: Box::new(Error::OffsetCommit(error.detail)),
             });
         }
         if self.offset_commits.should_warn(now) {
@@ -923,6 +921,17 @@ impl Drop for TaskManager {
         // in flight and no store closing behind it.
         self.close_all();
     }
+}
+
+/// A commit's offsets as the committer takes them, in the list's order.
+fn offsets_of(tpl: &TopicPartitionList) -> Vec<(String, i32, i64)> {
+    tpl.elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.topic().to_string(), e.partition(), o)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Resumes paused partitions and has librdkafka fetch them now rather

@@ -613,8 +613,11 @@ fn a_second_instance_with_the_same_static_member_id_fences_the_first() {
     let second = start_counting(builder(&app, &input, second_state.path()).kafka_config("group.instance.id", &member), &second_times);
     wait_until("the fenced instance to stop", TIMEOUT, || first.is_finished());
     match first.stop() {
-        Err(Error::Kafka(e)) => assert!(e.to_string().contains("FencedInstanceId") || e.to_string().contains("fenced"), "{e}"),
-        other => panic!("expected the fenced instance to stop with a fatal Kafka error, got {other:?}"),
+        Err(Error::GroupMembership { group, detail }) => {
+            assert_eq!(group, app);
+            assert!(detail.contains("group.instance.id"), "{detail}");
+        }
+        other => panic!("expected the fenced instance to stop with Error::GroupMembership, got {other:?}"),
     }
     wait_until("the second instance to process", TIMEOUT, || second_times.count(0) > 0 && second_times.count(1) > 0);
     assert!(!second.is_finished(), "the instance that joined last keeps running");

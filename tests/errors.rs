@@ -118,10 +118,10 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("policy override", base().store(StoreDefinition::new("s").changelog_config("cleanup.policy", "delete"))),
         ("managed kafka key", base().kafka_config("group.id", "other")),
         ("no input", App::builder().application_id("a").bootstrap_servers("x:1").state_dir("/tmp/x")),
-        (
-            "cooperative-sticky with two topics",
-            base().input_topic("t2").assignment_strategy(kstate::AssignmentStrategy::CooperativeSticky),
-        ),
+        ("heartbeat not below the session timeout", base().kafka_config("heartbeat.interval.ms", "10000").kafka_config("session.timeout.ms", "6000")),
+        ("bad session timeout", base().kafka_config("session.timeout.ms", "soon")),
+        ("bad application server", base().application_server("no-port")),
+        ("unsupported SASL mechanism", base().kafka_config("security.protocol", "SASL_SSL").kafka_config("sasl.mechanism", "GSSAPI")),
     ];
     for (what, b) in cases {
         assert!(matches!(b.build(), Err(Error::Config(_))), "{what} must be Error::Config");

@@ -3,6 +3,10 @@
 //! generation, so a fenced member (a zombie) cannot commit.
 
 use std::collections::BTreeMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic};
@@ -10,8 +14,10 @@ use kafka_protocol::messages::{GroupId, OffsetCommitRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use super::conn::Connection;
+use super::coordinator::Brokers;
 use super::member::Generation;
 use crate::error::Result;
+use crate::failure::CommitFailure;
 
 /// The coordinator's answer per partition: `None` if committed.
 pub(crate) type CommitResults = BTreeMap<(String, i32), Option<ResponseError>>;
@@ -57,4 +63,182 @@ pub(crate) fn commit(
         }
     }
     Ok(results)
+}
+
+/// Why an offset commit failed, and what that means (see [`CommitFailure`]).
+#[derive(Debug, Clone)]
+pub(crate) struct CommitError {
+    pub(crate) kind: CommitFailure,
+    pub(crate) detail: String,
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+/// What a coordinator's refusal means for the offsets it refused.
+pub(crate) fn classify(error: ResponseError) -> CommitFailure {
+    use ResponseError as R;
+    match error {
+        R::IllegalGeneration | R::UnknownMemberId | R::RebalanceInProgress | R::FencedInstanceId => {
+            CommitFailure::GroupChanged
+        }
+        R::NotCoordinator
+        | R::CoordinatorNotAvailable
+        | R::CoordinatorLoadInProgress
+        | R::RequestTimedOut
+        | R::NetworkException
+        | R::NotEnoughReplicas
+        | R::NotEnoughReplicasAfterAppend
+        | R::UnknownTopicOrPartition => CommitFailure::Retriable,
+        _ => CommitFailure::Fatal,
+    }
+}
+
+/// Offsets as committed: topic, partition, next offset to read.
+pub(crate) type Offsets = Vec<(String, i32, i64)>;
+
+struct CommitRequest {
+    generation: Arc<Generation>,
+    offsets: Offsets,
+    /// A synchronous commit's reply goes here instead of the results queue.
+    reply: Option<Sender<std::result::Result<(), CommitError>>>,
+}
+
+/// Commits offsets on a thread of its own (`kstate-offsets`), over its own
+/// coordinator connection: a coordinator that is slow or away never stalls
+/// the processing thread, and the membership's JoinGroup (which can wait
+/// for the whole group) never holds a commit back.
+pub(crate) struct Committer {
+    requests: Option<Sender<CommitRequest>>,
+    results: Receiver<(Offsets, std::result::Result<(), CommitError>)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Committer {
+    pub(crate) fn start(brokers: Brokers, group: String) -> Result<Committer> {
+        let (requests, request_rx) = mpsc::channel::<CommitRequest>();
+        let (result_tx, results) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("kstate-offsets".into())
+            .spawn(move || {
+                let mut conn: Option<Connection> = None;
+                let mut rotate = 0;
+                for request in request_rx {
+                    let result = commit_once(&brokers, &group, &mut conn, &mut rotate, &request.generation, &request.offsets);
+                    match request.reply {
+                        Some(reply) => drop(reply.send(result)),
+                        None => {
+                            if result_tx.send((request.offsets, result)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            })
+            .map_err(|e| crate::error::Error::io("kstate-offsets thread", e))?;
+        Ok(Committer { requests: Some(requests), results, thread: Some(thread) })
+    }
+
+    /// Starts committing `offsets` under `generation`; the result comes
+    /// from [`Committer::result`].
+    pub(crate) fn send(&self, generation: Arc<Generation>, offsets: Offsets) {
+        if let Some(r) = &self.requests {
+            let _ = r.send(CommitRequest { generation, offsets, reply: None });
+        }
+    }
+
+    /// The result of an asynchronous commit, if one arrived.
+    pub(crate) fn result(&self) -> Option<(Offsets, std::result::Result<(), CommitError>)> {
+        self.results.try_recv().ok()
+    }
+
+    /// Commits and waits for the result, at most `timeout` (after the
+    /// asynchronous commits sent before it).
+    pub(crate) fn commit_sync(
+        &self,
+        generation: Arc<Generation>,
+        offsets: Offsets,
+        timeout: Duration,
+    ) -> std::result::Result<(), CommitError> {
+        let (tx, rx) = mpsc::channel();
+        if let Some(r) = &self.requests {
+            let _ = r.send(CommitRequest { generation, offsets, reply: Some(tx) });
+        }
+        rx.recv_timeout(timeout).unwrap_or_else(|_| {
+            Err(CommitError { kind: CommitFailure::Retriable, detail: format!("offset commit timed out after {timeout:?}") })
+        })
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(thread) = self.thread.take() {
+            // A request in flight ends within the connection's timeout.
+            let _ = thread.join();
+        }
+    }
+}
+
+fn commit_once(
+    brokers: &Brokers,
+    group: &str,
+    conn: &mut Option<Connection>,
+    rotate: &mut usize,
+    generation: &Generation,
+    offsets: &[(String, i32, i64)],
+) -> std::result::Result<(), CommitError> {
+    let failed = |e: crate::error::Error| {
+        let kind = match e {
+            crate::error::Error::BrokerUnreachable { .. } => CommitFailure::Retriable,
+            _ => CommitFailure::Fatal,
+        };
+        CommitError { kind, detail: e.to_string() }
+    };
+    if conn.is_none() {
+        *rotate += 1;
+        *conn = Some(brokers.coordinator(group, *rotate).map_err(failed)?);
+    }
+    let results = match commit(conn.as_mut().expect("connected"), group, generation, offsets) {
+        Ok(r) => r,
+        Err(e) => {
+            *conn = None;
+            return Err(failed(e));
+        }
+    };
+    let refused = results.iter().find_map(|((topic, p), e)| e.map(|e| (topic, p, e)));
+    match refused {
+        None => Ok(()),
+        Some((topic, p, e)) => {
+            if matches!(e, ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable) {
+                *conn = None;
+            }
+            Err(CommitError {
+                kind: classify(e),
+                detail: format!("offset commit of {topic} [{p}] refused under generation {}: {e}", generation.id),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_changes_retriable_and_fatal_refusals_are_told_apart() {
+        use ResponseError as R;
+        for e in [R::IllegalGeneration, R::UnknownMemberId, R::RebalanceInProgress, R::FencedInstanceId] {
+            assert_eq!(classify(e), CommitFailure::GroupChanged, "{e:?}");
+        }
+        for e in [R::NotCoordinator, R::CoordinatorNotAvailable, R::CoordinatorLoadInProgress, R::RequestTimedOut] {
+            assert_eq!(classify(e), CommitFailure::Retriable, "{e:?}");
+        }
+        for e in [R::GroupAuthorizationFailed, R::TopicAuthorizationFailed, R::OffsetMetadataTooLarge] {
+            assert_eq!(classify(e), CommitFailure::Fatal, "{e:?}");
+        }
+    }
 }

@@ -15,6 +15,12 @@
 //! | `kstate_restore_remaining_records` | gauge | records left to restore (offset distance) |
 //! | `kstate_restore_records_per_sec` | gauge | rate of the last finished restore |
 //! | `kstate_restore_full_total` | counter | full restores, label `reason` |
+//! | `kstate_standby_records_total` | counter | changelog records a standby applied |
+//! | `kstate_standby_lag_records` | gauge | records a standby is behind its changelog's end (offset distance) |
+//! | `kstate_rebalances_total` | counter | assignments this instance applied (no store labels) |
+//! | `kstate_rebalance_seconds` | histogram | from the membership starting a rebalance round to the assignment applied (no store labels) |
+//! | `kstate_group_generation` | gauge | the group generation of the current assignment (no store labels) |
+//! | `kstate_tasks` | gauge | tasks on this instance, label `role` (`active`, `standby`; no store labels) |
 //! | `kstate_commit_seconds` | histogram | duration of a commit (no store labels) |
 //! | `kstate_offset_commit_failures_total` | counter | offset commits refused or failed, label `kind` (`group_changed`, `retriable`, `fatal`) |
 //! | `kstate_task_reinitialisations_total` | counter | tasks closed and restored after a fault of their own, label `partition` |
@@ -44,6 +50,18 @@ pub const RESTORE_REMAINING: &str = "kstate_restore_remaining_records";
 pub const RESTORE_RATE: &str = "kstate_restore_records_per_sec";
 /// Full restore counter name.
 pub const RESTORE_FULL: &str = "kstate_restore_full_total";
+/// Standby applied records counter name.
+pub const STANDBY_RECORDS: &str = "kstate_standby_records_total";
+/// Standby lag gauge name.
+pub const STANDBY_LAG: &str = "kstate_standby_lag_records";
+/// Applied assignments counter name.
+pub const REBALANCES: &str = "kstate_rebalances_total";
+/// Rebalance duration histogram name.
+pub const REBALANCE_SECONDS: &str = "kstate_rebalance_seconds";
+/// Group generation gauge name.
+pub const GROUP_GENERATION: &str = "kstate_group_generation";
+/// Tasks by role gauge name.
+pub const TASKS: &str = "kstate_tasks";
 /// Commit latency histogram name.
 pub const COMMIT_SECONDS: &str = "kstate_commit_seconds";
 /// Failed offset commits counter name.
@@ -73,6 +91,8 @@ pub(crate) struct StoreMetrics {
     pub(crate) restore_bytes: Counter,
     pub(crate) restore_remaining: Gauge,
     pub(crate) restore_rate: Gauge,
+    pub(crate) standby_records: Counter,
+    pub(crate) standby_lag: Gauge,
     pub(crate) rocksdb_keys: Gauge,
     pub(crate) rocksdb_live_sst: Gauge,
     pub(crate) rocksdb_pending_compaction: Gauge,
@@ -95,6 +115,8 @@ impl StoreMetrics {
             restore_bytes: counter!(RESTORE_BYTES, &labels),
             restore_remaining: gauge!(RESTORE_REMAINING, &labels),
             restore_rate: gauge!(RESTORE_RATE, &labels),
+            standby_records: counter!(STANDBY_RECORDS, &labels),
+            standby_lag: gauge!(STANDBY_LAG, &labels),
             rocksdb_keys: gauge!(ROCKSDB_KEYS, &labels),
             rocksdb_live_sst: gauge!(ROCKSDB_LIVE_SST, &labels),
             rocksdb_pending_compaction: gauge!(ROCKSDB_PENDING_COMPACTION, &labels),

@@ -14,6 +14,12 @@
 //!
 //! A restore is complete when the consumer's position reaches `high`, so
 //! compaction gaps and transaction markers do not stall it.
+//!
+//! Standby tasks use the same thread and consumer: a standby job begins
+//! like a restore (the same checkpoint checks) but never completes. It keeps
+//! following its changelog partitions, writing each batch with its
+//! checkpoint in one atomic RocksDB batch, until it is cancelled (promoted
+//! to active: the restore that follows replays only its lag; or dropped).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -111,7 +117,14 @@ impl RestoreListener for NoopListener {}
 pub(crate) struct RestoreJob {
     pub(crate) partition: i32,
     pub(crate) stores: Vec<KeyValueStore>,
+    /// A standby: follow the changelogs until cancelled instead of
+    /// completing at their end.
+    pub(crate) standby: bool,
 }
+
+/// How often a standby writes what it applied, when records trickle in
+/// (its checkpoint, and so its lag seen by the group, stays this fresh).
+const STANDBY_WRITE_EVERY: Duration = Duration::from_millis(200);
 
 /// What the restore thread hands back.
 pub(crate) enum RestoreOutcome {
@@ -132,6 +145,8 @@ pub(crate) struct Restorer {
     commands: Sender<Command>,
     pub(crate) outcomes: Receiver<RestoreOutcome>,
     thread: Option<JoinHandle<()>>,
+    /// Per standby partition, the sum of its stores' checkpoints.
+    standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
 }
 
 /// librdkafka's pause for a partition whose fetch queue is full: short
@@ -173,11 +188,23 @@ impl Restorer {
         let consumer: BaseConsumer = config.create()?;
         let (ctx, crx) = mpsc::channel();
         let (otx, orx) = mpsc::channel();
+        let standby_offsets = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let published = standby_offsets.clone();
         let thread = std::thread::Builder::new()
             .name("kstate-restore".into())
-            .spawn(move || RestoreLoop::new(consumer, listener, timeout, otx).run(crx))
+            .spawn(move || RestoreLoop::new(consumer, listener, timeout, otx, published).run(crx))
             .map_err(|e| Error::io("kstate-restore thread", e))?;
-        Ok(Restorer { commands: ctx, outcomes: orx, thread: Some(thread) })
+        Ok(Restorer { commands: ctx, outcomes: orx, thread: Some(thread), standby_offsets })
+    }
+
+    /// Per standby partition, the sum of its stores' checkpoints (the last
+    /// written batches).
+    pub(crate) fn standby_offsets(&self) -> std::collections::BTreeMap<i32, i64> {
+        let mut sums = std::collections::BTreeMap::new();
+        for ((p, _), c) in self.standby_offsets.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            *sums.entry(*p).or_insert(0) += c;
+        }
+        sums
     }
 
     /// Queues a partition's stores for restore.
@@ -217,6 +244,13 @@ struct Active {
     bytes: u64,
     batch: SortedBatch,
     started: Instant,
+    /// A standby's changelog partition: followed until cancelled.
+    standby: bool,
+    /// When the batch was last written (standbys write every
+    /// [`STANDBY_WRITE_EVERY`]).
+    last_write: Instant,
+    /// In bulk-load mode (a restore, or a standby far behind).
+    bulk: bool,
 }
 
 struct RestoreLoop {
@@ -231,6 +265,8 @@ struct RestoreLoop {
     /// Consecutive consumer errors per changelog partition (cleared by a record).
     failed_fetches: HashMap<(String, i32), u32>,
     active: HashMap<(String, i32), Active>,
+    /// Standby checkpoints by (partition, store index), read by the group.
+    standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
 }
 
 impl RestoreLoop {
@@ -239,11 +275,30 @@ impl RestoreLoop {
         listener: Arc<dyn RestoreListener>,
         timeout: Duration,
         outcomes: Sender<RestoreOutcome>,
+        standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
     ) -> Self {
         // SAFETY: the queue is a field declared before the consumer, and
         // `run` drops its clone before returning.
         let records = Arc::new(unsafe { QueueHandle::new(&consumer) });
-        RestoreLoop { records, consumer: Arc::new(consumer), listener, timeout, outcomes, jobs: HashMap::new(), failed_fetches: HashMap::new(), active: HashMap::new() }
+        RestoreLoop {
+            records,
+            consumer: Arc::new(consumer),
+            listener,
+            timeout,
+            outcomes,
+            jobs: HashMap::new(),
+            failed_fetches: HashMap::new(),
+            active: HashMap::new(),
+            standby_offsets,
+        }
+    }
+
+    fn publish_standby(&self, partition: i32, index: usize, checkpoint: Option<i64>) {
+        let mut offsets = self.standby_offsets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match checkpoint {
+            Some(c) => offsets.insert((partition, index), c),
+            None => offsets.remove(&(partition, index)),
+        };
     }
 
     fn run(mut self, commands: Receiver<Command>) {
@@ -390,8 +445,11 @@ impl RestoreLoop {
         let full = a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES;
         let at_end = offset + 1 >= a.end;
         if at_end || full {
-            let id = id.clone();
-            if at_end {
+            let (id, standby) = (id.clone(), a.standby);
+            if at_end && standby {
+                self.write_batch(&id);
+                self.standby_caught_up(&id);
+            } else if at_end {
                 self.finish(&id);
             } else {
                 self.write_batch(&id);
@@ -508,9 +566,15 @@ impl RestoreLoop {
             end_offset: high,
             full_restore_reason: reason.map(|r| r.0),
         };
-        tracing::info!(store = %event.store, partition, start, end = high, "restore starting");
-        self.listener.on_restore_start(&event);
+        let standby = self.jobs[&partition].standby;
         let key = (topic.clone(), partition);
+        if standby {
+            tracing::info!(store = %event.store, partition, start, end = high, "standby starting");
+        } else {
+            tracing::info!(store = %event.store, partition, start, end = high, "restore starting");
+            self.listener.on_restore_start(&event);
+        }
+        let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
         let mut active = Active {
             partition,
             assigned: false,
@@ -522,13 +586,28 @@ impl RestoreLoop {
             bytes: 0,
             batch: Default::default(),
             started: Instant::now(),
+            standby,
+            last_write: Instant::now(),
+            bulk: false,
         };
-        if start >= high {
+        if standby {
+            let checkpoint = store.checkpoint();
+            self.publish_standby(partition, index, checkpoint);
+        }
+        let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
+        if start >= high && !standby {
             self.active.insert(key.clone(), active);
             return Ok(Some(key));
         }
-        store.metrics.restore_remaining.set((high - start) as f64);
-        store.engine_mut().start_bulk_load()?;
+        if !standby {
+            store.metrics.restore_remaining.set((high - start) as f64);
+        }
+        // A standby far behind copies like a restore, then follows in
+        // normal mode (compaction on) once caught up.
+        if !standby || high - start > BATCH_RECORDS as i64 {
+            store.engine_mut().start_bulk_load()?;
+            active.bulk = true;
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
         if !self.records.forward_partition(&self.consumer, &topic, partition) {
@@ -551,7 +630,14 @@ impl RestoreLoop {
         let batch = a.batch.take_sorted();
         let last = a.last_offset;
         let result = store.engine().commit(batch, last);
+        a.last_write = Instant::now();
         match result {
+            Ok(()) if a.standby => {
+                store.set_checkpoint(Some(last));
+                store.metrics.standby_records.increment(records);
+                let (partition, index) = (a.partition, a.store_index);
+                self.publish_standby(partition, index, Some(last));
+            }
             Ok(()) => {
                 store.set_checkpoint(Some(last));
                 store.metrics.restore_records.increment(records);
@@ -643,6 +729,9 @@ impl RestoreLoop {
             self.remove_active(&k);
         }
         if let Some(mut job) = self.jobs.remove(&partition) {
+            for i in 0..job.stores.len() {
+                self.publish_standby(partition, i, None);
+            }
             for s in &mut job.stores {
                 let _ = s.engine_mut().finish_bulk_load();
             }
@@ -656,6 +745,9 @@ impl RestoreLoop {
             self.remove_active(&k);
         }
         let mut job = self.jobs.remove(&partition)?;
+        for i in 0..job.stores.len() {
+            self.publish_standby(partition, i, None);
+        }
         for s in &mut job.stores {
             if let Err(e) = s.engine_mut().finish_bulk_load() {
                 tracing::warn!(store = s.name(), partition, error = %e, "flush after cancelled restore failed");
@@ -676,7 +768,44 @@ impl RestoreLoop {
         for (topic, partition) in self.active.iter().filter(|(_, a)| a.assigned).map(|(k, _)| k) {
             self.records.forward_partition(&self.consumer, topic, *partition);
         }
+        // Standbys: write what trickled in, and leave bulk mode once caught up.
+        let due: Vec<(String, i32)> = self
+            .active
+            .iter()
+            .filter(|(_, a)| a.standby && a.batch.len() > 0 && a.last_write.elapsed() >= STANDBY_WRITE_EVERY)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            self.write_batch(&key);
+        }
         let Ok(positions) = self.consumer.position() else { return };
+        let caught_up: Vec<(String, i32)> = positions
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let key = (e.topic().to_string(), e.partition());
+                let a = self.active.get(&key)?;
+                match e.offset() {
+                    Offset::Offset(o) if a.standby && a.bulk && o >= a.end => Some(key),
+                    _ => None,
+                }
+            })
+            .collect();
+        for key in caught_up {
+            self.write_batch(&key);
+            self.standby_caught_up(&key);
+        }
+        for e in positions.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            if !self.active.get(&key).is_some_and(|a| a.standby) {
+                continue;
+            }
+            if let (Offset::Offset(position), Some(high)) = (e.offset(), cached_high(&self.consumer, &key.0, key.1)) {
+                if let Some((_, store)) = self.store_of(&key) {
+                    store.metrics.standby_lag.set((high - position).max(0) as f64);
+                }
+            }
+        }
         let done: Vec<(String, i32)> = positions
             .elements()
             .iter()
@@ -684,7 +813,7 @@ impl RestoreLoop {
                 let key = (e.topic().to_string(), e.partition());
                 let a = self.active.get(&key)?;
                 match e.offset() {
-                    Offset::Offset(o) if o >= a.end => Some(key),
+                    Offset::Offset(o) if !a.standby && o >= a.end => Some(key),
                     _ => None,
                 }
             })
@@ -692,6 +821,22 @@ impl RestoreLoop {
         for key in done {
             self.finish(&key);
         }
+    }
+
+    /// A standby that copied its changelog in bulk reached the end it saw
+    /// when it began: from now on it follows in normal mode.
+    fn standby_caught_up(&mut self, key: &(String, i32)) {
+        let Some((a, store)) = self.store_of(key) else { return };
+        if !a.bulk {
+            return;
+        }
+        a.bulk = false;
+        let partition = a.partition;
+        if let Err(e) = store.engine_mut().finish_bulk_load() {
+            self.fail(partition, e);
+            return;
+        }
+        tracing::info!(store = store.name(), partition, checkpoint = ?store.checkpoint(), "standby caught up");
     }
 
     /// Re-validates the given active restores from their last written
@@ -719,4 +864,22 @@ impl RestoreLoop {
             self.finish(&key);
         }
     }
+}
+
+/// The end offset librdkafka last saw for a partition it fetches (no
+/// request: from the latest fetch response).
+fn cached_high(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: live consumer handle, valid C string and out pointers.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
 }

@@ -152,6 +152,7 @@ fn apply_group_events(
             GroupEvent::Assigned { generation, active, standby } => {
                 let owned = tasks.partitions();
                 tasks.generation = Some(generation.clone());
+                tasks.set_standby_target(standby.clone());
                 let revoked: Vec<i32> = owned.difference(&active).copied().collect();
                 let new: Vec<i32> = active.difference(&owned).copied().collect();
                 tracing::info!(generation = generation.id, active = ?active, standby = ?standby, revoked = ?revoked, new = ?new,
@@ -181,6 +182,10 @@ fn apply_group_events(
                     tasks.on_event(consumer, AssignmentEvent::Assigned(tps))?;
                 }
                 membership.applied();
+                metrics::counter!(crate::metrics::REBALANCES).increment(1);
+                metrics::gauge!(crate::metrics::GROUP_GENERATION).set(generation.id as f64);
+                metrics::gauge!(crate::metrics::TASKS, "role" => "active").set(active.len() as f64);
+                metrics::gauge!(crate::metrics::TASKS, "role" => "standby").set(standby.len() as f64);
             }
             GroupEvent::Lost { reason } => {
                 let tps = input_partitions_of(topics, tasks.partitions());
@@ -358,8 +363,11 @@ where
         client_tags: config.client_tags.clone(),
     };
     let local = {
-        let config = config.clone();
-        Box::new(move || local_tasks(&config, partitions))
+        let (config, shared) = (config.clone(), shared.clone());
+        Box::new(move || {
+            let on_disk = local_tasks(&config, partitions);
+            shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).task_offsets(on_disk)
+        })
     };
     let membership = Membership::start(brokers, settings, local)?;
 
@@ -441,6 +449,7 @@ where
             let mut tasks = shared.tasks.lock().expect("task lock");
             apply_group_events(membership, consumer, records, &mut tasks, &config.input_topics)?;
             tasks.open_pending(consumer)?;
+            tasks.update_standbys()?;
             tasks.collect_restored(consumer)?;
             tasks.poll_inflight(consumer)?;
             tasks.poll_offset_commit()?;

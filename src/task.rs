@@ -4,6 +4,12 @@
 //! The [`TaskManager`] turns assignment events into task lifecycles:
 //! assigned → stores opened → restoring (input paused) → running (input
 //! resumed) → revoked (committed and closed) or lost (closed without commit).
+//!
+//! Standby tasks keep a copy of other members' stores: opened the same
+//! way, then followed by the restore thread until they are promoted (the
+//! stores go straight to a restore of the lag), dropped (closed), or their
+//! follow fails (reopened after a pause). A revoked task that stays here as
+//! a standby keeps its stores open.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::mpsc::{Receiver, Sender};
@@ -90,8 +96,24 @@ impl Task {
     }
 }
 
+/// A standby task's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standby {
+    /// Its stores are being opened (or will be, from `open_at`).
+    Opening { incarnation: u64, open_at: Option<Instant> },
+    /// The restore thread follows its changelogs.
+    Following,
+}
+
+/// How long a standby whose follow failed waits before it is reopened.
+const STANDBY_RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// Owns every task of this member.
 pub(crate) struct TaskManager {
+    /// Standby tasks by partition.
+    standbys: BTreeMap<i32, Standby>,
+    /// The standby tasks the current assignment gives this member.
+    standby_target: BTreeSet<i32>,
     pub(crate) tasks: BTreeMap<i32, Task>,
     config: Arc<AppConfig>,
     producer: Arc<ChangelogProducer>,
@@ -201,6 +223,8 @@ impl TaskManager {
     ) -> Self {
         let (opened_tx, opened_rx) = std::sync::mpsc::channel();
         TaskManager {
+            standbys: BTreeMap::new(),
+            standby_target: BTreeSet::new(),
             tasks: BTreeMap::new(),
             config,
             producer,
@@ -263,11 +287,19 @@ impl TaskManager {
             self.commit_closing(consumer, Some(&closing))
         };
         self.forget_topics(&tps);
-        // One closing thread for all of them.
+        // One closing thread for all of them; a task that stays here as a
+        // standby keeps its stores open and follows its changelogs.
         let mut stores = Vec::new();
         for p in closing {
             let Some(task) = self.tasks.remove(&p) else { continue };
-            stores.extend(self.close_task(task, lost));
+            let closed = self.close_task(task, lost);
+            if !lost && self.standby_target.contains(&p) && !self.standbys.contains_key(&p) && !closed.is_empty() {
+                tracing::info!(partition = p, "active task demoted to standby; its stores stay open");
+                self.restorer.submit(RestoreJob { partition: p, stores: closed, standby: true });
+                self.standbys.insert(p, Standby::Following);
+            } else {
+                stores.extend(closed);
+            }
         }
         self.close_in_background(stores);
         committed
@@ -347,7 +379,18 @@ impl TaskManager {
                 continue;
             }
             let incarnation = self.incarnation();
-            self.tasks.insert(p, Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now()));
+            let mut task = Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now());
+            // A standby promoted in place: its stores are open and nearly
+            // up to date, so the restore replays only its lag.
+            if self.standbys.remove(&p) == Some(Standby::Following) {
+                if let Some(job) = self.restorer.cancel(p) {
+                    tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
+                    task.open_at = None;
+                    task.state = TaskState::Restoring;
+                    self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false });
+                }
+            }
+            self.tasks.insert(p, task);
         }
         let now = Instant::now();
         let free = MAX_OPENING.saturating_sub(self.opening);
@@ -421,7 +464,31 @@ impl TaskManager {
     fn collect_opened<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         while let Ok(Opened { partition, incarnation, stores }) = self.opened_rx.try_recv() {
             self.opening -= 1;
-            let Some(task) = self.tasks.get_mut(&partition) else { continue };
+            if let Some(Standby::Opening { incarnation: wanted, .. }) = self.standbys.get(&partition) {
+                if *wanted == incarnation {
+                    match stores {
+                        Ok(stores) => {
+                            tracing::info!(partition, "standby task opened; following its changelogs");
+                            self.restorer.submit(RestoreJob { partition, stores, standby: true });
+                            self.standbys.insert(partition, Standby::Following);
+                        }
+                        Err(e) => {
+                            tracing::warn!(partition, error = %e, retry_in = ?STANDBY_RETRY_AFTER, "opening a standby task failed");
+                            let incarnation = self.incarnation();
+                            let open_at = Some(Instant::now() + STANDBY_RETRY_AFTER);
+                            self.standbys.insert(partition, Standby::Opening { incarnation, open_at });
+                        }
+                    }
+                    continue;
+                }
+            }
+            let Some(task) = self.tasks.get_mut(&partition) else {
+                // Dropped while opening.
+                if let Ok(stores) = stores {
+                    self.close_in_background(stores);
+                }
+                continue;
+            };
             if task.incarnation != incarnation || task.state != TaskState::Opening {
                 // An earlier incarnation's stores.
                 if let Ok(stores) = stores {
@@ -433,7 +500,7 @@ impl TaskManager {
                 Ok(stores) => {
                     task.state = TaskState::Restoring;
                     tracing::info!(partition, "task assigned; restoring its stores");
-                    self.restorer.submit(RestoreJob { partition, stores });
+                    self.restorer.submit(RestoreJob { partition, stores, standby: false });
                 }
                 Err(e) => self.reinitialise(consumer, partition, e)?,
             }
@@ -517,6 +584,18 @@ impl TaskManager {
             };
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
+                RestoreOutcome::Failed(job, e) if job.standby => {
+                    let partition = job.partition;
+                    self.close_in_background(job.stores);
+                    if self.standbys.get(&partition) == Some(&Standby::Following) {
+                        tracing::warn!(partition, error = %e, retry_in = ?STANDBY_RETRY_AFTER,
+                            "a standby task failed; reopening it after a pause");
+                        let incarnation = self.incarnation();
+                        let open_at = Some(Instant::now() + STANDBY_RETRY_AFTER);
+                        self.standbys.insert(partition, Standby::Opening { incarnation, open_at });
+                    }
+                    continue;
+                }
                 RestoreOutcome::Failed(job, e) => {
                     let partition = job.partition;
                     self.close_in_background(job.stores);
@@ -543,6 +622,72 @@ impl TaskManager {
             resume_now(consumer, &task.input(), self.fetch_waker.as_ref())?;
             tracing::info!(partition = task.partition, "task running");
         }
+    }
+
+    /// The standby tasks the current assignment gives this member (applied
+    /// by [`TaskManager::update_standbys`]; a task revoked meanwhile that is
+    /// among them stays open as a standby).
+    pub(crate) fn set_standby_target(&mut self, target: BTreeSet<i32>) {
+        self.standby_target = target;
+    }
+
+    /// Brings the standby tasks in line with the target: opens new ones
+    /// (off the processing thread, at most [`MAX_OPENING`] at once with the
+    /// active tasks), closes those no longer wanted. A task that is active
+    /// here is never a standby.
+    pub(crate) fn update_standbys(&mut self) -> Result<()> {
+        let actives = self.partitions();
+        let wanted: BTreeSet<i32> = self.standby_target.difference(&actives).copied().collect();
+        let dropped: Vec<(i32, Standby)> =
+            self.standbys.iter().filter(|(p, _)| !wanted.contains(p) && !actives.contains(p)).map(|(p, s)| (*p, *s)).collect();
+        let mut stores = Vec::new();
+        for (p, state) in dropped {
+            self.standbys.remove(&p);
+            if state == Standby::Following {
+                if let Some(job) = self.restorer.cancel(p) {
+                    stores.extend(job.stores);
+                }
+            }
+            tracing::info!(partition = p, "standby task dropped");
+        }
+        self.close_in_background(stores);
+        let now = Instant::now();
+        for p in wanted {
+            if !self.standbys.contains_key(&p) {
+                let incarnation = self.incarnation();
+                self.standbys.insert(p, Standby::Opening { incarnation, open_at: Some(now) });
+            }
+        }
+        let free = MAX_OPENING.saturating_sub(self.opening);
+        let due: Vec<(i32, u64)> = self
+            .standbys
+            .iter_mut()
+            .filter_map(|(p, s)| match s {
+                Standby::Opening { incarnation, open_at } if open_at.is_some_and(|at| at <= now) => {
+                    *open_at = None;
+                    Some((*p, *incarnation))
+                }
+                _ => None,
+            })
+            .take(free)
+            .collect();
+        for (p, incarnation) in due {
+            self.start_opening(p, incarnation)?;
+        }
+        Ok(())
+    }
+
+    /// For the group's subscription: per task whose state is here, the sum
+    /// of its stores' checkpoints (running actives and standbys; `on_disk`
+    /// lists the others, with 0).
+    pub(crate) fn task_offsets(&self, mut on_disk: BTreeMap<i32, i64>) -> BTreeMap<i32, i64> {
+        for task in self.tasks.values().filter(|t| t.state == TaskState::Running) {
+            on_disk.insert(task.partition, task.stores.iter().map(|s| s.checkpoint().unwrap_or(-1) + 1).sum());
+        }
+        for (p, sum) in self.restorer.standby_offsets() {
+            on_disk.insert(p, sum + self.config.stores.len() as i64);
+        }
+        on_disk
     }
 
     /// The partitions of every task this member holds or is about to open.
@@ -906,6 +1051,11 @@ impl TaskManager {
             self.tasks.values().filter(|t| t.state == TaskState::Restoring).map(|t| t.partition).collect();
         for p in restoring {
             drop(self.restorer.cancel(p));
+        }
+        for (p, state) in std::mem::take(&mut self.standbys) {
+            if state == Standby::Following {
+                drop(self.restorer.cancel(p));
+            }
         }
         self.tasks.clear();
         // Every store is closed when `run` returns.

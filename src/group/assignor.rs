@@ -9,11 +9,12 @@
 //! least-loaded member, choosing the task the receiver has the best copy of. No member both
 //! gives and receives, so this moves the fewest tasks possible.
 //!
-//! Standbys, per task in ascending order: start from the members that hold state for the task
-//! (best copy first, then least loaded), fill up with the members adding the most tag spread
-//! (then least loaded), then apply the best strictly-improving swap of tag spread until none is
-//! left. Tag spread of a set = sum over tag keys of the number of distinct values among the
-//! active and its standbys. Because a swap must strictly improve spread, a previous standby set
+//! Standbys, per task in ascending order: start from the task's previous standbys (best copy
+//! first, then least loaded), fill up with the members adding the most tag spread (then least
+//! loaded, then the best copy), then apply the best strictly-improving swap of tag spread until none is
+//! left. Then standbys move from a member to one with at least two tasks fewer (active +
+//! standby) while a move keeps the spread. Tag spread of a set = sum over tag keys of the
+//! number of distinct values among the active and its standbys. Because a swap must strictly improve spread, a previous standby set
 //! survives unless its spread can be improved, which makes every output a fixed point.
 
 use std::cmp::Reverse;
@@ -299,13 +300,16 @@ impl<'a> Ctx<'a> {
         }
         let mut result = Vec::with_capacity(self.num_tasks);
         for (t, &active) in owner.iter().enumerate() {
-            // Sticky start: the best existing copies.
+            // Sticky start: the previous standbys (best copy first). A copy
+            // left on disk alone does not make a standby sticky: a member
+            // that once held many tasks would keep standbys of all of them.
             let mut chosen: Vec<usize> = (0..n)
-                .filter(|&m| m != active && self.has_copy(m, t))
+                .filter(|&m| m != active && self.prev_standby[m][t])
                 .collect();
             chosen.sort_by_key(|&m| (Reverse(self.copy_rank(m, t)), load[m], m));
             chosen.truncate(replicas);
-            // Fill: most added spread, then least loaded, then smallest id.
+            // Fill: most added spread, then least loaded, then the best
+            // copy, then smallest id.
             while chosen.len() < replicas {
                 let base = self.spread(active, &chosen);
                 let mut trial = chosen.clone();
@@ -315,7 +319,7 @@ impl<'a> Ctx<'a> {
                         trial.push(m);
                         let gain = self.spread(active, &trial) - base;
                         trial.pop();
-                        (Reverse(gain), Reverse(self.copy_rank(m, t)), load[m], m)
+                        (Reverse(gain), load[m], Reverse(self.copy_rank(m, t)), m)
                     })
                     .expect("replicas < members");
                 chosen.push(x);
@@ -326,7 +330,58 @@ impl<'a> Ctx<'a> {
             }
             result.push(chosen);
         }
+        self.balance_standbys(owner, &mut result, &mut load);
         result
+    }
+
+    /// Moves standbys from a member to one carrying at least two tasks
+    /// fewer (active + standby) until no such move remains. A move never
+    /// puts a standby beside its active or a second copy on one member,
+    /// never lowers the task's tag spread and leaves no strictly better
+    /// spread swap behind (so the result stays a fixed point). Each move
+    /// takes the largest load difference, then the receiver's best copy,
+    /// then the smallest task and receiver. Terminates: every move lowers
+    /// the sum of squared loads.
+    fn balance_standbys(&self, owner: &[usize], sets: &mut [Vec<usize>], load: &mut [usize]) {
+        let n = self.members.len();
+        loop {
+            // (move key, task, position in its standby set, receiver)
+            type Move = ((Reverse<usize>, Reverse<CopyRank>, usize, usize), usize, usize, usize);
+            let mut best: Option<Move> = None;
+            for t in 0..sets.len() {
+                let before = self.spread(owner[t], &sets[t]);
+                for pos in 0..sets[t].len() {
+                    let from = sets[t][pos];
+                    for to in 0..n {
+                        if to == owner[t] || sets[t].contains(&to) || load[from] <= load[to] + 1 {
+                            continue;
+                        }
+                        let key = (Reverse(load[from] - load[to]), Reverse(self.copy_rank(to, t)), t, to);
+                        if best.as_ref().is_some_and(|(b, ..)| *b <= key) {
+                            continue;
+                        }
+                        let mut trial = sets[t].clone();
+                        trial[pos] = to;
+                        if self.num_keys > 0 {
+                            if self.spread(owner[t], &trial) < before {
+                                continue;
+                            }
+                            let mut check = trial.clone();
+                            self.improve_spread(t, owner[t], &mut check, load);
+                            if check != trial {
+                                continue;
+                            }
+                        }
+                        best = Some((key, t, pos, to));
+                    }
+                }
+            }
+            let Some((_, t, pos, to)) = best else { return };
+            let from = sets[t][pos];
+            sets[t][pos] = to;
+            load[from] -= 1;
+            load[to] += 1;
+        }
     }
 
     /// Applies the best strictly-improving single swap (standby out, other member in) of tag
@@ -530,6 +585,18 @@ mod tests {
     }
 
     /// A leaving member's tasks become active where their standbys were.
+    #[test]
+    fn copies_on_disk_do_not_pile_standbys_onto_one_member() {
+        // b once held every task and still has all of them on disk.
+        let all: Vec<(i32, i64)> = (0..6).map(|t| (t, 100)).collect();
+        let a = member("a", &[0, 1], &[], &[(0, 100), (1, 100)], &[]);
+        let b = member("b", &[2, 3], &[], &all, &[]);
+        let c = member("c", &[4, 5], &[], &[(4, 100), (5, 100)], &[]);
+        let out = assign(6, &[a, b, c], 1);
+        let standbys: Vec<usize> = out.values().map(|m| m.standby.len()).collect();
+        assert_eq!(standbys, vec![2, 2, 2], "standbys per member ({out:?})");
+    }
+
     #[test]
     fn member_leaves_tasks_go_to_standby_holders() {
         let off = |ts: &[i32]| ts.iter().map(|&t| (t, 100)).collect::<Vec<_>>();
@@ -800,6 +867,18 @@ mod tests {
         fn prop_invariants((tasks, members, ns) in arb_input()) {
             let out = assign(tasks, &members, ns);
             check_invariants(tasks, &members, ns, &out)?;
+        }
+
+        /// Without tags, every member carries its share of all tasks
+        /// (active + standby) within one.
+        #[test]
+        fn prop_total_load_balanced_without_tags((tasks, members, ns) in arb_input()) {
+            let members: Vec<MemberState> =
+                members.into_iter().map(|m| MemberState { client_tags: BTreeMap::new(), ..m }).collect();
+            let out = assign(tasks, &members, ns);
+            let loads: Vec<usize> = out.values().map(|m| m.active.len() + m.standby.len()).collect();
+            let (max, min) = (loads.iter().max().copied().unwrap_or(0), loads.iter().min().copied().unwrap_or(0));
+            prop_assert!(max - min <= 1, "loads {:?}: {:?}", loads, out);
         }
 
         /// Property 4: feeding the output back gives the same output.

@@ -1,0 +1,475 @@
+//! Standby replicas and state-aware failover, with several instances as
+//! child processes (this test binary started again with `standby_child` and
+//! its settings in `KSTATE_CHILD`): a killed owner's tasks land on the
+//! instances that held their standbys and replay only the standbys' lag; a
+//! rolling restart with static membership restores nothing in full; a
+//! frozen instance (SIGSTOP past its session) is fenced and rejoins.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kstate::{Error, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
+
+/// One multi-process test at a time (2 cores).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+const PARTITIONS: i32 = 6;
+
+/// Prints restores as plain lines for the parent to parse.
+struct PrintRestores;
+
+impl RestoreListener for PrintRestores {
+    fn on_restore_start(&self, e: &RestoreStart) {
+        println!("KSTATE-RESTORE-START partition={} start={} end={}", e.partition, e.start_offset, e.end_offset);
+    }
+    fn on_restore_end(&self, e: &RestoreEnd) {
+        println!("KSTATE-RESTORE-END partition={} records={}", e.partition, e.records);
+    }
+}
+
+/// A child instance: runs until its stdin closes, then stops cleanly.
+/// Prints `KSTATE-PROCESSED partition=P` the first time it processes a
+/// record of a partition since the partition was last (re)assigned to it.
+#[test]
+#[ignore = "run by the standby tests as a child process"]
+fn standby_child() {
+    let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
+    let [bootstrap, app, input, state, instance]: [&str; 5] =
+        settings.split('\t').collect::<Vec<_>>().try_into().expect("KSTATE_CHILD: bootstrap, app, input, state, instance id");
+    init_tracing();
+    let mut builder = builder(app, input, Path::new(state))
+        .bootstrap_servers(bootstrap)
+        .store(StoreDefinition::new("s"))
+        .num_standby_replicas(1)
+        .restore_listener(PrintRestores);
+    if !instance.is_empty() {
+        builder = builder.kafka_config("group.instance.id", instance);
+    }
+    let app = builder.build().expect("valid config");
+    let stop = app.shutdown_handle();
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        stop.shutdown();
+    });
+    let mut seen: BTreeMap<i32, i64> = BTreeMap::new();
+    let result = app.run(move |ctx, rec| {
+        let s = ctx.store("s")?;
+        for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+            s.put(&k, &v)?;
+        }
+        // A jump in offsets means the partition came back from elsewhere.
+        let last = seen.insert(rec.partition, rec.offset);
+        if last.is_none_or(|o| rec.offset != o + 1) {
+            println!("KSTATE-PROCESSED partition={} offset={}", rec.partition, rec.offset);
+        }
+        Ok::<(), Error>(())
+    });
+    match result {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("CHILD RUN FAILED: {e:?}");
+            std::process::exit(3)
+        }
+    }
+}
+
+struct Instance {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    state: PathBuf,
+}
+
+/// Removes terminal colour codes from tracing output.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{name}="))? + name.len() + 1;
+    let rest = &line[start..];
+    if rest.starts_with('{') {
+        Some(&rest[..=rest.find('}')?])
+    } else {
+        Some(rest.split_whitespace().next().unwrap_or(""))
+    }
+}
+
+fn set_of(text: &str) -> BTreeSet<i32> {
+    text.trim_matches(|c| c == '{' || c == '}').split(',').filter_map(|x| x.trim().parse().ok()).collect()
+}
+
+impl Instance {
+    fn start(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path, instance_id: &str) -> Instance {
+        let state = dir.join(format!("state-{name}"));
+        let log = dir.join(format!("{name}.log"));
+        // Appended: a restarted instance keeps its earlier lines.
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["standby_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("KSTATE_CHILD", format!("{bootstrap}\t{app}\t{input}\t{}\t{instance_id}", state.display()))
+            .env("RUST_LOG", "kstate=info")
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn a child instance");
+        Instance { name: name.to_string(), child, log, state }
+    }
+
+    fn text(&self) -> String {
+        plain(&std::fs::read_to_string(&self.log).unwrap_or_default())
+    }
+
+    fn tail(&self) -> String {
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// The last assignment this instance applied: (generation, active, standby).
+    fn assignment(&self) -> Option<(i64, BTreeSet<i32>, BTreeSet<i32>)> {
+        let text = self.text();
+        let line = text.lines().rev().find(|l| l.contains("applying the group's assignment"))?;
+        Some((field(line, "generation")?.parse().ok()?, set_of(field(line, "active")?), set_of(field(line, "standby")?)))
+    }
+
+    /// Lines starting with `marker` after byte `from` of the log.
+    fn lines_after(&self, from: usize, marker: &str) -> Vec<String> {
+        let text = self.text();
+        text.get(from..).unwrap_or("").lines().filter(|l| l.starts_with(marker)).map(String::from).collect()
+    }
+
+    fn log_len(&self) -> usize {
+        self.text().len()
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("instance {} ended on its own ({status}); its log ends with:\n{}", self.name, self.tail());
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal} {}", self.name);
+    }
+
+    fn kill(mut self) {
+        self.assert_running();
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn stop(mut self) {
+        self.assert_running();
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("instance {} did not stop within 60 s; its log ends with:\n{}", self.name, self.tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "instance {} stopped with {status}; its log ends with:\n{}", self.name, self.tail());
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until the instances agree on one generation that gives every
+/// task exactly one active, two actives each, and one standby per task on
+/// another instance; returns each instance's (active, standby).
+fn balanced(instances: &mut [Instance], timeout: Duration) -> Vec<(BTreeSet<i32>, BTreeSet<i32>)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        instances.iter_mut().for_each(Instance::assert_running);
+        let now: Vec<_> = instances.iter().map(Instance::assignment).collect();
+        if now.iter().all(Option::is_some) {
+            let now: Vec<_> = now.iter().cloned().map(Option::unwrap).collect();
+            let same = now.iter().all(|(g, _, _)| *g == now[0].0);
+            let actives: BTreeSet<i32> = now.iter().flat_map(|(_, a, _)| a.iter().copied()).collect();
+            let standbys: usize = now.iter().map(|(_, _, s)| s.len()).sum();
+            let even = now.iter().all(|(_, a, _)| a.len() == PARTITIONS as usize / instances.len());
+            if same && even && actives.len() == PARTITIONS as usize && standbys == PARTITIONS as usize {
+                return now.into_iter().map(|(_, a, s)| (a, s)).collect();
+            }
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = instances.iter().map(|i| format!("--- {}:\n{}", i.name, i.tail())).collect();
+            panic!("the group did not settle within {timeout:?}: {now:?}\n{}", logs.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until every input record is committed; checks committed offsets
+/// never go back meanwhile.
+fn all_committed(instances: &mut [Instance], app: &str, input: &str, timeout: Duration) {
+    let ends: Vec<i64> = (0..PARTITIONS).map(|p| end_offset_at(&bootstrap(), input, p)).collect();
+    let deadline = Instant::now() + timeout;
+    while !(0..PARTITIONS).all(|p| committed_offset(app, input, p) == Some(ends[p as usize])) {
+        instances.iter_mut().for_each(Instance::assert_running);
+        assert!(Instant::now() < deadline, "input not fully committed within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The state of every partition as its final owner's store holds it
+/// (after a clean stop), merged.
+fn final_stores(owners: &[(PathBuf, BTreeSet<i32>)], app: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut state = BTreeMap::new();
+    for (dir, active) in owners {
+        for p in active {
+            state.extend(read_store_dir(dir, app, "s", *p).0);
+        }
+    }
+    state
+}
+
+/// Produces `per_partition` records into each partition at once (state a
+/// full restore would have to replay).
+fn prefill(input: &str, per_partition: usize) -> Vec<KeyedRecord> {
+    let records: Vec<KeyedRecord> = (0..per_partition * PARTITIONS as usize)
+        .map(|i| {
+            let p = (i % PARTITIONS as usize) as i32;
+            (p, format!("pre{p}-{i}").into_bytes(), Some(format!("v{i}").into_bytes()))
+        })
+        .collect();
+    produce(input, &records);
+    records
+}
+
+#[test]
+fn a_killed_owner_s_tasks_move_to_their_standbys_and_replay_only_the_lag() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("failover", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let pre = prefill(&input, 5_000);
+    let mut instances: Vec<Instance> =
+        ["a", "b", "c"].iter().map(|n| Instance::start(n, &bootstrap, &app, &input, dir, "")).collect();
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    let before = balanced(&mut instances, Duration::from_secs(90));
+    // Standbys copy the changelogs (10k records per partition) and follow.
+    std::thread::sleep(Duration::from_secs(5));
+    let victim = instances.pop().unwrap();
+    let moved = before[2].0.clone();
+    let holder_of = |t: i32| (0..2).find(|i| before[*i].1.contains(&t)).expect("every task has a standby");
+    let marks: Vec<usize> = instances.iter().map(Instance::log_len).collect();
+    eprintln!("killing c (active {moved:?}); standbys: a {:?}, b {:?}", before[0].1, before[1].1);
+    let killed = Instant::now();
+    victim.kill();
+    // After the session timeout the group moves c's tasks to their standbys.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        instances.iter_mut().for_each(Instance::assert_running);
+        let now: Vec<_> = instances.iter().map(|i| i.assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
+        if moved.iter().all(|t| now[holder_of(*t)].contains(t)) {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "c's tasks {moved:?} did not reach their standbys: {now:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("tasks moved {:?} after the kill: a {:?}, b {:?}", killed.elapsed(), after[0], after[1]);
+    // Each moved task is processed by its standby's instance, whose restore
+    // replayed only the standby's lag.
+    for t in &moved {
+        let holder = &instances[holder_of(*t)];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let prefix = format!("partition={t} ");
+        while !holder.lines_after(marks[holder_of(*t)], "KSTATE-PROCESSED").iter().any(|l| l.contains(&prefix)) {
+            assert!(Instant::now() < deadline, "task {t} not processed by {} after failover:\n{}", holder.name, holder.tail());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let starts = holder.lines_after(marks[holder_of(*t)], "KSTATE-RESTORE-START");
+        let ends = holder.lines_after(marks[holder_of(*t)], "KSTATE-RESTORE-END");
+        let start = starts.iter().find(|l| l.contains(&prefix)).unwrap_or_else(|| panic!("no restore of {t} on {}", holder.name));
+        let end = ends.iter().find(|l| l.contains(&prefix)).unwrap_or_else(|| panic!("no restore end of {t} on {}", holder.name));
+        let (from, to): (i64, i64) = (field(start, "start").unwrap().parse().unwrap(), field(start, "end").unwrap().parse().unwrap());
+        let restored: i64 = field(end, "records").unwrap().parse().unwrap();
+        eprintln!("task {t} on {}: restore {from}..{to}, {restored} records replayed", holder.name);
+        assert!(to >= 10_000, "the changelog of {t} holds at least the prefill ({to})");
+        // The standby was at most a few seconds of input behind (50
+        // records/s per partition, two changelog records each), never
+        // the whole changelog.
+        assert!(restored <= to - from, "replayed {restored} records of a {}-record lag", to - from);
+        assert!(to - from < 1_000, "task {t}: the standby lagged {} records of {to}", to - from);
+    }
+    let mut sent = pre;
+    sent.extend(feeder.join(true));
+    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
+    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
+        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
+    for i in instances {
+        i.stop();
+    }
+    let model = model_of(&sent);
+    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a failover");
+    assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a failover");
+}
+
+/// Committed offsets only move forward (a fenced member's late commit
+/// would take a partition back).
+fn check_committed(app: &str, input: &str, highest: &mut [Option<i64>]) {
+    for p in 0..PARTITIONS {
+        let now = committed_offset(app, input, p);
+        assert!(now >= highest[p as usize], "partition {p}: committed offset went back from {:?} to {now:?}", highest[p as usize]);
+        highest[p as usize] = now;
+    }
+}
+
+#[test]
+fn a_rolling_restart_with_static_membership_restores_nothing_in_full() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("rolling", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let pre = prefill(&input, 5_000);
+    let names = ["a", "b", "c"];
+    let id = |n: &str| format!("{app}-{n}");
+    let mut instances: Vec<Instance> =
+        names.iter().map(|n| Instance::start(n, &bootstrap, &app, &input, dir, &id(n))).collect();
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    let before = balanced(&mut instances, Duration::from_secs(90));
+    std::thread::sleep(Duration::from_secs(3));
+    // Restores from here on are what the rolling restart caused (the
+    // group's start moved tasks to instances without their state).
+    let marks: Vec<usize> = instances.iter().map(Instance::log_len).collect();
+    let mut highest = vec![None; PARTITIONS as usize];
+    for i in 0..instances.len() {
+        let mark = instances[i].log_len();
+        let old = instances.remove(i);
+        old.stop();
+        let mut restarted = Instance::start(names[i], &bootstrap, &app, &input, dir, &id(names[i]));
+        // Back within the session timeout: it gets its own tasks again and
+        // restores only what it did not have (nothing after a clean stop).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            restarted.assert_running();
+            instances.iter_mut().for_each(Instance::assert_running);
+            check_committed(&app, &input, &mut highest);
+            let processed = restarted.lines_after(mark, "KSTATE-PROCESSED");
+            if before[i].0.iter().all(|t| processed.iter().any(|l| l.contains(&format!("partition={t} ")))) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{} did not get its tasks {:?} back:\n{}", names[i], before[i].0, restarted.tail());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for line in restarted.lines_after(mark, "KSTATE-RESTORE-START") {
+            let (from, to): (i64, i64) = (field(&line, "start").unwrap().parse().unwrap(), field(&line, "end").unwrap().parse().unwrap());
+            assert!(to - from < 1_000, "{} restored {from}..{to} after a clean restart: {line}", names[i]);
+        }
+        eprintln!("{} restarted: {:?}", names[i], restarted.assignment());
+        instances.insert(i, restarted);
+    }
+    // No instance restored a changelog in full during the rolling restart.
+    for (instance, mark) in instances.iter().zip(&marks) {
+        for line in instance.lines_after(*mark, "KSTATE-RESTORE-END") {
+            let records: i64 = field(&line, "records").unwrap().parse().unwrap();
+            assert!(records < 1_000, "{} restored {records} records: {line}", instance.name);
+        }
+    }
+    let mut sent = pre;
+    sent.extend(feeder.join(true));
+    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
+    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
+        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
+    for i in instances {
+        i.stop();
+    }
+    let model = model_of(&sent);
+    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a rolling restart");
+    assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a rolling restart");
+}
+
+#[test]
+fn a_frozen_instance_is_fenced_and_rejoins_while_the_others_go_on() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("zombie", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let mut instances: Vec<Instance> =
+        ["a", "b", "c"].iter().map(|n| Instance::start(n, &bootstrap, &app, &input, dir, "")).collect();
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    let before = balanced(&mut instances, Duration::from_secs(90));
+    let mut highest = vec![None; PARTITIONS as usize];
+    std::thread::sleep(Duration::from_secs(2));
+    let mark = instances[2].log_len();
+    instances[2].signal("-STOP");
+    // Past its session timeout (6 s): a and b take over c's tasks.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for i in &mut instances[..2] {
+            i.assert_running();
+        }
+        check_committed(&app, &input, &mut highest);
+        let owned: BTreeSet<i32> =
+            instances[..2].iter().flat_map(|i| i.assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
+        if owned.len() == PARTITIONS as usize {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a and b did not take over the frozen instance's tasks {:?}", before[2].0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    instances[2].signal("-CONT");
+    // c learns it was fenced, drops its tasks without committing, rejoins
+    // and gets tasks again; a and b never stop.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        instances.iter_mut().for_each(Instance::assert_running);
+        check_committed(&app, &input, &mut highest);
+        let text = instances[2].text();
+        let lost = text.get(mark..).unwrap_or("").contains("tasks lost; closing them without commit");
+        let back = !instances[2].lines_after(mark, "KSTATE-PROCESSED").is_empty();
+        if lost && back {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the frozen instance did not rejoin:\n{}", instances[2].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    balanced(&mut instances, Duration::from_secs(60));
+    let sent = feeder.join(true);
+    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
+    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
+        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
+    for i in instances {
+        i.stop();
+    }
+    let model = model_of(&sent);
+    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a zombie");
+    assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a zombie");
+}

@@ -131,6 +131,7 @@ impl Default for AppBuilder {
                 restore_listener: None,
                 processing_exception_handler: None,
                 num_standby_replicas: 0,
+                state_cleanup_delay: Duration::from_secs(600),
                 application_server: None,
                 client_tags: Default::default(),
             },
@@ -282,6 +283,15 @@ impl AppBuilder {
     /// their lag instead of the whole changelog.
     pub fn num_standby_replicas(mut self, replicas: usize) -> Self {
         self.config.num_standby_replicas = replicas;
+        self
+    }
+
+    /// How long the local state of a task that is neither active nor
+    /// standby here is kept before it is deleted (default 10 minutes,
+    /// Kafka Streams' `state.cleanup.delay.ms`). Until then it still
+    /// counts as a copy when the group places tasks.
+    pub fn state_cleanup_delay(mut self, delay: Duration) -> Self {
+        self.config.state_cleanup_delay = delay;
         self
     }
 

@@ -66,6 +66,7 @@ pub(crate) struct AppConfig {
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
     pub(crate) processing_exception_handler: Option<Arc<ProcessingExceptionHandler>>,
     pub(crate) num_standby_replicas: usize,
+    pub(crate) state_cleanup_delay: Duration,
     pub(crate) application_server: Option<String>,
     pub(crate) client_tags: std::collections::BTreeMap<String, String>,
 }

@@ -92,6 +92,15 @@ pub(crate) const FLUSH_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
 impl Engine {
     /// Opens (or creates) the database at `path`.
     pub(crate) fn open(path: &Path, res: &EngineResources) -> Result<Engine> {
+        // The hint describes the database as last closed; from now on it
+        // changes (or is wiped), so the hint goes until the next close.
+        if let Some(hint) = checkpoint_hint_path(path) {
+            match std::fs::remove_file(&hint) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(hint, e)),
+            }
+        }
         Ok(Engine {
             db: Some(Self::open_db(path, res, false)?),
             path: path.to_path_buf(),
@@ -293,6 +302,11 @@ impl Engine {
         self.last_flush.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Whether the database is in restore mode (see [`Engine::start_bulk_load`]).
+    pub(crate) fn is_bulk_loading(&self) -> bool {
+        self.bulk_loading
+    }
+
     /// Switches to restore mode: WAL off, vector memtable, auto-compaction
     /// deferred. The store must not be read until [`Engine::finish_bulk_load`].
     pub(crate) fn start_bulk_load(&mut self) -> Result<()> {
@@ -357,10 +371,39 @@ impl Drop for Engine {
         // durable, so a clean shutdown or rebalance restores nothing on the
         // next start. Cheap if nothing is unflushed.
         if self.db.is_some() {
-            if let Err(e) = self.flush() {
-                tracing::warn!(path = %self.path.display(), error = %e,
-                    "flush on close failed; the next start replays the changelog from an older checkpoint");
+            match self.flush() {
+                Ok(()) => self.write_checkpoint_hint(),
+                Err(e) => tracing::warn!(path = %self.path.display(), error = %e,
+                    "flush on close failed; the next start replays the changelog from an older checkpoint"),
             }
+        }
+    }
+}
+
+/// The file beside a database that tells its checkpoint as of its last
+/// clean close, so the group subscription can report how caught up every
+/// local copy is without opening each RocksDB instance.
+const CHECKPOINT_HINT: &str = "kstate.checkpoint";
+
+fn checkpoint_hint_path(db_path: &Path) -> Option<std::path::PathBuf> {
+    Some(db_path.parent()?.join(CHECKPOINT_HINT))
+}
+
+/// The checkpoint a store partition directory's database had when it was
+/// last closed cleanly, if it was (see [`CHECKPOINT_HINT`]). A lower bound
+/// of its state: a database that is open, crashed or was wiped has none.
+pub(crate) fn read_checkpoint_hint(store_dir: &Path) -> Option<i64> {
+    std::fs::read_to_string(store_dir.join(CHECKPOINT_HINT)).ok()?.trim().parse().ok()
+}
+
+impl Engine {
+    /// Writes the checkpoint hint after the close's flush (best effort).
+    fn write_checkpoint_hint(&self) {
+        let (Ok(Checkpoint::At(c)), Some(hint)) = (self.checkpoint(), checkpoint_hint_path(&self.path)) else { return };
+        let tmp = hint.with_extension("tmp");
+        let written = std::fs::write(&tmp, c.to_string()).and_then(|()| std::fs::rename(&tmp, &hint));
+        if let Err(e) = written {
+            tracing::debug!(path = %hint.display(), error = %e, "writing the checkpoint hint failed");
         }
     }
 }
@@ -386,6 +429,22 @@ mod tests {
         let e = Engine::open(dir.path(), &res()).unwrap();
         assert_eq!(e.checkpoint().unwrap(), Checkpoint::At(41));
         assert_eq!(e.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+
+    #[test]
+    fn a_clean_close_leaves_a_checkpoint_hint_that_the_next_open_removes() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let db = store_dir.path().join("db");
+        {
+            let e = Engine::open(&db, &res()).unwrap();
+            e.commit(Engine::batch(), 41).unwrap();
+            assert_eq!(read_checkpoint_hint(store_dir.path()), None, "no hint while open");
+        }
+        assert_eq!(read_checkpoint_hint(store_dir.path()), Some(41));
+        let e = Engine::open(&db, &res()).unwrap();
+        assert_eq!(read_checkpoint_hint(store_dir.path()), None, "an open database has no hint");
+        drop(e);
+        assert_eq!(read_checkpoint_hint(store_dir.path()), Some(41));
     }
 
     #[test]

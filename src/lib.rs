@@ -61,8 +61,6 @@ mod engine;
 mod error;
 mod failure;
 mod fetch_wake;
-// The own group membership; the runtime switches to it in the next step (issue 10).
-#[allow(dead_code)]
 mod group;
 mod lock;
 pub mod metrics;

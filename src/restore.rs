@@ -122,6 +122,10 @@ pub(crate) struct RestoreJob {
     pub(crate) standby: bool,
 }
 
+/// How often a caught-up standby records how fresh it is (see
+/// `RestoreLoop::refresh_standby_age`).
+const STANDBY_AGE_REFRESH: Duration = Duration::from_secs(30);
+
 /// How often a standby writes what it applied, when records trickle in
 /// (its checkpoint, and so its lag seen by the group, stays this fresh).
 const STANDBY_WRITE_EVERY: Duration = Duration::from_millis(200);
@@ -251,6 +255,13 @@ struct Active {
     last_write: Instant,
     /// In bulk-load mode (a restore, or a standby far behind).
     bulk: bool,
+    /// When a standby last read its end offset from the broker.
+    age_refreshed: Instant,
+    /// A standby's latest known end offset and when it was read (ms since
+    /// the epoch): a batch that reaches it records that every later
+    /// changelog record was appended after then (the age bound the restore
+    /// checks against the changelog's tombstone retention).
+    seen_end: (i64, i64),
 }
 
 struct RestoreLoop {
@@ -443,13 +454,18 @@ impl RestoreLoop {
         a.records += 1;
         a.last_offset = offset;
         let full = a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES;
+        if a.standby {
+            // Written when full, and every STANDBY_WRITE_EVERY by check_positions.
+            if full {
+                let id = id.clone();
+                self.write_batch(&id);
+            }
+            return;
+        }
         let at_end = offset + 1 >= a.end;
         if at_end || full {
-            let (id, standby) = (id.clone(), a.standby);
-            if at_end && standby {
-                self.write_batch(&id);
-                self.standby_caught_up(&id);
-            } else if at_end {
+            let id = id.clone();
+            if at_end {
                 self.finish(&id);
             } else {
                 self.write_batch(&id);
@@ -589,6 +605,8 @@ impl RestoreLoop {
             standby,
             last_write: Instant::now(),
             bulk: false,
+            seen_end: (high, end_read_at_ms),
+            age_refreshed: Instant::now(),
         };
         if standby {
             let checkpoint = store.checkpoint();
@@ -606,8 +624,9 @@ impl RestoreLoop {
         // normal mode (compaction on) once caught up.
         if !standby || high - start > BATCH_RECORDS as i64 {
             store.engine_mut().start_bulk_load()?;
-            active.bulk = true;
         }
+        // A standby restarted after an interrupted bulk copy is still in bulk mode.
+        active.bulk = store.engine().is_bulk_loading();
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
         if !self.records.forward_partition(&self.consumer, &topic, partition) {
@@ -629,7 +648,11 @@ impl RestoreLoop {
         let records = a.batch.len() as u64;
         let batch = a.batch.take_sorted();
         let last = a.last_offset;
-        let result = store.engine().commit(batch, last);
+        let result = if a.standby && last + 1 >= a.seen_end.0 {
+            store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
+        } else {
+            store.engine().commit(batch, last)
+        };
         a.last_write = Instant::now();
         match result {
             Ok(()) if a.standby => {
@@ -768,7 +791,8 @@ impl RestoreLoop {
         for (topic, partition) in self.active.iter().filter(|(_, a)| a.assigned).map(|(k, _)| k) {
             self.records.forward_partition(&self.consumer, topic, *partition);
         }
-        // Standbys: write what trickled in, and leave bulk mode once caught up.
+        // Standbys: write what trickled in, leave bulk mode once caught up,
+        // and now and then record how fresh they are.
         let due: Vec<(String, i32)> = self
             .active
             .iter()
@@ -795,6 +819,7 @@ impl RestoreLoop {
             self.write_batch(&key);
             self.standby_caught_up(&key);
         }
+        self.refresh_standby_age(&positions);
         for e in positions.elements() {
             let key = (e.topic().to_string(), e.partition());
             if !self.active.get(&key).is_some_and(|a| a.standby) {
@@ -820,6 +845,43 @@ impl RestoreLoop {
             .collect();
         for key in done {
             self.finish(&key);
+        }
+    }
+
+    /// Every [`STANDBY_AGE_REFRESH`], a caught-up standby reads its end
+    /// offset from the broker; once its position reaches it, its checkpoint
+    /// moves to `end - 1` with the time of that read as its age bound, as a
+    /// finished restore's does. Without this a standby that follows a quiet
+    /// changelog for longer than its `delete.retention.ms` would keep an old
+    /// bound (restored in full when promoted: safe, slow), and one that never
+    /// had a bound could not be checked at all.
+    fn refresh_standby_age(&mut self, positions: &TopicPartitionList) {
+        let timeout = Duration::from_secs(2);
+        for e in positions.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            let Some(a) = self.active.get_mut(&key) else { continue };
+            let Offset::Offset(position) = e.offset() else { continue };
+            if !a.standby || a.bulk || a.age_refreshed.elapsed() < STANDBY_AGE_REFRESH {
+                continue;
+            }
+            a.age_refreshed = Instant::now();
+            let read_at = crate::engine::now_ms();
+            let Ok((_, high)) = self.consumer.fetch_watermarks(&key.0, key.1, timeout) else { continue };
+            a.seen_end = (high, read_at);
+            if position < high || high == 0 {
+                continue; // not caught up: the batch that reaches `high` records it
+            }
+            self.write_batch(&key);
+            let Some((a, store)) = self.store_of(&key) else { continue };
+            let partition = a.partition;
+            match store.engine().commit_with_age_bound(Engine::batch(), high - 1, read_at) {
+                Ok(()) => {
+                    store.set_checkpoint(Some(high - 1));
+                    let index = a.store_index;
+                    self.publish_standby(partition, index, Some(high - 1));
+                }
+                Err(e) => self.fail(partition, e),
+            }
         }
     }
 

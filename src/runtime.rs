@@ -147,9 +147,19 @@ fn apply_group_events(
     tasks: &mut TaskManager,
     topics: &[String],
 ) -> Result<()> {
-    while let Ok(event) = membership.events.try_recv() {
+    loop {
+        let event = match membership.events.try_recv() {
+            Ok(event) => event,
+            Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                return Err(Error::GroupMembership {
+                    group: String::new(),
+                    detail: "the group membership thread stopped unexpectedly".into(),
+                })
+            }
+        };
         match event {
-            GroupEvent::Assigned { generation, active, standby } => {
+            GroupEvent::Assigned { generation, active, standby, since } => {
                 let owned = tasks.partitions();
                 tasks.generation = Some(generation.clone());
                 tasks.set_standby_target(standby.clone());
@@ -183,6 +193,7 @@ fn apply_group_events(
                 }
                 membership.applied();
                 metrics::counter!(crate::metrics::REBALANCES).increment(1);
+                metrics::histogram!(crate::metrics::REBALANCE_SECONDS).record(since.elapsed().as_secs_f64());
                 metrics::gauge!(crate::metrics::GROUP_GENERATION).set(generation.id as f64);
                 metrics::gauge!(crate::metrics::TASKS, "role" => "active").set(active.len() as f64);
                 metrics::gauge!(crate::metrics::TASKS, "role" => "standby").set(standby.len() as f64);
@@ -201,7 +212,6 @@ fn apply_group_events(
             GroupEvent::Failed(e) => return Err(e),
         }
     }
-    Ok(())
 }
 
 /// A process id that survives restarts, kept in the application's state
@@ -224,15 +234,18 @@ fn process_id(config: &AppConfig) -> Result<String> {
     Ok(id)
 }
 
-/// The tasks whose state is on this instance's disk: every partition with
-/// a store directory (its checkpoint is not read here: that would open
-/// every RocksDB instance).
+/// The tasks whose state is on this instance's disk, with the sum of
+/// their stores' checkpoints (+1 each) as of their last clean close, read
+/// from the checkpoint hints beside the databases (opening every RocksDB
+/// instance would take long); 0 for a store without a hint.
 fn local_tasks(config: &AppConfig, partitions: i32) -> std::collections::BTreeMap<i32, i64> {
     let mut found = std::collections::BTreeMap::new();
     for store in &config.stores {
         for p in 0..partitions {
-            if config.store_dir(store.name(), p).is_dir() {
-                found.entry(p).or_insert(0);
+            let dir = config.store_dir(store.name(), p);
+            if dir.is_dir() {
+                let next = crate::engine::read_checkpoint_hint(&dir).map_or(0, |c| c + 1);
+                *found.entry(p).or_insert(0) += next;
             }
         }
     }
@@ -361,15 +374,39 @@ where
         process_id: process_id(&config)?,
         endpoint: config.application_server.clone(),
         client_tags: config.client_tags.clone(),
+        give_up_after: config.task_timeout,
     };
     let local = {
         let (config, shared) = (config.clone(), shared.clone());
+        // The processing thread may hold the task lock for a while (a batch,
+        // a closing commit): wait briefly, else report the copies on disk
+        // and the last offsets seen, rather than delay the JoinGroup.
+        let mut last = std::collections::BTreeMap::new();
         Box::new(move || {
-            let on_disk = local_tasks(&config, partitions);
-            shared.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).task_offsets(on_disk)
+            let mut found = local_tasks(&config, partitions);
+            let deadline = Instant::now() + Duration::from_millis(200);
+            loop {
+                match shared.tasks.try_lock() {
+                    Ok(tasks) => {
+                        last = tasks.task_offsets(std::collections::BTreeMap::new());
+                        break;
+                    }
+                    Err(std::sync::TryLockError::Poisoned(p)) => {
+                        last = p.into_inner().task_offsets(std::collections::BTreeMap::new());
+                        break;
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    Err(std::sync::TryLockError::WouldBlock) => break,
+                }
+            }
+            found.extend(last.iter().map(|(p, o)| (*p, *o)));
+            found
         })
     };
     let membership = Membership::start(brokers, settings, local)?;
+    shared.tasks.lock().expect("task lock").session = Some(membership.session.clone());
 
     let (waker, wake_requests) = FetchWaker::new();
     let result = std::thread::scope(|scope| -> Result<()> {
@@ -398,6 +435,9 @@ where
         let result = process_loop(parts, &mut processor);
 
         let mut tasks = shared.tasks.lock().expect("task lock");
+        // Events that arrived meanwhile first: tasks lost must not be
+        // committed (nor their changelogs written) by the final commit.
+        let result = result.and_then(|()| apply_group_events(&membership, &consumer, &records, &mut tasks, &config.input_topics));
         let result = match result {
             Ok(()) => {
                 let r = tasks.commit_closing(&consumer, None);
@@ -445,11 +485,13 @@ where
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
     while !shutdown.is_shutdown() {
+        membership.polled();
         {
             let mut tasks = shared.tasks.lock().expect("task lock");
             apply_group_events(membership, consumer, records, &mut tasks, &config.input_topics)?;
             tasks.open_pending(consumer)?;
             tasks.update_standbys()?;
+            tasks.clean_state_dirs();
             tasks.collect_restored(consumer)?;
             tasks.poll_inflight(consumer)?;
             tasks.poll_offset_commit()?;
@@ -502,6 +544,7 @@ where
                     if shutdown.is_shutdown() {
                         break;
                     }
+                    membership.polled();
                     if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
                         last_commit = Instant::now();
                     }

@@ -26,7 +26,7 @@ use crate::engine::EngineResources;
 use crate::fetch_wake::FetchWaker;
 use crate::error::{Error, Result};
 use crate::failure::{CommitFailure, RetryRun};
-use crate::group::member::Generation;
+use crate::group::member::{Generation, SessionClock};
 use crate::group::offsets::{CommitError, Committer};
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
 use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
@@ -105,6 +105,9 @@ enum Standby {
     Following,
 }
 
+/// How often task directories are checked for cleanup (at most).
+const CLEANUP_EVERY: Duration = Duration::from_secs(30);
+
 /// How long a standby whose follow failed waits before it is reopened.
 const STANDBY_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -114,6 +117,10 @@ pub(crate) struct TaskManager {
     standbys: BTreeMap<i32, Standby>,
     /// The standby tasks the current assignment gives this member.
     standby_target: BTreeSet<i32>,
+    /// Task directories on disk that are neither active nor standby here,
+    /// and since when (deleted after `state_cleanup_delay`).
+    unowned_dirs: BTreeMap<i32, Instant>,
+    last_cleanup: Instant,
     pub(crate) tasks: BTreeMap<i32, Task>,
     config: Arc<AppConfig>,
     producer: Arc<ChangelogProducer>,
@@ -147,6 +154,9 @@ pub(crate) struct TaskManager {
     /// The generation of the current assignment: offsets are committed
     /// under it, so a member the group has fenced cannot commit.
     pub(crate) generation: Option<Arc<Generation>>,
+    /// Whether the coordinator still counts this member in (set by the
+    /// runtime): past a session without confirmation nothing is written.
+    pub(crate) session: Option<SessionClock>,
     /// Failures in a row per task, for the re-initialisation limit.
     failures: HashMap<i32, TaskFailures>,
 }
@@ -225,6 +235,8 @@ impl TaskManager {
         TaskManager {
             standbys: BTreeMap::new(),
             standby_target: BTreeSet::new(),
+            unowned_dirs: BTreeMap::new(),
+            last_cleanup: Instant::now(),
             tasks: BTreeMap::new(),
             config,
             producer,
@@ -246,6 +258,7 @@ impl TaskManager {
             offsets_in_flight: None,
             committer: None,
             generation: None,
+            session: None,
             failures: HashMap::new(),
         }
     }
@@ -677,6 +690,50 @@ impl TaskManager {
         Ok(())
     }
 
+    /// Deletes the local state of tasks that were neither active nor
+    /// standby here for `state_cleanup_delay` (checked every
+    /// [`CLEANUP_EVERY`] at most); a directory whose lock is held (another
+    /// instance on the same state directory) is left alone.
+    pub(crate) fn clean_state_dirs(&mut self) {
+        let every = CLEANUP_EVERY.min(self.config.state_cleanup_delay / 2);
+        if self.last_cleanup.elapsed() < every {
+            return;
+        }
+        let now = Instant::now();
+        self.last_cleanup = now;
+        let held: BTreeSet<i32> = self.partitions().into_iter().chain(self.standbys.keys().copied()).collect();
+        let mut on_disk = BTreeSet::new();
+        for store in &self.config.stores {
+            let dir = self.config.state_dir.join(&self.config.application_id).join(store.name());
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            on_disk.extend(entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()));
+        }
+        self.unowned_dirs.retain(|p, _| on_disk.contains(p) && !held.contains(p));
+        for p in on_disk.difference(&held) {
+            let since = *self.unowned_dirs.entry(*p).or_insert(now);
+            if now - since < self.config.state_cleanup_delay {
+                continue;
+            }
+            for store in &self.config.stores {
+                let dir = self.config.store_dir(store.name(), *p);
+                if !dir.is_dir() {
+                    continue;
+                }
+                let Ok(lock) = crate::lock::DirLock::acquire(&dir, Duration::ZERO) else {
+                    tracing::debug!(partition = p, dir = %dir.display(), "unowned task directory is locked; kept");
+                    continue;
+                };
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => tracing::info!(partition = p, store = store.name(), unowned_for = ?(now - since),
+                        "deleted the local state of a task this instance no longer holds"),
+                    Err(e) => tracing::warn!(partition = p, dir = %dir.display(), error = %e, "deleting unowned task state failed"),
+                }
+                drop(lock);
+            }
+            self.unowned_dirs.remove(p);
+        }
+    }
+
     /// For the group's subscription: per task whose state is here, the sum
     /// of its stores' checkpoints (running actives and standbys; `on_disk`
     /// lists the others, with 0).
@@ -711,7 +768,7 @@ impl TaskManager {
     /// and the next call retries; the runtime stops taking records once
     /// `max_uncommitted_bytes` is reached (see [`TaskManager::backpressure`]).
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<bool> {
-        if self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) {
+        if self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) || !self.session_alive() {
             return Ok(false);
         }
         let (info, sealed) = self.seal_running(consumer, None)?;
@@ -740,8 +797,17 @@ impl TaskManager {
     /// reached `max_uncommitted_bytes` while a commit is still being
     /// written, so a new one cannot start.
     pub(crate) fn backpressure(&self) -> bool {
-        self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished())
+        (self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) || !self.session_alive())
             && self.uncommitted_bytes() >= self.config.max_uncommitted_bytes
+    }
+
+    /// Whether the coordinator confirmed this member within a session
+    /// timeout. A member past it (frozen, partitioned) has probably lost its
+    /// tasks to another: writing their changelogs or committing would race
+    /// the new owner, so commits wait until the membership reports (its
+    /// tasks lost, or confirmed again).
+    fn session_alive(&self) -> bool {
+        self.session.as_ref().is_none_or(SessionClock::alive)
     }
 
     /// Completes the pipelined commit in flight if its writes have landed.
@@ -866,7 +932,13 @@ impl TaskManager {
 
     /// Takes in the result of the asynchronous offset commit, if it arrived.
     pub(crate) fn poll_offset_commit(&mut self) -> Result<()> {
-        let Some((offsets, result)) = self.committer.as_ref().and_then(Committer::result) else { return Ok(()) };
+        let Some(committer) = &self.committer else { return Ok(()) };
+        let Some((offsets, result)) = committer.result() else {
+            if committer.is_dead() {
+                return Err(Error::OffsetCommit("the offset commit thread stopped unexpectedly".into()));
+            }
+            return Ok(());
+        };
         self.on_commit_result(result, &offsets)
     }
 
@@ -967,6 +1039,13 @@ impl TaskManager {
     /// writes and checkpoint in one RocksDB batch, then commit the input
     /// offsets once.
     pub(crate) fn commit_closing<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
+        // Tasks revoked by an assignment were just confirmed; at shutdown a
+        // member the group may have dropped must not write.
+        if only.is_none() && !self.session_alive() {
+            tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
+            self.discard_all();
+            return Ok(());
+        }
         let (info, sealed) = self.seal_running(consumer, only)?;
         let failed = write_sealed(sealed, &self.producer, self.config.commit_timeout, self.config.task_timeout)?;
         self.mark_landed(&info.partitions, &failed);

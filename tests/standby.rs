@@ -462,6 +462,12 @@ fn a_frozen_instance_is_fenced_and_rejoins_while_the_others_go_on() {
         std::thread::sleep(Duration::from_millis(100));
     }
     balanced(&mut instances, Duration::from_secs(60));
+    // The zombie wrote nothing into the changelogs of the tasks it had lost
+    // (it writes only while the coordinator confirms it): the new owners
+    // never found another writer's records there.
+    for i in &instances[..2] {
+        assert!(!i.text().contains("task failed; closing it without commit"), "{} re-initialised a task:\n{}", i.name, i.tail());
+    }
     let sent = feeder.join(true);
     all_committed(&mut instances, &app, &input, Duration::from_secs(60));
     let owners: Vec<(PathBuf, BTreeSet<i32>)> =
@@ -472,4 +478,90 @@ fn a_frozen_instance_is_fenced_and_rejoins_while_the_others_go_on() {
     let model = model_of(&sent);
     assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a zombie");
     assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a zombie");
+}
+
+#[test]
+fn the_state_of_a_task_that_moved_away_is_deleted_after_the_cleanup_delay() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("cleanup", 2);
+    produce(&input, &[(0, b"a".to_vec(), Some(b"1".to_vec())), (1, b"b".to_vec(), Some(b"1".to_vec()))]);
+    let second_state = tempfile::tempdir().unwrap();
+    let counting = |dir: &Path| {
+        builder(&app, &input, dir).store(StoreDefinition::new("s")).state_cleanup_delay(Duration::from_secs(2))
+    };
+    let put = |ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>| -> Result<(), Error> {
+        ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())
+    };
+    let first = Running::start(counting(state.path()), put);
+    let dir = |p: i32| state.path().join(&app).join("s").join(p.to_string());
+    wait_until("both tasks on the first instance", TIMEOUT, || dir(0).is_dir() && dir(1).is_dir());
+    wait_all_committed_at(&bootstrap(), &app, &input, 2, TIMEOUT);
+    let second = Running::start(counting(second_state.path()), put);
+    // One task moves to the second instance; its directory on the first
+    // goes once it has been unowned for 2 s; the other stays.
+    let moved_away = || !dir(0).exists() || !dir(1).exists();
+    wait_until("the moved task's directory to be deleted", Duration::from_secs(40), moved_away);
+    let kept = if dir(0).exists() { 0 } else { 1 };
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(dir(kept).is_dir(), "the task still held was deleted");
+    first.stop().unwrap();
+    second.stop().unwrap();
+}
+
+#[test]
+fn a_processor_stuck_past_max_poll_interval_gives_its_tasks_away() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("stuck", 2);
+    let second_state = tempfile::tempdir().unwrap();
+    let (first_times, second_times) = (ProcessedTimes::default(), ProcessedTimes::default());
+    let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = |dir: &Path, times: &ProcessedTimes, stall: bool| {
+        let (times, stalled) = (times.clone(), stalled.clone());
+        let builder = builder(&app, &input, dir).store(StoreDefinition::new("s")).kafka_config("max.poll.interval.ms", "8000");
+        Running::start(builder, move |ctx, rec| {
+            if stall && rec.value_str() == Some("stall") && !stalled.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_secs(14));
+            }
+            let s = ctx.store("s")?;
+            for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+                s.put(&k, &v)?;
+            }
+            times.record(rec.partition);
+            Ok(())
+        })
+    };
+    let mut sent: Vec<KeyedRecord> = (0..20).map(|i| (i % 2, format!("k{}", i % 2).into_bytes(), Some(format!("{i}").into_bytes()))).collect();
+    produce(&input, &sent);
+    let first = start(state.path(), &first_times, true);
+    wait_until("the first instance to process", TIMEOUT, || first_times.count(0) > 0 && first_times.count(1) > 0);
+    let second = start(second_state.path(), &second_times, false);
+    // Records for both partitions until the second instance processes some.
+    let mut next = 20;
+    wait_until("the second instance to get a partition", TIMEOUT, || {
+        let batch: Vec<KeyedRecord> =
+            (next..next + 2).map(|i| (i % 2, format!("k{}", i % 2).into_bytes(), Some(format!("{i}").into_bytes()))).collect();
+        next += 2;
+        produce(&input, &batch);
+        sent.extend(batch);
+        std::thread::sleep(Duration::from_millis(200));
+        second_times.count(0) + second_times.count(1) > 0
+    });
+    let theirs = if second_times.count(0) > 0 { 1 } else { 0 };
+    // The first instance's processor gets stuck for 14 s on this record.
+    let stall = vec![(theirs, format!("k{theirs}").into_bytes(), Some(b"stall".to_vec()))];
+    produce(&input, &stall);
+    sent.extend(stall);
+    let stuck_at = Instant::now();
+    wait_until("the stuck instance's partition to move", Duration::from_secs(30), || second_times.count(theirs) > 0);
+    let moved_after = stuck_at.elapsed();
+    eprintln!("partition {theirs} moved {moved_after:?} after the processor got stuck");
+    assert!(moved_after < Duration::from_secs(14), "it waited for the stuck processor ({moved_after:?})");
+    let more: Vec<KeyedRecord> = (next..next + 20).map(|i| (i % 2, format!("k{}", i % 2).into_bytes(), Some(format!("{i}").into_bytes()))).collect();
+    produce(&input, &more);
+    sent.extend(more);
+    wait_all_committed_at(&bootstrap(), &app, &input, 2, Duration::from_secs(60));
+    assert!(!first.is_finished() && !second.is_finished(), "both instances keep running");
+    first.stop().expect("the stuck instance comes back and stops cleanly");
+    second.stop().expect("clean stop");
+    assert_same_state(&changelog_state_at(&bootstrap(), &app, "s", 2), &model_of(&sent), "the changelogs");
 }

@@ -363,17 +363,21 @@ fn tls_handshake(broker: &str, tcp: TcpStream, tls: &Tls) -> Result<SslStream<Tc
     let mut config = connector.configure().map_err(|e| config_error("setup", e))?;
     config.set_verify_hostname(tls.verify_hostname && tls.verify_certificate);
     let host = broker.rsplit_once(':').map_or(broker, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    // A certificate check that failed or a TLS alert is the listener's
+    // answer (not retried); a connection that broke or timed out during the
+    // handshake (a broker restarting) is only unreachable.
     config.connect(host, tcp).map_err(|e| match e {
         openssl::ssl::HandshakeError::Failure(mid) => {
             let verify = mid.ssl().verify_result();
-            let detail = if verify != openssl::x509::X509VerifyResult::OK {
-                format!("broker certificate not trusted: {}", verify.error_string())
+            if verify != openssl::x509::X509VerifyResult::OK {
+                tls_error(format!("broker certificate not trusted: {}", verify.error_string()))
+            } else if mid.error().ssl_error().is_none() {
+                unreachable(broker, Duration::ZERO, format!("connection lost during the TLS handshake: {}", mid.error()))
             } else {
-                mid.error().to_string()
-            };
-            tls_error(detail)
+                tls_error(mid.error().to_string())
+            }
         }
         openssl::ssl::HandshakeError::SetupFailure(stack) => tls_error(stack.to_string()),
-        openssl::ssl::HandshakeError::WouldBlock(_) => tls_error("handshake timed out".into()),
+        openssl::ssl::HandshakeError::WouldBlock(_) => unreachable(broker, Duration::ZERO, "TLS handshake timed out"),
     })
 }

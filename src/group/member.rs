@@ -57,6 +57,10 @@ pub(crate) struct GroupSettings {
     pub(crate) process_id: String,
     pub(crate) endpoint: Option<String>,
     pub(crate) client_tags: BTreeMap<String, String>,
+    /// How long TLS or SASL refusals are retried after startup (they
+    /// passed the startup check, so most likely a broker restarting) before
+    /// the membership fails (`task_timeout`).
+    pub(crate) give_up_after: Duration,
 }
 
 /// The identity under which this member's commits are accepted.
@@ -71,12 +75,50 @@ pub(crate) struct Generation {
 /// instance's disk (called before every JoinGroup).
 pub(crate) type LocalOffsets = Box<dyn FnMut() -> BTreeMap<TaskId, i64> + Send>;
 
+/// When the coordinator last confirmed this member (a heartbeat or a
+/// SyncGroup answered without error). Past a session timeout without one,
+/// the group has probably moved its tasks: the runtime then writes nothing
+/// (no changelog record, no commit) until the membership reports.
+#[derive(Clone)]
+pub(crate) struct SessionClock {
+    epoch: Instant,
+    last_ok_ms: Arc<std::sync::atomic::AtomicU64>,
+    timeout: Duration,
+}
+
+impl SessionClock {
+    fn new(timeout: Duration) -> SessionClock {
+        SessionClock { epoch: Instant::now(), last_ok_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)), timeout }
+    }
+
+    fn confirmed(&self) {
+        self.last_ok_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// How long since the last confirmation (or since the clock started).
+    fn since(&self) -> Duration {
+        self.epoch.elapsed().saturating_sub(Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst)))
+    }
+
+    /// Whether the coordinator confirmed this member within a session timeout.
+    pub(crate) fn alive(&self) -> bool {
+        let last = Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst));
+        self.epoch.elapsed().saturating_sub(last) < self.timeout
+    }
+}
+
 /// What the runtime must apply, then acknowledge with [`Membership::applied`].
 #[derive(Debug)]
 pub(crate) enum GroupEvent {
     /// This member's tasks in a new generation: tasks active before but
     /// not now are revoked (commit under this generation, then close).
-    Assigned { generation: Arc<Generation>, active: BTreeSet<TaskId>, standby: BTreeSet<TaskId> },
+    Assigned {
+        generation: Arc<Generation>,
+        active: BTreeSet<TaskId>,
+        standby: BTreeSet<TaskId>,
+        /// When this member started the rebalance round that ended here.
+        since: Instant,
+    },
     /// This member was fenced (session expired, generation moved on):
     /// another member may own its active tasks already, so close them
     /// without committing.
@@ -102,7 +144,13 @@ pub(crate) struct Membership {
     pub(crate) events: Receiver<GroupEvent>,
     thread: Option<JoinHandle<()>>,
     stopping: Arc<AtomicBool>,
+    /// When the coordinator last confirmed this member.
+    pub(crate) session: SessionClock,
+    /// When the processing thread last came round its loop (see
+    /// [`Membership::polled`]).
+    poll: SessionClock,
     /// Set to stop without LeaveGroup, as a crash would (tests).
+    #[cfg_attr(not(test), allow(dead_code))]
     silent: Arc<AtomicBool>,
 }
 
@@ -113,7 +161,11 @@ impl Membership {
         let (event_tx, events) = mpsc::channel();
         let stopping = Arc::new(AtomicBool::new(false));
         let silent = Arc::new(AtomicBool::new(false));
+        let session = SessionClock::new(settings.session_timeout);
+        let poll = SessionClock::new(settings.rebalance_timeout);
         let member = Member {
+            poll: poll.clone(),
+            session: session.clone(),
             silent: silent.clone(),
             brokers,
             settings,
@@ -129,12 +181,22 @@ impl Membership {
             pending: BTreeSet::new(),
             stopping: stopping.clone(),
             failures: 0,
+            refused_since: None,
         };
         let thread = std::thread::Builder::new()
             .name("kstate-group".into())
             .spawn(move || member.run())
             .map_err(|e| Error::io("kstate-group thread", e))?;
-        Ok(Membership { commands, events, thread: Some(thread), stopping, silent })
+        Ok(Membership { commands, events, thread: Some(thread), stopping, session, poll, silent })
+    }
+
+    /// The processing thread is alive and polling. A thread that does not
+    /// come round for `max.poll.interval.ms` (a processor stuck in a call)
+    /// makes this member leave the group, as a Kafka consumer would: its
+    /// tasks move to others; when it comes back its tasks are lost and it
+    /// rejoins.
+    pub(crate) fn polled(&self) {
+        self.poll.confirmed();
     }
 
     /// The runtime applied the last [`GroupEvent`].
@@ -187,6 +249,8 @@ impl Drop for Membership {
 
 /// The membership thread's state.
 struct Member {
+    session: SessionClock,
+    poll: SessionClock,
     brokers: Brokers,
     settings: GroupSettings,
     local: LocalOffsets,
@@ -206,6 +270,8 @@ struct Member {
     silent: Arc<AtomicBool>,
     /// Retriable failures in a row (for backoff and logs).
     failures: u32,
+    /// Since when TLS or SASL refuse this member, if they do.
+    refused_since: Option<Instant>,
 }
 
 /// How a group request ended, apart from success.
@@ -239,10 +305,13 @@ impl Member {
 
     fn run_inner(&mut self) -> Result<()> {
         let mut reason = "joining".to_string();
+        let mut round_started = None;
         while !self.stopping() {
+            let since = *round_started.get_or_insert_with(Instant::now);
             let Some((generation, tasks)) = self.join_and_sync(&reason)? else {
                 continue;
             };
+            round_started = None;
             let revoked: BTreeSet<TaskId> = self.owned.difference(&tasks.active).copied().collect();
             let generation = Arc::new(generation);
             tracing::info!(
@@ -252,7 +321,8 @@ impl Member {
             self.owned = tasks.active.clone();
             self.standby = tasks.standby.clone();
             self.pending = tasks.pending.clone();
-            let event = GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: tasks.standby };
+            let event =
+                GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: tasks.standby, since };
             if self.events.send(event).is_err() {
                 return Ok(()); // the runtime is gone
             }
@@ -291,8 +361,14 @@ impl Member {
             if self.stopping() {
                 return Ok(None);
             }
+            if !self.poll.alive() {
+                return self.processing_stuck();
+            }
             match self.heartbeat(generation) {
-                Ok(None) => last_ok = Instant::now(),
+                Ok(None) => {
+                    last_ok = Instant::now();
+                    self.session.confirmed();
+                }
                 Ok(Some(outcome)) => return Ok(Some(outcome)),
                 Err(e @ Error::BrokerUnreachable { .. }) => {
                     self.conn = None;
@@ -306,6 +382,27 @@ impl Member {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The processing thread has not polled for `max.poll.interval.ms`:
+    /// leave the group (a static member just stops heartbeating, as Kafka's
+    /// consumer does) so its tasks move, then wait for the thread and report
+    /// the tasks lost.
+    fn processing_stuck(&mut self) -> Result<Option<Outcome>> {
+        let stuck_for = self.poll.since();
+        tracing::error!(group = %self.settings.group, ?stuck_for, max_poll_interval = ?self.settings.rebalance_timeout,
+            "the processing thread has not polled for max.poll.interval.ms; leaving the group so its tasks move elsewhere");
+        if self.settings.instance_id.is_none() {
+            self.leave_group();
+            self.generation = -1;
+        }
+        while !self.poll.alive() {
+            if self.stopping() {
+                return Ok(None);
+            }
+            std::thread::sleep(self.settings.heartbeat_interval.min(Duration::from_millis(200)));
+        }
+        Ok(Some(Outcome::Fenced(format!("the processing thread did not poll for {stuck_for:?}"))))
     }
 
     /// Waits until the runtime applied the last event, heartbeating under
@@ -323,8 +420,17 @@ impl Member {
             if self.stopping() {
                 return Ok(None);
             }
-            if let (Some(g), None) = (generation, &found) {
+            // Heartbeats go on while the runtime applies the assignment
+            // (a rebalance keeps the session alive with them), until the
+            // coordinator says this member is out.
+            let fenced = matches!(found, Some(Outcome::Fenced(_)));
+            if let (Some(g), false) = (generation, fenced) {
                 match self.heartbeat(g) {
+                    Ok(None) => self.session.confirmed(),
+                    Ok(Some(Outcome::Rejoin)) => {
+                        self.session.confirmed();
+                        found = Some(Outcome::Rejoin);
+                    }
                     Ok(outcome) => found = outcome,
                     Err(Error::BrokerUnreachable { .. }) => self.conn = None,
                     Err(e) => return Err(e),
@@ -363,9 +469,19 @@ impl Member {
                         tracing::info!(group = %self.settings.group, coordinator = conn.broker(), attempts = self.failures, "coordinator found");
                     }
                     self.failures = 0;
+                    self.refused_since = None;
                     self.conn = Some(conn);
                 }
                 Err(e @ Error::BrokerUnreachable { .. }) => self.backoff(&e),
+                Err(e @ (Error::Tls { .. } | Error::Authentication { .. })) => {
+                    let since = *self.refused_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= self.settings.give_up_after {
+                        return Err(e);
+                    }
+                    tracing::error!(group = %self.settings.group, error = %e, refused_for = ?since.elapsed(),
+                        give_up_after = ?self.settings.give_up_after, "the broker refuses this member's connection; retrying");
+                    self.backoff(&e);
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -545,6 +661,7 @@ impl Member {
             }
             Some(e) => return Err(self.fatal(format!("SyncGroup failed: {e}"))),
         }
+        self.session.confirmed();
         let tasks = MemberTasks::decode(response.assignment)
             .map_err(|e| self.fatal(format!("the leader's assignment cannot be read: {e}")))?;
         if tasks.error == AssignmentError::MismatchedTopics as u16 {
@@ -621,7 +738,10 @@ impl Member {
             .map(|m| {
                 let tasks = plan.get(&m.member_id).cloned().unwrap_or_default();
                 let pending = withheld.get(&m.member_id).cloned().unwrap_or_default();
-                let mut tasks = MemberTasks { active: tasks.active, standby: tasks.standby, pending, error: 0 };
+                // The receiver warms a withheld task up as a standby, so it
+                // is promoted in place in the next round.
+                let standby = tasks.standby.union(&pending).copied().collect();
+                let mut tasks = MemberTasks { active: tasks.active, standby, pending, error: 0 };
                 if mismatch {
                     tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };
                 }

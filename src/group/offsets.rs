@@ -155,6 +155,12 @@ impl Committer {
         self.results.try_recv().ok()
     }
 
+    /// Whether the committer thread ended (it only does when dropped, or
+    /// when it panicked).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Commits and waits for the result, at most `timeout` (after the
     /// asynchronous commits sent before it).
     pub(crate) fn commit_sync(
@@ -192,8 +198,12 @@ fn commit_once(
     offsets: &[(String, i32, i64)],
 ) -> std::result::Result<(), CommitError> {
     let failed = |e: crate::error::Error| {
+        // TLS and SASL passed the startup check: a refusal now is most
+        // likely a broker restarting (retried up to task_timeout).
         let kind = match e {
-            crate::error::Error::BrokerUnreachable { .. } => CommitFailure::Retriable,
+            crate::error::Error::BrokerUnreachable { .. }
+            | crate::error::Error::Tls { .. }
+            | crate::error::Error::Authentication { .. } => CommitFailure::Retriable,
             _ => CommitFailure::Fatal,
         };
         CommitError { kind, detail: e.to_string() }

@@ -53,6 +53,7 @@ fn settings(group: &str, topic: &str, instance: Option<&str>, offsets_of: &str) 
         process_id: offsets_of.into(),
         endpoint: None,
         client_tags: BTreeMap::new(),
+        give_up_after: Duration::from_secs(60),
     }
 }
 
@@ -93,7 +94,7 @@ impl Sim {
                         membership.freeze(pause);
                     }
                     match membership.events.recv_timeout(Duration::from_millis(50)) {
-                        Ok(GroupEvent::Assigned { generation, active, standby }) => {
+                        Ok(GroupEvent::Assigned { generation, active, standby, .. }) => {
                             let mut s = seen.lock().unwrap();
                             s.disk.extend(active.iter().chain(&standby));
                             s.generation = Some(generation);

@@ -702,6 +702,9 @@ impl Member {
                 }
                 Err(e) => {
                     tracing::warn!(member = %id, error = %e, "a member's subscription cannot be read; it gets no tasks");
+                    for t in super::payload::owned_tasks(m.metadata.clone()) {
+                        claims.entry(t).or_default().push(id.clone());
+                    }
                     states.push(MemberState {
                         member_id: id,
                         prev_active: BTreeSet::new(),

@@ -149,6 +149,17 @@ impl Subscription {
     }
 }
 
+/// The tasks a member owned, from the consumer protocol layer alone (for a
+/// member whose kstate user data cannot be read: its claims still count,
+/// so no task gets two actives).
+pub(crate) fn owned_tasks(mut bytes: Bytes) -> BTreeSet<TaskId> {
+    let Ok(version) = read_version(&mut bytes) else { return BTreeSet::new() };
+    match ConsumerProtocolSubscription::decode(&mut bytes, version.min(3)) {
+        Ok(s) => s.owned_partitions.iter().flat_map(|tp| tp.partitions.iter().copied()).collect(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
 impl MemberTasks {
     /// The SyncGroup assignment for a member reading user data `version`.
     pub(crate) fn encode(&self, topics: &[String], version: u32) -> Bytes {
@@ -216,6 +227,20 @@ mod tests {
         // A later version's extra fields are ignored.
         let info: AssignmentInfo = serde_json::from_str(r#"{"version":2,"standby":[5],"next_rebalance_ms":9}"#).unwrap();
         assert_eq!(info.standby, BTreeSet::from([5]));
+    }
+
+    #[test]
+    fn owned_tasks_are_read_without_kstate_user_data() {
+        let mut s = ConsumerProtocolSubscription::default();
+        s.topics = vec![StrBytes::from_static_str("in")];
+        let mut tp = OwnedPartitions::default();
+        tp.topic = TopicName(StrBytes::from_static_str("in"));
+        tp.partitions = vec![2, 5];
+        s.owned_partitions = vec![tp];
+        s.user_data = Some(Bytes::from_static(b"not json"));
+        let bytes = with_version(&s, 1);
+        assert!(Subscription::decode(bytes.clone()).is_err());
+        assert_eq!(owned_tasks(bytes), BTreeSet::from([2, 5]));
     }
 
     #[test]

@@ -255,8 +255,11 @@ struct Active {
     last_write: Instant,
     /// In bulk-load mode (a restore, or a standby far behind).
     bulk: bool,
-    /// When a standby last read its end offset from the broker.
+    /// When a standby last read its end offset from the broker, and how
+    /// often it does (a quarter of the changelog's tombstone retention, at
+    /// most [`STANDBY_AGE_REFRESH`]).
     age_refreshed: Instant,
+    age_refresh_every: Duration,
     /// A standby's latest known end offset and when it was read (ms since
     /// the epoch): a batch that reaches it records that every later
     /// changelog record was appended after then (the age bound the restore
@@ -607,6 +610,7 @@ impl RestoreLoop {
             bulk: false,
             seen_end: (high, end_read_at_ms),
             age_refreshed: Instant::now(),
+            age_refresh_every: store.tombstone_retention.map_or(STANDBY_AGE_REFRESH, |r| (r / 4).min(STANDBY_AGE_REFRESH)),
         };
         if standby {
             let checkpoint = store.checkpoint();
@@ -861,15 +865,17 @@ impl RestoreLoop {
             let key = (e.topic().to_string(), e.partition());
             let Some(a) = self.active.get_mut(&key) else { continue };
             let Offset::Offset(position) = e.offset() else { continue };
-            if !a.standby || a.bulk || a.age_refreshed.elapsed() < STANDBY_AGE_REFRESH {
+            if !a.standby || a.bulk || a.age_refreshed.elapsed() < a.age_refresh_every {
                 continue;
             }
+            // One broker round trip per pass at most: commands (a standby
+            // promotion waits on them) are served between passes.
             a.age_refreshed = Instant::now();
             let read_at = crate::engine::now_ms();
-            let Ok((_, high)) = self.consumer.fetch_watermarks(&key.0, key.1, timeout) else { continue };
+            let Ok((_, high)) = self.consumer.fetch_watermarks(&key.0, key.1, timeout) else { return };
             a.seen_end = (high, read_at);
             if position < high || high == 0 {
-                continue; // not caught up: the batch that reaches `high` records it
+                return; // not caught up: the batch that reaches `high` records it
             }
             self.write_batch(&key);
             let Some((a, store)) = self.store_of(&key) else { continue };
@@ -882,6 +888,7 @@ impl RestoreLoop {
                 }
                 Err(e) => self.fail(partition, e),
             }
+            return;
         }
     }
 

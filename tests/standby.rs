@@ -565,3 +565,60 @@ fn a_processor_stuck_past_max_poll_interval_gives_its_tasks_away() {
     second.stop().expect("clean stop");
     assert_same_state(&changelog_state_at(&bootstrap(), &app, "s", 2), &model_of(&sent), "the changelogs");
 }
+
+#[test]
+fn a_standby_that_followed_longer_than_the_tombstone_retention_is_still_promoted_warm() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("retention", PARTITIONS);
+    // A changelog whose tombstones may be dropped 15 s after cleaning: local
+    // state whose age bound is older than that is wiped before use.
+    let changelog = kstate::changelog_topic(&app, "s");
+    create_topic(&changelog, PARTITIONS, &[("cleanup.policy", "compact"), ("delete.retention.ms", "15000")]);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let pre = prefill(&input, 2_000);
+    // a runs every task first (its commits record how fresh its stores
+    // are); when b joins, half of them move and stay on a as standbys,
+    // with the age bound of their last active commit.
+    let mut instances = vec![Instance::start("a", &bootstrap, &app, &input, dir, "")];
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 200, 1_000_000);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while instances[0].lines_after(0, "KSTATE-PROCESSED").len() < PARTITIONS as usize {
+        instances[0].assert_running();
+        assert!(Instant::now() < deadline, "a did not process every partition:\n{}", instances[0].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    instances.push(Instance::start("b", &bootstrap, &app, &input, dir, ""));
+    let before = balanced(&mut instances, Duration::from_secs(90));
+    // The standbys follow for longer than the retention: unless they record
+    // how fresh they are as they go, their bound is older than it when
+    // promoted, and they are wiped and restored in full.
+    std::thread::sleep(Duration::from_secs(22));
+    let mark = instances[0].log_len();
+    instances.pop().unwrap().kill();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !before[1].0.iter().all(|t| instances[0].assignment().is_some_and(|(_, a, _)| a.contains(t))) {
+        instances[0].assert_running();
+        assert!(Instant::now() < deadline, "b's tasks did not move to a:\n{}", instances[0].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while instances[0].lines_after(mark, "KSTATE-RESTORE-END").len() < before[1].0.len() {
+        assert!(Instant::now() < deadline, "the promoted standbys did not finish restoring:\n{}", instances[0].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = instances[0].text();
+    assert!(!text[mark..].contains("wiping it for a full restore"), "a promoted standby was wiped:\n{}", instances[0].tail());
+    for line in instances[0].lines_after(mark, "KSTATE-RESTORE-START") {
+        let (from, to): (i64, i64) = (field(&line, "start").unwrap().parse().unwrap(), field(&line, "end").unwrap().parse().unwrap());
+        assert!(to >= 4_000 && to - from < 1_000, "not a lag-only restore: {line}");
+    }
+    let mut sent = pre;
+    sent.extend(feeder.join(true));
+    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
+    for i in instances {
+        i.stop();
+    }
+    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model_of(&sent), "the changelogs");
+}

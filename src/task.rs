@@ -701,6 +701,12 @@ impl TaskManager {
         }
         let now = Instant::now();
         self.last_cleanup = now;
+        // Unowned time counts only while this member is in the group: a
+        // coordinator outage or a startup must not delete local state.
+        if self.generation.is_none() || !self.session_alive() {
+            self.unowned_dirs.clear();
+            return;
+        }
         let held: BTreeSet<i32> = self.partitions().into_iter().chain(self.standbys.keys().copied()).collect();
         let mut on_disk = BTreeSet::new();
         for store in &self.config.stores {
@@ -1039,11 +1045,18 @@ impl TaskManager {
     /// writes and checkpoint in one RocksDB batch, then commit the input
     /// offsets once.
     pub(crate) fn commit_closing<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
-        // Tasks revoked by an assignment were just confirmed; at shutdown a
-        // member the group may have dropped must not write.
-        if only.is_none() && !self.session_alive() {
+        // A member the group may have dropped must not write.
+        if !self.session_alive() {
             tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
-            self.discard_all();
+            match only {
+                None => self.discard_all(),
+                Some(partitions) => {
+                    self.land_inflight(consumer, Offsets::HandBack)?;
+                    for task in self.tasks.values_mut().filter(|t| partitions.contains(&t.partition)) {
+                        task.stores.iter_mut().for_each(KeyValueStore::discard_uncommitted);
+                    }
+                }
+            }
             return Ok(());
         }
         let (info, sealed) = self.seal_running(consumer, only)?;

@@ -84,15 +84,33 @@ pub(crate) struct SessionClock {
     epoch: Instant,
     last_ok_ms: Arc<std::sync::atomic::AtomicU64>,
     timeout: Duration,
+    /// Set when this member knows it is out (it left the group): not alive
+    /// until the next confirmation.
+    expired: Arc<AtomicBool>,
+    /// A JoinGroup is waiting at the coordinator, which does not expire
+    /// members waiting to rejoin: the session holds meanwhile.
+    joining: Arc<AtomicBool>,
 }
 
 impl SessionClock {
     fn new(timeout: Duration) -> SessionClock {
-        SessionClock { epoch: Instant::now(), last_ok_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)), timeout }
+        SessionClock {
+            epoch: Instant::now(),
+            last_ok_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            timeout,
+            expired: Arc::new(AtomicBool::new(false)),
+            joining: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     fn confirmed(&self) {
         self.last_ok_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
+        self.expired.store(false, Ordering::SeqCst);
+    }
+
+    /// This member is out of the group until the next confirmation.
+    fn expire(&self) {
+        self.expired.store(true, Ordering::SeqCst);
     }
 
     /// How long since the last confirmation (or since the clock started).
@@ -102,8 +120,11 @@ impl SessionClock {
 
     /// Whether the coordinator confirmed this member within a session timeout.
     pub(crate) fn alive(&self) -> bool {
+        if self.expired.load(Ordering::SeqCst) {
+            return false;
+        }
         let last = Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst));
-        self.epoch.elapsed().saturating_sub(last) < self.timeout
+        self.joining.load(Ordering::SeqCst) || self.epoch.elapsed().saturating_sub(last) < self.timeout
     }
 }
 
@@ -365,10 +386,7 @@ impl Member {
                 return self.processing_stuck();
             }
             match self.heartbeat(generation) {
-                Ok(None) => {
-                    last_ok = Instant::now();
-                    self.session.confirmed();
-                }
+                Ok(None) => last_ok = Instant::now(),
                 Ok(Some(outcome)) => return Ok(Some(outcome)),
                 Err(e @ Error::BrokerUnreachable { .. }) => {
                     self.conn = None;
@@ -390,12 +408,7 @@ impl Member {
     /// the tasks lost.
     fn processing_stuck(&mut self) -> Result<Option<Outcome>> {
         let stuck_for = self.poll.since();
-        tracing::error!(group = %self.settings.group, ?stuck_for, max_poll_interval = ?self.settings.rebalance_timeout,
-            "the processing thread has not polled for max.poll.interval.ms; leaving the group so its tasks move elsewhere");
-        if self.settings.instance_id.is_none() {
-            self.leave_group();
-            self.generation = -1;
-        }
+        self.leave_because_stuck();
         while !self.poll.alive() {
             if self.stopping() {
                 return Ok(None);
@@ -403,6 +416,19 @@ impl Member {
             std::thread::sleep(self.settings.heartbeat_interval.min(Duration::from_millis(200)));
         }
         Ok(Some(Outcome::Fenced(format!("the processing thread did not poll for {stuck_for:?}"))))
+    }
+
+    /// Leaves the group for a stuck processing thread (a static member just
+    /// stops heartbeating) and marks the session expired, so nothing the
+    /// thread does when it comes back is written.
+    fn leave_because_stuck(&mut self) {
+        tracing::error!(group = %self.settings.group, stuck_for = ?self.poll.since(), max_poll_interval = ?self.settings.rebalance_timeout,
+            "the processing thread has not polled for max.poll.interval.ms; leaving the group so its tasks move elsewhere");
+        self.session.expire();
+        if self.settings.instance_id.is_none() {
+            self.leave_group();
+            self.generation = -1;
+        }
     }
 
     /// Waits until the runtime applied the last event, heartbeating under
@@ -420,17 +446,20 @@ impl Member {
             if self.stopping() {
                 return Ok(None);
             }
+            // The runtime stuck while applying: leave, as in `stable`; the
+            // tasks are reported lost once it has applied this event.
+            if generation.is_some() && !matches!(found, Some(Outcome::Fenced(_))) && !self.poll.alive() {
+                self.leave_because_stuck();
+                found = Some(Outcome::Fenced(format!("the processing thread did not poll for {:?}", self.poll.since())));
+            }
             // Heartbeats go on while the runtime applies the assignment
             // (a rebalance keeps the session alive with them), until the
             // coordinator says this member is out.
             let fenced = matches!(found, Some(Outcome::Fenced(_)));
             if let (Some(g), false) = (generation, fenced) {
                 match self.heartbeat(g) {
-                    Ok(None) => self.session.confirmed(),
-                    Ok(Some(Outcome::Rejoin)) => {
-                        self.session.confirmed();
-                        found = Some(Outcome::Rejoin);
-                    }
+                    Ok(None) => {}
+                    Ok(Some(Outcome::Rejoin)) => found = Some(Outcome::Rejoin),
                     Ok(outcome) => found = outcome,
                     Err(Error::BrokerUnreachable { .. }) => self.conn = None,
                     Err(e) => return Err(e),
@@ -543,6 +572,7 @@ impl Member {
         let metadata = self.subscription().encode();
         let settings = self.settings.clone();
         let short_timeout = self.brokers.timeout;
+        let joining = self.session.joining.clone();
         let member_id = self.member_id.clone();
         let Some(conn) = self.coordinator()? else { return Ok(None) };
         let version = conn.version::<JoinGroupRequest>()?;
@@ -568,7 +598,9 @@ impl Member {
         // rebalance timeout.
         let started = Instant::now();
         conn.set_request_timeout(settings.rebalance_timeout + Duration::from_secs(5))?;
+        joining.store(true, Ordering::SeqCst);
         let sent = conn.send(&join);
+        joining.store(false, Ordering::SeqCst);
         let _ = conn.set_request_timeout(short_timeout);
         let (response, _) = match sent {
             Ok(r) => r,
@@ -613,6 +645,7 @@ impl Member {
         }
         self.member_id = response.member_id.to_string();
         self.generation = response.generation_id;
+        self.session.confirmed();
         let leader = response.leader == response.member_id;
         tracing::debug!(group = %settings.group, generation = response.generation_id, leader, members = response.members.len(),
             waited = ?started.elapsed(), "joined");
@@ -766,9 +799,20 @@ impl Member {
         request.member_id = StrBytes::from_string(generation.member_id.clone());
         request.group_instance_id = generation.instance_id.clone().map(StrBytes::from_string);
         let (response, _) = conn.send(&request)?;
+        let unconfirmed = |e: ResponseError| Error::BrokerUnreachable {
+            bootstrap: group.clone(),
+            timeout: Duration::ZERO,
+            detail: format!("heartbeat not confirmed: {e}"),
+        };
         match ResponseError::try_from_code(response.error_code) {
-            None => Ok(None),
-            Some(ResponseError::RebalanceInProgress) => Ok(Some(Outcome::Rejoin)),
+            None => {
+                self.session.confirmed();
+                Ok(None)
+            }
+            Some(ResponseError::RebalanceInProgress) => {
+                self.session.confirmed();
+                Ok(Some(Outcome::Rejoin))
+            }
             Some(ResponseError::IllegalGeneration) => {
                 Ok(Some(Outcome::Fenced("heartbeat: the group moved to a newer generation".into())))
             }
@@ -779,13 +823,11 @@ impl Member {
             Some(ResponseError::FencedInstanceId) => {
                 Err(self.fatal("another instance joined with the same `group.instance.id`; this one stops".into()))
             }
-            Some(ResponseError::CoordinatorNotAvailable | ResponseError::NotCoordinator | ResponseError::CoordinatorLoadInProgress) => {
-                self.conn = None;
-                Ok(None)
-            }
             Some(e) => {
-                tracing::warn!(group = %group, error = %e, "heartbeat failed");
-                Ok(None)
+                // The coordinator moved or is loading (or an unexpected
+                // error): not a confirmation; the callers find it again.
+                self.conn = None;
+                Err(unconfirmed(e))
             }
         }
     }

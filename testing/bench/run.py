@@ -4,20 +4,31 @@ on the same broker and the same topic data, in one run.
 
     python3 testing/bench/run.py            # small default size (a few minutes)
     python3 testing/bench/run.py --full     # the published size (5M records)
+    python3 testing/bench/run.py --only failover [--full]   # failover: 200k records (--full: 2M and 10M)
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
 Prints one table per scenario (medians of --reps runs) and writes
 target/bench/results.json. Peak RSS comes from wait4() of each contender.
+
+The failover scenario runs only with `--only failover` (see Suite.failover):
+three instances of each contender (kstate and Kafka Streams, each with 0 and
+1 standby replica) share a 6-partition input under a steady load; one owner
+is SIGKILLed and every partition it owned is timed from the kill, and from its
+new owner's assignment, to the first record that new owner processes.
 """
 import argparse
+import calendar
 import json
 import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -64,6 +75,18 @@ def build_rust():
     raise SystemExit("could not find the kstate_bench executable")
 
 
+def build_failover_example():
+    log("building the kstate failover instance (cargo build --release --example failover_bench)")
+    out = subprocess.run(
+        ["cargo", "build", "--release", "--example", "failover_bench", "--message-format=json"],
+        cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout.decode()
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "failover_bench" and msg.get("executable"):
+            return msg["executable"]
+    raise SystemExit("could not find the failover_bench executable")
+
+
 def build_java():
     log("building the Kafka Streams contender (maven)")
     subprocess.run(["mvn", "-q", "-B", "-f", "testing/bench/kstreams/pom.xml", "package", "-DskipTests"],
@@ -85,19 +108,155 @@ def median_of(results, key):
     return statistics.median(vals) if vals else None
 
 
+FAILOVER_PARTITIONS = 6
+EVENT = re.compile(r"^(ASSIGNED_FIRST_RECORD|RESTORE_START|RESTORE_END|STATUS) (.*)$")
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def parse_pairs(text):
+    """`P:V,P:V` (or `-`) -> {P: V}."""
+    if text in ("", "-"):
+        return {}
+    return {int(p): int(v) for p, v in (x.split(":") for x in text.split(","))}
+
+
+class Instance:
+    """One failover instance (kstate's examples/failover_bench.rs or the
+    Kafka Streams `failover` subcommand): event lines from its stdout are
+    collected by a thread, stderr goes to a log file; it stops when its stdin
+    is closed."""
+
+    def __init__(self, name, cmd, log_path):
+        self.name = name
+        self.log_path = log_path
+        self.events = []
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=open(log_path, "w"))
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for raw in self.proc.stdout:
+            m = EVENT.match(raw.decode(errors="replace").strip())
+            if not m:
+                continue
+            ev = {"kind": m.group(1)}
+            for field in m.group(2).split():
+                k, _, v = field.partition("=")
+                ev[k] = v
+            with self.lock:
+                self.events.append(ev)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def check(self):
+        if not self.alive():
+            raise RuntimeError(f"instance {self.name} ended on its own (exit {self.proc.returncode}); "
+                               f"see {self.log_path}:\n{self.tail()}")
+
+    def tail(self, n=15):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def status(self):
+        """The last STATUS line: ({partition: age ms} active, {partition: lag} standby), or None."""
+        with self.lock:
+            last = next((e for e in reversed(self.events) if e["kind"] == "STATUS"), None)
+        if last is None:
+            return None
+        return parse_pairs(last["active"]), parse_pairs(last["standby"])
+
+    def find(self, kind, partition, since_ms):
+        with self.lock:
+            return [e for e in self.events if e["kind"] == kind and int(e["partition"]) == partition
+                    and int(e["ts"]) >= since_ms]
+
+    def assignments_received(self):
+        """Wall-clock ms of each group assignment this instance received, from
+        its log: kstate's `assignment received` (after its SyncGroup
+        response), Kafka Streams' consumer coordinator `Successfully synced
+        group in generation` (logged at INFO for this scenario)."""
+        times = []
+        try:
+            text = open(self.log_path, errors="replace").read()
+        except OSError:
+            return times
+        for line in text.splitlines():
+            if "assignment received" in line:  # 2026-12-03T09:34:15.373832Z  INFO kstate::group::member: ...
+                stamp = line.split()[0].rstrip("Z")
+                day, _, clock = stamp.partition("T")
+                secs = calendar.timegm(time.strptime(f"{day} {clock.split('.')[0]}", "%Y-%m-%d %H:%M:%S"))
+                times.append(int(secs * 1000) + int((clock.split(".") + ["0"])[1][:3].ljust(3, "0")))
+            elif "Successfully synced group in generation" in line:  # 09:34:15.373 [thread] INFO ...
+                clock = line.split()[0]
+                day = time.strftime("%Y-%m-%d", time.localtime())
+                secs = time.mktime(time.strptime(f"{day} {clock.split('.')[0]}", "%Y-%m-%d %H:%M:%S"))
+                times.append(int(secs * 1000) + int(clock.split(".")[1]))
+        return times
+
+    def stop(self, timeout=60):
+        """Closes stdin (a clean stop); SIGKILL if it does not end in `timeout` s."""
+        if self.alive():
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log(f"{self.name} did not stop within {timeout} s; killing it")
+        self.kill()
+
+    def kill(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def wait_for(what, timeout, cond, instances=()):
+    deadline = time.time() + timeout
+    while True:
+        for i in instances:
+            i.check()
+        r = cond()
+        if r:
+            return r
+        if time.time() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def spread(vals):
+    vals = sorted(v for v in vals if v is not None)
+    if not vals:
+        return "-"
+    return f"{statistics.median(vals):.3f} [{vals[0]:.3f}-{vals[-1]:.3f}]"
+
+
 class Suite:
-    def __init__(self, args, bootstrap, rust_bin):
+    def __init__(self, args, bootstrap, rust_bin, failover_bin=None):
         self.a = args
         self.b = bootstrap
         self.rust = rust_bin
+        self.failover_bin = failover_bin
+        self.failover_results = {}
         self.java = ["java", f"-Xmx{args.java_heap}", "-jar", JAR]
         self.run_id = f"bench{int(time.time())}"
         self.tmp = tempfile.mkdtemp(prefix="kstate-bench-")
         self.scenarios = {}
 
-    def gen(self, topic, records, compact=True, append=False, seed=42):
-        cmd = self.java + ["generate", "--bootstrap", self.b, "--topic", topic, "--partitions", str(self.a.partitions),
-                           "--records", str(records), "--seed", str(seed), "--compact", "true" if compact else "false"]
+    def gen(self, topic, records, compact=True, append=False, seed=42, partitions=None, extra=()):
+        cmd = self.java + ["generate", "--bootstrap", self.b, "--topic", topic,
+                           "--partitions", str(partitions or self.a.partitions), "--records", str(records),
+                           "--seed", str(seed), "--compact", "true" if compact else "false", *extra]
         if append:
             cmd.append("--append")
         return run_json(cmd)
@@ -168,6 +327,202 @@ class Suite:
             self.delete_topics(ws)
             shutil.rmtree(os.path.join(self.tmp, f"ks-w{rep}"), ignore_errors=True)
 
+    # ---- failover --------------------------------------------------------
+
+    FAILOVER_CONTENDERS = [("kstate-0", "kstate", 0), ("kstate-1", "kstate", 1),
+                           ("kstreams-0", "kstreams", 0), ("kstreams-1", "kstreams", 1)]
+
+    def failover(self):
+        """Three instances, a state of N records over 6 partitions, a steady
+        input load; SIGKILL the instance owning the most partitions; per
+        moved partition: (a) kill -> first record processed by its new owner,
+        (b) the new owner's restore start (its assignment) -> that record;
+        also (b') the new owner's receipt of the group's assignment (SyncGroup
+        response, from its log) -> that record."""
+        sizes = self.a.failover_sizes
+        for size in sizes:
+            for rep in range(self.a.reps):
+                for name, kind, standbys in self.FAILOVER_CONTENDERS:
+                    if self.a.failover_contenders and name not in self.a.failover_contenders:
+                        continue
+                    try:
+                        r = self.failover_run(name, kind, standbys, size, rep)
+                    except RuntimeError as e:  # a bounded wait ran out, or an instance died
+                        log(f"failover {size} {name} rep {rep} FAILED: {e}")
+                        self.failover_results.setdefault((size, name), []).append(
+                            {"contender": name, "records": size, "rep": rep, "error": str(e)})
+                        continue
+                    self.failover_results.setdefault((size, name), []).append(r)
+                    log(f"failover {size:>9} {name:<11} rep {rep}: moved {[m['partition'] for m in r['moved']]}, "
+                        f"(a) kill->first record {spread([m['kill_to_first_record_s'] for m in r['moved']])} s, "
+                        f"(b) assignment->first record {spread([m['assignment_to_first_record_s'] for m in r['moved']])} s, "
+                        f"replayed {[m['restored_records'] for m in r['moved']]}")
+
+    def failover_instance_cmd(self, kind, app, inp, state, standbys):
+        session, hb = str(self.a.session_timeout_ms), str(self.a.heartbeat_ms)
+        if kind == "kstate":
+            return [self.failover_bin, "instance", "--bootstrap", self.b, "--app", app, "--input", inp,
+                    "--state-dir", state, "--standbys", str(standbys), "--session-timeout-ms", session,
+                    "--heartbeat-ms", hb]
+        # The consumer coordinator's INFO lines carry the moment each assignment arrived.
+        return self.java[:1] + ["-Dorg.slf4j.simpleLogger.log.org.apache.kafka.clients.consumer.internals."
+                                "ConsumerCoordinator=info"] + self.java[1:] + ["failover", "--bootstrap", self.b, "--app-id", app, "--input-topic", inp,
+                            "--state-dir", state, "--standbys", str(standbys), "--session-timeout-ms", session,
+                            "--heartbeat-ms", hb]
+
+    def failover_run(self, name, kind, standbys, size, rep):
+        app = f"{self.run_id}-f{size}-{name}-{rep}"
+        inp = f"{app}-input"
+        parts = FAILOVER_PARTITIONS
+        logdir = os.path.join(ROOT, "target/bench/failover-logs")
+        os.makedirs(logdir, exist_ok=True)
+        # Empty input first: the three instances join while there is no state,
+        # so both assignors spread the tasks evenly (Kafka Streams' would
+        # otherwise keep tasks on the first instance and warm the others up,
+        # rebalancing only every probing.rebalance.interval.ms, 10 min).
+        self.gen(inp, 0, compact=False, partitions=parts)
+        settle()
+        procs = []
+        try:
+            load = Instance(f"{app}-load", [self.failover_bin, "load", "--bootstrap", self.b, "--topic", inp,
+                                            "--partitions", str(parts), "--rate", str(self.a.load_rate)],
+                            os.path.join(logdir, f"{app}-load.log"))
+            procs.append(load)
+            insts = []
+            for i in range(3):
+                state = os.path.join(self.tmp, f"{app}-{i}")
+                insts.append(Instance(f"{name}#{i}", self.failover_instance_cmd(kind, app, inp, state, standbys),
+                                      os.path.join(logdir, f"{app}-{i}.log")))
+            procs.extend(insts)
+
+            def statuses():
+                return [i.status() for i in insts]
+
+            def balanced():
+                st = statuses()
+                if any(s is None for s in st):
+                    return False
+                actives = [set(a) for a, _ in st]
+                return (all(len(a) == parts // 3 for a in actives) and set().union(*actives) == set(range(parts))
+                        and sum(len(sb) for _, sb in st) == parts * standbys)
+            wait_for(f"{name}: three instances with {parts // 3} active tasks each", 180, balanced, insts + [load])
+            log(f"failover {name}: balanced {[(sorted(a), sorted(sb)) for a, sb in statuses()]}; "
+                f"producing {size} records of state")
+            # The state: N records with distinct keys, one store record each.
+            self.gen(inp, size, compact=False, append=True, partitions=parts,
+                     extra=["--overwrite-fraction", "0", "--delete-fraction", "0"])
+
+            def ready():
+                st = statuses()
+                if any(s is None for s in st):
+                    return False
+                ages = {p: age for a, _ in st for p, age in a.items()}
+                lags = [lag for _, sb in st for lag in sb.values()]
+                return (set(ages) == set(range(parts)) and max(ages.values()) < 2000
+                        and len(lags) == parts * standbys and all(0 <= lag < 2000 for lag in lags)
+                        and all(len(a) == parts // 3 for a, _ in st))
+            t0 = time.time()
+            wait_for(f"{name}: input processed and standbys caught up", 120 + size / 10_000, ready, insts + [load])
+            log(f"failover {name}: caught up {time.time() - t0:.1f} s after the state was produced")
+            time.sleep(self.a.steady_seconds)
+            wait_for(f"{name}: still caught up", 30, ready, insts + [load])
+            st = statuses()
+            victim_i = max(range(3), key=lambda i: (len(st[i][0]), i))
+            victim = insts[victim_i]
+            moved = sorted(st[victim_i][0])
+            survivors = [i for i in insts if i is not victim]
+            log(f"failover {name}: SIGKILL {victim.name} (active {moved}, standby {sorted(st[victim_i][1])}); "
+                f"others {[(sorted(a), sorted(sb)) for j, (a, sb) in enumerate(st) if j != victim_i]}")
+            kill_ms = now_ms()
+            victim.proc.send_signal(signal.SIGKILL)
+
+            def first_records():
+                found = {}
+                for p in moved:
+                    for s in survivors:
+                        evs = s.find("ASSIGNED_FIRST_RECORD", p, kill_ms)
+                        if evs:
+                            found[p] = (s, evs[0])
+                return found if len(found) == len(moved) else None
+            firsts = wait_for(f"{name}: moved partitions processed by their new owners",
+                              self.a.session_timeout_ms / 1000 + 120 + size / 20_000, first_records, survivors + [load])
+            out = []
+            for p in moved:
+                owner, first = firsts[p]
+                first_ts = int(first["ts"])
+                starts = [e for e in owner.find("RESTORE_START", p, kill_ms) if int(e["ts"]) <= first_ts]
+                ends = [e for e in owner.find("RESTORE_END", p, kill_ms) if int(e["ts"]) <= first_ts]
+                start = starts[-1] if starts else None
+                end = ends[-1] if ends else None
+                synced = [t for t in owner.assignments_received() if kill_ms <= t <= first_ts]
+                out.append({
+                    "partition": p, "new_owner": owner.name,
+                    "kill_to_first_record_s": (first_ts - kill_ms) / 1000,
+                    "assignment_to_first_record_s": (first_ts - int(start["ts"])) / 1000 if start else None,
+                    "kill_to_assignment_s": (int(start["ts"]) - kill_ms) / 1000 if start else None,
+                    # The last assignment the new owner received before that record (from its log).
+                    "assignment_received_to_first_record_s": (first_ts - synced[-1]) / 1000 if synced else None,
+                    "restore_seconds": (int(end["ts"]) - int(start["ts"])) / 1000 if start and end else None,
+                    "restored_records": int(end["records"]) if end else None,
+                    "restore_offsets": [int(start["start"]), int(start["end"])] if start else None,
+                })
+            return {"contender": name, "records": size, "standbys": standbys, "rep": rep, "victim": victim.name,
+                    "moved": out}
+        finally:
+            for pr in procs:
+                pr.stop(timeout=30)
+            self.delete_topics(app)
+            for i in range(3):
+                shutil.rmtree(os.path.join(self.tmp, f"{app}-{i}"), ignore_errors=True)
+
+    def failover_report(self, out):
+        if not self.failover_results:
+            return
+        a = self.a
+        for size in a.failover_sizes:
+            rows = [(name, self.failover_results.get((size, name))) for name, _, _ in self.FAILOVER_CONTENDERS]
+            rows = [(n, rs) for n, rs in rows if rs]
+            if not rows:
+                continue
+            print(f"\n## failover ({size} records of state, {FAILOVER_PARTITIONS} partitions, 3 instances, "
+                  f"{a.reps} reps, session.timeout.ms={a.session_timeout_ms}, heartbeat {a.heartbeat_ms} ms, "
+                  f"load {a.load_rate} records/s)")
+            print("median [min-max] over all moved partitions of all reps, seconds; per-rep medians in brackets")
+            print("(b) = from the new owner's restore start (its assignment, as both start restoring right after it); "
+                  "(b') = from the new owner's receipt of the SyncGroup assignment (its log)")
+            print("| contender | moved partitions | (a) kill -> first record | (b) assignment -> first record "
+                  "| (b) per rep | (b') assignment received -> first record | kill -> assignment | records replayed per partition |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|")
+            for name, all_runs in rows:
+                runs = [r for r in all_runs if "moved" in r]
+                if len(runs) < len(all_runs):
+                    print(f"| {name} | {len(all_runs) - len(runs)} of {len(all_runs)} reps failed (see the log) "
+                          "| | | | | | |")
+                if not runs:
+                    continue
+                moved = [m for r in runs for m in r["moved"]]
+                col = lambda k: [m[k] for m in moved if m[k] is not None]
+                per_rep = [statistics.median([m["assignment_to_first_record_s"] for m in r["moved"]
+                                              if m["assignment_to_first_record_s"] is not None] or [float("nan")])
+                           for r in runs]
+                replayed = col("restored_records")
+                print(f"| {name} | {len(moved)} | {spread(col('kill_to_first_record_s'))} | "
+                      f"{spread(col('assignment_to_first_record_s'))} | {', '.join(f'{v:.3f}' for v in per_rep)} | "
+                      f"{spread(col('assignment_received_to_first_record_s'))} | {spread(col('kill_to_assignment_s'))} | "
+                      f"{int(statistics.median(replayed)) if replayed else '-'} |")
+                out.append({"scenario": "failover", "contender": name, "records": size,
+                            "partitions": FAILOVER_PARTITIONS, "session_timeout_ms": a.session_timeout_ms,
+                            "heartbeat_interval_ms": a.heartbeat_ms, "load_records_per_sec": a.load_rate,
+                            "kill_to_first_record_s": statistics.median(col("kill_to_first_record_s")) if moved else None,
+                            "assignment_to_first_record_s": (statistics.median(col("assignment_to_first_record_s"))
+                                                             if col("assignment_to_first_record_s") else None),
+                            "assignment_to_first_record_s_per_rep": per_rep,
+                            "assignment_received_to_first_record_s": (
+                                statistics.median(col("assignment_received_to_first_record_s"))
+                                if col("assignment_received_to_first_record_s") else None),
+                            "restored_records_median": statistics.median(replayed) if replayed else None,
+                            "runs": all_runs})
+
     def delete_topics(self, prefix=None):
         """Deletes this run's topics (or those starting with `prefix`): a
         --full run writes about 15 GB to the broker."""
@@ -181,6 +536,7 @@ class Suite:
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer"}
         out = []
+        self.failover_report(out)
         for scenario, contenders in self.scenarios.items():
             base = median_of(contenders.get(baselines[scenario], []), "records_per_sec")
             base_secs = median_of(contenders.get(baselines[scenario], []), "seconds")
@@ -206,6 +562,7 @@ class Suite:
         os.makedirs(os.path.join(ROOT, "target/bench"), exist_ok=True)
         with open(os.path.join(ROOT, "target/bench/results.json"), "w") as f:
             json.dump({"records": self.a.records, "partitions": self.a.partitions, "reps": self.a.reps,
+                       "failover_sizes": self.a.failover_sizes if self.failover_results else None,
                        "results": out}, f, indent=1)
         log("wrote target/bench/results.json")
 
@@ -217,19 +574,32 @@ def main():
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write"], default=None)
+    p.add_argument("--only", choices=["restore", "write", "failover"], default=None,
+                   help="one scenario; failover runs only when asked for")
+    p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
+    p.add_argument("--failover-contenders", type=lambda s: s.split(","), default=None,
+                   help="subset of kstate-0,kstate-1,kstreams-0,kstreams-1")
+    p.add_argument("--session-timeout-ms", type=int, default=10_000, help="failover: both contenders")
+    p.add_argument("--heartbeat-ms", type=int, default=1_000, help="failover: both contenders")
+    p.add_argument("--load-rate", type=int, default=2_000, help="failover: input records/s during the run")
+    p.add_argument("--steady-seconds", type=float, default=5, help="failover: caught up this long before the kill")
     a = p.parse_args()
     a.records = a.records or (5_000_000 if a.full else 500_000)
+    a.failover_sizes = a.failover_sizes or ([2_000_000, 10_000_000] if a.full else [200_000])
     bootstrap, started = start_broker()
     suite = None
     try:
         rust = build_rust()
+        failover_bin = build_failover_example() if a.only == "failover" else None
         build_java()
-        suite = Suite(a, bootstrap, rust)
+        suite = Suite(a, bootstrap, rust, failover_bin)
         if a.only in (None, "restore"):
             suite.restore()
         if a.only in (None, "write"):
             suite.write()
+        if a.only == "failover":
+            suite.failover()
         suite.report()
     finally:
         if suite is not None:

@@ -19,6 +19,8 @@ public final class KStreamsBench {
         "  tail-restore COMMON [--threads 1] [--timeout-sec 1800]",
         "  write        COMMON --records N [--threads 1] [--timeout-sec 1800]",
         "  consume      --bootstrap H:P --topic T [--timeout-sec 1800]",
+        "  failover     --bootstrap H:P --app-id ID --input-topic T --state-dir DIR [--standbys 0]",
+        "               [--session-timeout-ms 10000] [--heartbeat-ms 1000]   (event lines on stdout until stdin closes)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 
     public static void main(String[] argv) {
@@ -36,6 +38,7 @@ public final class KStreamsBench {
                 case "tail-restore": result = RestoreBench.run(a, false); break;
                 case "write": result = WriteBench.run(a); break;
                 case "consume": result = ConsumeBench.run(a); break;
+                case "failover": result = FailoverBench.run(a); break;
                 default: throw new IllegalArgumentException("unknown subcommand " + argv[0] + "\n" + USAGE);
             }
             System.out.println(result);

@@ -122,6 +122,10 @@ pub(crate) struct RestoreJob {
     pub(crate) standby: bool,
 }
 
+/// The restore thread's longest wait for records while standbys run
+/// (commands such as a promotion are read between waits).
+const STANDBY_POLL: Duration = Duration::from_millis(10);
+
 /// How often a caught-up standby records how fresh it is (see
 /// `RestoreLoop::refresh_standby_age`).
 const STANDBY_AGE_REFRESH: Duration = Duration::from_secs(30);
@@ -355,7 +359,10 @@ impl RestoreLoop {
                 }
             }
 
-            polled.poll(Duration::from_millis(100));
+            // Commands are read between polls: with standbys (which never
+            // finish) a promotion must not wait long for its turn.
+            let wait = if self.active.values().any(|a| a.standby) { STANDBY_POLL } else { Duration::from_millis(100) };
+            polled.poll(wait);
             // Restarted in this pass: the rest of the batch predates their new assignment.
             let mut restarted: Vec<(String, i32)> = Vec::new();
             for msg in polled.iter() {

@@ -94,9 +94,11 @@ fn child(bootstrap: &str, app_id: &str, state: &Path, total: u64) -> Result<(), 
     app(bootstrap, app_id, state).build()?.run(move |ctx, rec| {
         ctx.store("latest")?.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())?;
         let n = seen.fetch_add(1, Ordering::Relaxed) + 1;
-        // Stretch the work over several commit intervals (~0.4 s), so the
-        // crash lands between commits whatever the machine's speed.
-        if n % 500 == 0 {
+        // Stretch the work over several commit intervals (~1 s), so the
+        // crash lands between commits whatever the machine's speed (the
+        // first commit on a broker just started can take a few hundred ms:
+        // its changelog topic was just created).
+        if n % 200 == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         if n == total {

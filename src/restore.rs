@@ -148,6 +148,22 @@ enum Command {
     Shutdown,
 }
 
+/// The checkpoints of the standby stores the restore thread follows, by
+/// (partition, store index), as of their last written batch.
+#[derive(Clone)]
+pub(crate) struct StandbyOffsets(Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>);
+
+impl StandbyOffsets {
+    /// Per standby partition, the sum of its stores' (checkpoint + 1).
+    pub(crate) fn sums(&self) -> std::collections::BTreeMap<i32, i64> {
+        let mut sums = std::collections::BTreeMap::new();
+        for ((p, _), c) in self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            *sums.entry(*p).or_insert(0) += c + 1;
+        }
+        sums
+    }
+}
+
 /// Handle to the restore thread.
 pub(crate) struct Restorer {
     commands: Sender<Command>,
@@ -205,14 +221,10 @@ impl Restorer {
         Ok(Restorer { commands: ctx, outcomes: orx, thread: Some(thread), standby_offsets })
     }
 
-    /// Per standby partition, the sum of its stores' checkpoints (the last
-    /// written batches).
-    pub(crate) fn standby_offsets(&self) -> std::collections::BTreeMap<i32, i64> {
-        let mut sums = std::collections::BTreeMap::new();
-        for ((p, _), c) in self.standby_offsets.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
-            *sums.entry(*p).or_insert(0) += c;
-        }
-        sums
+    /// The standby checkpoints, readable from any thread without the task
+    /// manager (the group subscription reads them).
+    pub(crate) fn standby_offsets(&self) -> StandbyOffsets {
+        StandbyOffsets(self.standby_offsets.clone())
     }
 
     /// Queues a partition's stores for restore.

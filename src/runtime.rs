@@ -378,30 +378,37 @@ where
     };
     let local = {
         let (config, shared) = (config.clone(), shared.clone());
-        // The processing thread may hold the task lock for a while (a batch,
-        // a closing commit): wait briefly, else report the copies on disk
-        // and the last offsets seen, rather than delay the JoinGroup.
-        let mut last = std::collections::BTreeMap::new();
+        // Copies on disk (checkpoint hints), then the standbys' checkpoints
+        // (read without the task lock), then the running actives'. The
+        // processing thread may hold the task lock for a while (a batch, a
+        // closing commit): wait briefly, else use the actives last seen
+        // whose directories are still here, rather than delay the JoinGroup.
+        let standbys = shared.tasks.lock().expect("task lock").standby_offsets();
+        let mut last_actives = std::collections::BTreeMap::new();
         Box::new(move || {
             let mut found = local_tasks(&config, partitions);
             let deadline = Instant::now() + Duration::from_millis(200);
             loop {
                 match shared.tasks.try_lock() {
                     Ok(tasks) => {
-                        last = tasks.task_offsets(std::collections::BTreeMap::new());
+                        last_actives = tasks.active_offsets();
                         break;
                     }
                     Err(std::sync::TryLockError::Poisoned(p)) => {
-                        last = p.into_inner().task_offsets(std::collections::BTreeMap::new());
+                        last_actives = p.into_inner().active_offsets();
                         break;
                     }
                     Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(5))
                     }
-                    Err(std::sync::TryLockError::WouldBlock) => break,
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        last_actives.retain(|p, _| found.contains_key(p));
+                        break;
+                    }
                 }
             }
-            found.extend(last.iter().map(|(p, o)| (*p, *o)));
+            found.extend(standbys.sums());
+            found.extend(last_actives.iter().map(|(p, o)| (*p, *o)));
             found
         })
     };

@@ -740,17 +740,19 @@ impl TaskManager {
         }
     }
 
-    /// For the group's subscription: per task whose state is here, the sum
-    /// of its stores' checkpoints (running actives and standbys; `on_disk`
-    /// lists the others, with 0).
-    pub(crate) fn task_offsets(&self, mut on_disk: BTreeMap<i32, i64>) -> BTreeMap<i32, i64> {
-        for task in self.tasks.values().filter(|t| t.state == TaskState::Running) {
-            on_disk.insert(task.partition, task.stores.iter().map(|s| s.checkpoint().unwrap_or(-1) + 1).sum());
-        }
-        for (p, sum) in self.restorer.standby_offsets() {
-            on_disk.insert(p, sum + self.config.stores.len() as i64);
-        }
-        on_disk
+    /// For the group's subscription: per running active task, the sum of
+    /// its stores' (checkpoint + 1).
+    pub(crate) fn active_offsets(&self) -> BTreeMap<i32, i64> {
+        self.tasks
+            .values()
+            .filter(|t| t.state == TaskState::Running)
+            .map(|t| (t.partition, t.stores.iter().map(|s| s.checkpoint().unwrap_or(-1) + 1).sum()))
+            .collect()
+    }
+
+    /// The standby checkpoints (see [`StandbyOffsets`]).
+    pub(crate) fn standby_offsets(&self) -> crate::restore::StandbyOffsets {
+        self.restorer.standby_offsets()
     }
 
     /// The partitions of every task this member holds or is about to open.

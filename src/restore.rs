@@ -826,46 +826,35 @@ impl RestoreLoop {
             self.write_batch(&key);
         }
         let Ok(positions) = self.consumer.position() else { return };
-        let caught_up: Vec<(String, i32)> = positions
-            .elements()
-            .iter()
-            .filter_map(|e| {
-                let key = (e.topic().to_string(), e.partition());
-                let a = self.active.get(&key)?;
-                match e.offset() {
-                    Offset::Offset(o) if a.standby && a.bulk && o >= a.end => Some(key),
-                    _ => None,
+        // One pass over the positions: standbys that finished their bulk
+        // copy, standby lags, restores that reached their end offset.
+        let (mut caught_up, mut lags, mut done) = (Vec::new(), Vec::new(), Vec::new());
+        for e in positions.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            let (Some(a), Offset::Offset(o)) = (self.active.get(&key), e.offset()) else { continue };
+            if !a.standby {
+                if o >= a.end {
+                    done.push(key);
                 }
-            })
-            .collect();
+                continue;
+            }
+            if a.bulk && o >= a.end {
+                caught_up.push(key.clone());
+            }
+            if let Some(high) = cached_high(&self.consumer, &key.0, key.1) {
+                lags.push((key, (high - o).max(0)));
+            }
+        }
         for key in caught_up {
             self.write_batch(&key);
             self.standby_caught_up(&key);
         }
         self.refresh_standby_age(&positions);
-        for e in positions.elements() {
-            let key = (e.topic().to_string(), e.partition());
-            if !self.active.get(&key).is_some_and(|a| a.standby) {
-                continue;
-            }
-            if let (Offset::Offset(position), Some(high)) = (e.offset(), cached_high(&self.consumer, &key.0, key.1)) {
-                if let Some((_, store)) = self.store_of(&key) {
-                    store.metrics.standby_lag.set((high - position).max(0) as f64);
-                }
+        for (key, lag) in lags {
+            if let Some((_, store)) = self.store_of(&key) {
+                store.metrics.standby_lag.set(lag as f64);
             }
         }
-        let done: Vec<(String, i32)> = positions
-            .elements()
-            .iter()
-            .filter_map(|e| {
-                let key = (e.topic().to_string(), e.partition());
-                let a = self.active.get(&key)?;
-                match e.offset() {
-                    Offset::Offset(o) if !a.standby && o >= a.end => Some(key),
-                    _ => None,
-                }
-            })
-            .collect();
         for key in done {
             self.finish(&key);
         }

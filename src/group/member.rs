@@ -544,6 +544,21 @@ impl Member {
         }
     }
 
+    /// Sends a request the coordinator answers only once the group is
+    /// ready (JoinGroup, SyncGroup): the wait may last the rebalance
+    /// timeout. `None`: a retriable failure, backed off already.
+    fn send_group_request<R: kafka_protocol::protocol::Request>(&mut self, request: &R) -> Result<Option<R::Response>> {
+        let (long, short) = (self.settings.rebalance_timeout + Duration::from_secs(5), self.brokers.timeout);
+        let Some(conn) = self.coordinator()? else { return Ok(None) };
+        conn.set_request_timeout(long)?;
+        let sent = conn.send(request);
+        let _ = conn.set_request_timeout(short);
+        match sent {
+            Ok((response, _)) => Ok(Some(response)),
+            Err(e) => self.retry_after(e).map(|()| None),
+        }
+    }
+
     fn subscription(&mut self) -> Subscription {
         let task_offsets = (self.local)();
         Subscription {
@@ -571,8 +586,6 @@ impl Member {
     fn join_and_sync(&mut self, reason: &str) -> Result<Option<(Generation, MemberTasks)>> {
         let metadata = self.subscription().encode();
         let settings = self.settings.clone();
-        let short_timeout = self.brokers.timeout;
-        let joining = self.session.joining.clone();
         let member_id = self.member_id.clone();
         let Some(conn) = self.coordinator()? else { return Ok(None) };
         let version = conn.version::<JoinGroupRequest>()?;
@@ -597,15 +610,10 @@ impl Member {
         // The coordinator answers once every member rejoined, or after the
         // rebalance timeout.
         let started = Instant::now();
-        conn.set_request_timeout(settings.rebalance_timeout + Duration::from_secs(5))?;
-        joining.store(true, Ordering::SeqCst);
-        let sent = conn.send(&join);
-        joining.store(false, Ordering::SeqCst);
-        let _ = conn.set_request_timeout(short_timeout);
-        let (response, _) = match sent {
-            Ok(r) => r,
-            Err(e) => return self.retry_after(e).map(|()| None),
-        };
+        self.session.joining.store(true, Ordering::SeqCst);
+        let sent = self.send_group_request(&join);
+        self.session.joining.store(false, Ordering::SeqCst);
+        let Some(response) = sent? else { return Ok(None) };
         match ResponseError::try_from_code(response.error_code) {
             None => {}
             Some(ResponseError::MemberIdRequired) => {
@@ -665,14 +673,7 @@ impl Member {
         sync.protocol_type = Some(StrBytes::from_static_str(PROTOCOL_TYPE));
         sync.protocol_name = Some(StrBytes::from_static_str(PROTOCOL_NAME));
         sync.assignments = assignments;
-        let Some(conn) = self.coordinator()? else { return Ok(None) };
-        conn.set_request_timeout(settings.rebalance_timeout + Duration::from_secs(5))?;
-        let sent = conn.send(&sync);
-        let _ = conn.set_request_timeout(short_timeout);
-        let (response, _) = match sent {
-            Ok(r) => r,
-            Err(e) => return self.retry_after(e).map(|()| None),
-        };
+        let Some(response) = self.send_group_request(&sync)? else { return Ok(None) };
         match ResponseError::try_from_code(response.error_code) {
             None => {}
             Some(ResponseError::RebalanceInProgress) => return Ok(None),

@@ -9,8 +9,8 @@
 mod common;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -81,66 +81,13 @@ fn child_instance() {
     }
 }
 
-/// One child instance and where its output goes.
-struct Instance {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
+/// A child instance of this file's `child_instance`.
+type Instance = ChildInstance;
 
-impl Instance {
-    fn start(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path) -> Instance {
-        let state = dir.join(format!("state-{name}"));
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args(["child_instance", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-            .env("KSTATE_CHILD", format!("{bootstrap}\t{app}\t{input}\t{}", state.display()))
-            .env("RUST_LOG", "kstate=info")
-            .stdin(Stdio::piped())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawn a child instance");
-        Instance { name: name.to_string(), child, log }
-    }
-
-    fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// Fails the test if the instance ended on its own.
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("instance {} ended on its own ({status}); its log ends with:\n{}", self.name, self.tail());
-        }
-    }
-
-    fn kill(mut self) {
-        self.assert_running();
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// Closes its stdin (clean shutdown) and expects exit code 0 within 60 s.
-    fn stop(mut self) {
-        self.assert_running();
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("instance {} did not stop within 60 s; its log ends with:\n{}", self.name, self.tail());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(status.success(), "instance {} stopped with {status}; its log ends with:\n{}", self.name, self.tail());
-    }
+fn start_instance(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path) -> Instance {
+    let state = dir.join(format!("state-{name}"));
+    let settings = format!("{bootstrap}\t{app}\t{input}\t{}", state.display());
+    ChildInstance::spawn(name, "child_instance", settings, dir.join(format!("{name}.log")))
 }
 
 #[test]
@@ -183,7 +130,7 @@ fn instances_joining_and_leaving_under_load_stop_nobody_and_lose_nothing() {
         }
         eprintln!("t={:.1}s: {action} {name}", started.elapsed().as_secs_f64());
         match action {
-            "start" => live.push(Instance::start(name, &bootstrap, &app, &input, dir)),
+            "start" => live.push(start_instance(name, &bootstrap, &app, &input, dir)),
             _ => {
                 let i = live.iter().position(|x| x.name == name).unwrap();
                 let instance = live.remove(i);

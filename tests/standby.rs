@@ -10,7 +10,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -83,29 +82,23 @@ fn standby_child() {
     }
 }
 
+/// A child instance of `standby_child` and its state directory.
 struct Instance {
-    name: String,
-    child: Child,
-    log: PathBuf,
+    process: ChildInstance,
     state: PathBuf,
 }
 
-/// Removes terminal colour codes from tracing output.
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
+impl std::ops::Deref for Instance {
+    type Target = ChildInstance;
+    fn deref(&self) -> &ChildInstance {
+        &self.process
     }
-    out
+}
+
+impl std::ops::DerefMut for Instance {
+    fn deref_mut(&mut self) -> &mut ChildInstance {
+        &mut self.process
+    }
 }
 
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
@@ -123,31 +116,12 @@ fn set_of(text: &str) -> BTreeSet<i32> {
 }
 
 impl Instance {
+    /// Starts an instance; a restarted one appends to the same log.
     fn start(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path, instance_id: &str) -> Instance {
         let state = dir.join(format!("state-{name}"));
-        let log = dir.join(format!("{name}.log"));
-        // Appended: a restarted instance keeps its earlier lines.
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args(["standby_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
-            .env("KSTATE_CHILD", format!("{bootstrap}\t{app}\t{input}\t{}\t{instance_id}", state.display()))
-            .env("RUST_LOG", "kstate=info")
-            .stdin(Stdio::piped())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawn a child instance");
-        Instance { name: name.to_string(), child, log, state }
-    }
-
-    fn text(&self) -> String {
-        plain(&std::fs::read_to_string(&self.log).unwrap_or_default())
-    }
-
-    fn tail(&self) -> String {
-        let text = self.text();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        let settings = format!("{bootstrap}\t{app}\t{input}\t{}\t{instance_id}", state.display());
+        let process = ChildInstance::spawn(name, "standby_child", settings, dir.join(format!("{name}.log")));
+        Instance { process, state }
     }
 
     /// The last assignment this instance applied: (generation, active, standby).
@@ -167,45 +141,12 @@ impl Instance {
         self.text().len()
     }
 
-    fn assert_running(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("instance {} ended on its own ({status}); its log ends with:\n{}", self.name, self.tail());
-        }
+    fn kill(self) {
+        self.process.kill();
     }
 
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success(), "kill {signal} {}", self.name);
-    }
-
-    fn kill(mut self) {
-        self.assert_running();
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn stop(mut self) {
-        self.assert_running();
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("instance {} did not stop within 60 s; its log ends with:\n{}", self.name, self.tail());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(status.success(), "instance {} stopped with {status}; its log ends with:\n{}", self.name, self.tail());
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn stop(self) {
+        self.process.stop();
     }
 }
 
@@ -215,7 +156,7 @@ impl Drop for Instance {
 fn balanced(instances: &mut [Instance], timeout: Duration) -> Vec<(BTreeSet<i32>, BTreeSet<i32>)> {
     let deadline = Instant::now() + timeout;
     loop {
-        instances.iter_mut().for_each(Instance::assert_running);
+        instances.iter_mut().for_each(|i| i.assert_running());
         let now: Vec<_> = instances.iter().map(Instance::assignment).collect();
         if now.iter().all(Option::is_some) {
             let now: Vec<_> = now.iter().cloned().map(Option::unwrap).collect();
@@ -241,7 +182,7 @@ fn all_committed(instances: &mut [Instance], app: &str, input: &str, timeout: Du
     let ends: Vec<i64> = (0..PARTITIONS).map(|p| end_offset_at(&bootstrap(), input, p)).collect();
     let deadline = Instant::now() + timeout;
     while !(0..PARTITIONS).all(|p| committed_offset(app, input, p) == Some(ends[p as usize])) {
-        instances.iter_mut().for_each(Instance::assert_running);
+        instances.iter_mut().for_each(|i| i.assert_running());
         assert!(Instant::now() < deadline, "input not fully committed within {timeout:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -257,6 +198,21 @@ fn final_stores(owners: &[(PathBuf, BTreeSet<i32>)], app: &str) -> BTreeMap<Vec<
         }
     }
     state
+}
+
+/// The end of a run: waits until every input record is committed, stops
+/// the instances cleanly, and checks the changelogs and the final owners'
+/// stores against the model of `sent`.
+fn stop_and_check(mut instances: Vec<Instance>, app: &str, input: &str, sent: &[KeyedRecord], what: &str) {
+    all_committed(&mut instances, app, input, Duration::from_secs(60));
+    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
+        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
+    for i in instances {
+        i.stop();
+    }
+    let model = model_of(sent);
+    assert_same_state(&changelog_state_at(&bootstrap(), app, "s", PARTITIONS), &model, &format!("the changelogs after {what}"));
+    assert_same_state(&final_stores(&owners, app), &model, &format!("the final owners' stores after {what}"));
 }
 
 /// Produces `per_partition` records into each partition at once (state a
@@ -295,7 +251,7 @@ fn a_killed_owner_s_tasks_move_to_their_standbys_and_replay_only_the_lag() {
     // After the session timeout the group moves c's tasks to their standbys.
     let deadline = Instant::now() + Duration::from_secs(60);
     let after = loop {
-        instances.iter_mut().for_each(Instance::assert_running);
+        instances.iter_mut().for_each(|i| i.assert_running());
         let now: Vec<_> = instances.iter().map(|i| i.assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
         if moved.iter().all(|t| now[holder_of(*t)].contains(t)) {
             break now;
@@ -330,15 +286,7 @@ fn a_killed_owner_s_tasks_move_to_their_standbys_and_replay_only_the_lag() {
     }
     let mut sent = pre;
     sent.extend(feeder.join(true));
-    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
-    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
-        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
-    for i in instances {
-        i.stop();
-    }
-    let model = model_of(&sent);
-    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a failover");
-    assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a failover");
+    stop_and_check(instances, &app, &input, &sent, "a failover");
 }
 
 /// Committed offsets only move forward (a fenced member's late commit
@@ -379,7 +327,7 @@ fn a_rolling_restart_with_static_membership_restores_nothing_in_full() {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             restarted.assert_running();
-            instances.iter_mut().for_each(Instance::assert_running);
+            instances.iter_mut().for_each(|i| i.assert_running());
             check_committed(&app, &input, &mut highest);
             let processed = restarted.lines_after(mark, "KSTATE-PROCESSED");
             if before[i].0.iter().all(|t| processed.iter().any(|l| l.contains(&format!("partition={t} ")))) {
@@ -404,15 +352,7 @@ fn a_rolling_restart_with_static_membership_restores_nothing_in_full() {
     }
     let mut sent = pre;
     sent.extend(feeder.join(true));
-    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
-    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
-        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
-    for i in instances {
-        i.stop();
-    }
-    let model = model_of(&sent);
-    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a rolling restart");
-    assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a rolling restart");
+    stop_and_check(instances, &app, &input, &sent, "a rolling restart");
 }
 
 #[test]
@@ -450,7 +390,7 @@ fn a_frozen_instance_is_fenced_and_rejoins_while_the_others_go_on() {
     // and gets tasks again; a and b never stop.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        instances.iter_mut().for_each(Instance::assert_running);
+        instances.iter_mut().for_each(|i| i.assert_running());
         check_committed(&app, &input, &mut highest);
         let text = instances[2].text();
         let lost = text.get(mark..).unwrap_or("").contains("tasks lost; closing them without commit");
@@ -469,15 +409,7 @@ fn a_frozen_instance_is_fenced_and_rejoins_while_the_others_go_on() {
         assert!(!i.text().contains("task failed; closing it without commit"), "{} re-initialised a task:\n{}", i.name, i.tail());
     }
     let sent = feeder.join(true);
-    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
-    let owners: Vec<(PathBuf, BTreeSet<i32>)> =
-        instances.iter().map(|i| (i.state.clone(), i.assignment().unwrap().1)).collect();
-    for i in instances {
-        i.stop();
-    }
-    let model = model_of(&sent);
-    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model, "the changelogs after a zombie");
-    assert_same_state(&final_stores(&owners, &app), &model, "the final owners' stores after a zombie");
+    stop_and_check(instances, &app, &input, &sent, "a zombie");
 }
 
 #[test]
@@ -616,9 +548,5 @@ fn a_standby_that_followed_longer_than_the_tombstone_retention_is_still_promoted
     }
     let mut sent = pre;
     sent.extend(feeder.join(true));
-    all_committed(&mut instances, &app, &input, Duration::from_secs(60));
-    for i in instances {
-        i.stop();
-    }
-    assert_same_state(&changelog_state_at(&bootstrap, &app, "s", PARTITIONS), &model_of(&sent), "the changelogs");
+    stop_and_check(instances, &app, &input, &sent, "following past the tombstone retention");
 }

@@ -477,3 +477,101 @@ impl ProcessedTimes {
         self.0.lock().unwrap().get(&partition).map_or(0, Vec::len)
     }
 }
+
+/// An instance of the application run as a child process: this test binary
+/// started again on the `#[ignore]`d entry test `entry`, with its settings
+/// in `KSTATE_CHILD`; its output is appended to `log`. It stops cleanly when
+/// its stdin closes; SIGKILLed when dropped.
+pub struct ChildInstance {
+    pub name: String,
+    pub child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl ChildInstance {
+    pub fn spawn(name: &str, entry: &str, settings: String, log: PathBuf) -> ChildInstance {
+        use std::process::{Command, Stdio};
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args([entry, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("KSTATE_CHILD", settings)
+            .env("RUST_LOG", "kstate=info")
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn a child instance");
+        ChildInstance { name: name.to_string(), child, log }
+    }
+
+    /// Its output so far, without terminal colour codes.
+    pub fn text(&self) -> String {
+        let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// The last 40 lines of its output.
+    pub fn tail(&self) -> String {
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Fails the test if the instance ended on its own.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("instance {} ended on its own ({status}); its log ends with:\n{}", self.name, self.tail());
+        }
+    }
+
+    /// Sends a signal (`-STOP`, `-CONT`, ...).
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal} {}", self.name);
+    }
+
+    /// SIGKILL.
+    pub fn kill(mut self) {
+        self.assert_running();
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Closes its stdin (clean shutdown) and expects exit code 0 within 60 s.
+    pub fn stop(mut self) {
+        self.assert_running();
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("instance {} did not stop within 60 s; its log ends with:\n{}", self.name, self.tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "instance {} stopped with {status}; its log ends with:\n{}", self.name, self.tail());
+    }
+}
+
+impl Drop for ChildInstance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

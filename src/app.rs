@@ -131,6 +131,9 @@ impl Default for AppBuilder {
                 restore_listener: None,
                 processing_exception_handler: None,
                 num_standby_replicas: 0,
+                acceptable_recovery_lag: 10_000,
+                max_warmup_replicas: 2,
+                probing_rebalance_interval: Duration::from_secs(600),
                 state_cleanup_delay: Duration::from_secs(600),
                 application_server: None,
                 client_tags: Default::default(),
@@ -283,6 +286,36 @@ impl AppBuilder {
     /// their lag instead of the whole changelog.
     pub fn num_standby_replicas(mut self, replicas: usize) -> Self {
         self.config.num_standby_replicas = replicas;
+        self
+    }
+
+    /// How far behind its changelog (in records) an instance's copy of a
+    /// task may be and still count as caught up (default 10,000, Kafka
+    /// Streams' `acceptable.recovery.lag`). A task moves only to an instance
+    /// within this lag; a balanced assignment that would put it on one
+    /// further behind keeps it where it is and warms the target up first
+    /// (a warmup replica), so scaling out never stops a partition for a
+    /// long restore.
+    pub fn acceptable_recovery_lag(mut self, records: u64) -> Self {
+        self.config.acceptable_recovery_lag = records;
+        self
+    }
+
+    /// At most this many warmup replicas at a time across the application
+    /// (default 2, Kafka Streams' `max.warmup.replicas`; at least 1). More
+    /// warmups move tasks faster at the cost of more changelog reads.
+    pub fn max_warmup_replicas(mut self, replicas: usize) -> Self {
+        self.config.max_warmup_replicas = replicas;
+        self
+    }
+
+    /// While warmup replicas exist, the group rebalances at least this often
+    /// to move the tasks whose warmups caught up (default 10 minutes, Kafka
+    /// Streams' `probing.rebalance.interval.ms`). An instance whose warmups
+    /// all caught up asks for that rebalance at once, so this is a bound,
+    /// not the usual wait. A balanced group never rebalances for this.
+    pub fn probing_rebalance_interval(mut self, interval: Duration) -> Self {
+        self.config.probing_rebalance_interval = interval;
         self
     }
 

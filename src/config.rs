@@ -66,6 +66,12 @@ pub(crate) struct AppConfig {
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
     pub(crate) processing_exception_handler: Option<Arc<ProcessingExceptionHandler>>,
     pub(crate) num_standby_replicas: usize,
+    /// Records of lag up to which a copy counts as caught up.
+    pub(crate) acceptable_recovery_lag: u64,
+    /// Warmup replicas at a time across the application.
+    pub(crate) max_warmup_replicas: usize,
+    /// Longest time between probing rebalances while warmups exist.
+    pub(crate) probing_rebalance_interval: Duration,
     pub(crate) state_cleanup_delay: Duration,
     pub(crate) application_server: Option<String>,
     pub(crate) client_tags: std::collections::BTreeMap<String, String>,
@@ -162,6 +168,17 @@ impl AppConfig {
         }
         if self.task_timeout.is_zero() {
             return Err(Error::Config("task_timeout must be greater than zero".into()));
+        }
+        if self.max_warmup_replicas == 0 {
+            return Err(Error::Config(
+                "max_warmup_replicas must be at least 1 (warmups are how a task reaches a new instance without a long restore)".into(),
+            ));
+        }
+        if self.probing_rebalance_interval < Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "probing_rebalance_interval must be at least 1 s (got {:?})",
+                self.probing_rebalance_interval
+            )));
         }
         if self.max_uncommitted_bytes == 0 {
             return Err(Error::Config("max_uncommitted_bytes must be greater than zero".into()));

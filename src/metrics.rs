@@ -18,6 +18,9 @@
 //! | `kstate_standby_records_total` | counter | changelog records a standby applied |
 //! | `kstate_standby_lag_records` | gauge | records a standby is behind its changelog's end (offset distance) |
 //! | `kstate_rebalances_total` | counter | assignments this instance applied (no store labels) |
+//! | `kstate_probing_rebalances_total` | counter | rebalances this instance started to move tasks whose warmups caught up, label `reason` (`warmups_caught_up`, `interval`; no store labels) |
+//! | `kstate_task_move_seconds` | histogram | from a task's first warmup here to it running here (no store labels) |
+//! | `kstate_warmup_lag_records` | gauge | records a warmup task is behind its changelogs' ends, summed over its stores, label `partition` only (0 once it is no warmup here) |
 //! | `kstate_rebalance_seconds` | histogram | from the membership starting a rebalance round to the assignment applied (no store labels) |
 //! | `kstate_group_generation` | gauge | the group generation of the current assignment (no store labels) |
 //! | `kstate_tasks` | gauge | tasks on this instance, label `role` (`active`, `standby`; no store labels) |
@@ -56,6 +59,12 @@ pub const STANDBY_RECORDS: &str = "kstate_standby_records_total";
 pub const STANDBY_LAG: &str = "kstate_standby_lag_records";
 /// Applied assignments counter name.
 pub const REBALANCES: &str = "kstate_rebalances_total";
+/// See the table above.
+pub const PROBING_REBALANCES: &str = "kstate_probing_rebalances_total";
+/// See the table above.
+pub const TASK_MOVE_SECONDS: &str = "kstate_task_move_seconds";
+/// See the table above.
+pub const WARMUP_LAG: &str = "kstate_warmup_lag_records";
 /// Rebalance duration histogram name.
 pub const REBALANCE_SECONDS: &str = "kstate_rebalance_seconds";
 /// Group generation gauge name.

@@ -9,6 +9,17 @@
 //! least-loaded member, choosing the task the receiver has the best copy of. No member both
 //! gives and receives, so this moves the fewest tasks possible.
 //!
+//! Lags (KIP-441): a member's lag on a task is the changelogs' end offset sum minus its
+//! checkpoint sum (0 for the task's previous active, which is running; the whole changelog
+//! for a member without a copy). A member is caught up on a task within
+//! `acceptable_recovery_lag`, or, when nobody is, within that lag of the least-lagging member.
+//! (4) A task whose balanced owner is not caught up stays on a caught-up member (its previous
+//! active first, then the fewest actives, lowest lag, smallest id): the move is deferred and
+//! the balanced owner gets a warmup replica of it instead, at most `max_warmup_replicas` across
+//! the group (in task order), unless it already holds a standby of the task. Warmups count
+//! toward neither the active balance nor the standby quota; once they catch up, the next
+//! round's balance moves their tasks (a receiver prefers its best copy).
+//!
 //! Standbys, per task in ascending order: start from the task's previous standbys (best copy
 //! first, then least loaded), fill up with the members adding the most tag spread (then least
 //! loaded, then the best copy), then apply the best strictly-improving swap of tag spread until none is
@@ -47,6 +58,43 @@ pub(crate) struct MemberAssignment {
     pub(crate) active: BTreeSet<TaskId>,
     /// Tasks whose changelogs this member replicates as a hot standby.
     pub(crate) standby: BTreeSet<TaskId>,
+    /// Tasks this member warms up: it replicates their changelogs like a
+    /// standby until it is caught up, then the task moves here.
+    pub(crate) warmup: BTreeSet<TaskId>,
+}
+
+/// The assignor's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AssignorConfig {
+    /// Standbys per task (capped at members - 1).
+    pub(crate) num_standby_replicas: usize,
+    /// Records of lag up to which a member's copy counts as caught up.
+    pub(crate) acceptable_recovery_lag: u64,
+    /// Warmups at a time across the group.
+    pub(crate) max_warmup_replicas: usize,
+}
+
+/// A move the balance wants but that waits for the target to catch up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Deferred {
+    pub(crate) task: TaskId,
+    /// Where the task stays meanwhile, and that member's lag.
+    pub(crate) kept_on: String,
+    pub(crate) kept_lag: u64,
+    /// Where the balance wants it, and that member's lag.
+    pub(crate) target: String,
+    pub(crate) target_lag: u64,
+    /// Whether the target warms the task up this round (false: the warmup
+    /// budget is spent, or the target holds a standby of it).
+    pub(crate) warmup: bool,
+}
+
+/// The assignor's output: each member's tasks, and the deferred moves
+/// (non-empty: the group must rebalance again once warmups caught up).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Plan {
+    pub(crate) members: Assignment,
+    pub(crate) deferred: Vec<Deferred>,
 }
 
 /// The whole assignment: member id -> its tasks. Every member given in the input has an entry (possibly empty).
@@ -57,16 +105,20 @@ pub(crate) type Assignment = BTreeMap<String, MemberAssignment>;
 type CopyRank = (Option<i64>, bool);
 
 /// Computes the new generation's assignment of tasks `0..tasks` to `members`, with
-/// `min(num_standby_replicas, members - 1)` standbys per task. See the module docs.
+/// `min(num_standby_replicas, members - 1)` standbys per task and warmups for the moves that
+/// wait for their target to catch up. `end_offsets`: per task, the sum of its changelogs' end
+/// offsets (a task missing there is measured against the highest checkpoint any member
+/// reported). See the module docs.
 ///
 /// Member ids must be unique. Task ids outside `0..tasks` in the inputs are ignored.
 pub(crate) fn assign(
     tasks: i32,
     members: &[MemberState],
-    num_standby_replicas: usize,
-) -> Assignment {
+    config: &AssignorConfig,
+    end_offsets: &BTreeMap<TaskId, i64>,
+) -> Plan {
     if members.is_empty() {
-        return Assignment::new();
+        return Plan::default();
     }
     let mut sorted: Vec<&MemberState> = members.iter().collect();
     sorted.sort_by(|a, b| a.member_id.cmp(&b.member_id));
@@ -74,9 +126,10 @@ pub(crate) fn assign(
         sorted.windows(2).all(|w| w[0].member_id != w[1].member_id),
         "member ids must be unique"
     );
-    let ctx = Ctx::new(usize::try_from(tasks).unwrap_or(0), sorted);
-    let owner = ctx.assign_actives();
-    let replicas = num_standby_replicas.min(ctx.members.len() - 1);
+    let ctx = Ctx::new(usize::try_from(tasks).unwrap_or(0), sorted, end_offsets);
+    let mut owner = ctx.assign_actives();
+    let deferred = ctx.keep_on_caught_up(&mut owner, config.acceptable_recovery_lag);
+    let replicas = config.num_standby_replicas.min(ctx.members.len() - 1);
     let standbys = ctx.assign_standbys(&owner, replicas);
 
     let mut per_member = vec![MemberAssignment::default(); ctx.members.len()];
@@ -87,11 +140,32 @@ pub(crate) fn assign(
             per_member[s].standby.insert(task);
         }
     }
-    ctx.members
+    let mut warmups = 0;
+    let deferred = deferred
+        .into_iter()
+        .map(|(t, target)| {
+            let warmup = !standbys[t].contains(&target) && warmups < config.max_warmup_replicas;
+            if warmup {
+                warmups += 1;
+                per_member[target].warmup.insert(t as TaskId);
+            }
+            Deferred {
+                task: t as TaskId,
+                kept_on: ctx.members[owner[t]].member_id.clone(),
+                kept_lag: ctx.lag[owner[t]][t],
+                target: ctx.members[target].member_id.clone(),
+                target_lag: ctx.lag[target][t],
+                warmup,
+            }
+        })
+        .collect();
+    let members = ctx
+        .members
         .iter()
         .zip(per_member)
         .map(|(m, a)| (m.member_id.clone(), a))
-        .collect()
+        .collect();
+    Plan { members, deferred }
 }
 
 /// Dense, index-based view of the input. Members are sorted by id, so index order is id order
@@ -111,6 +185,8 @@ struct Ctx<'a> {
     tags: Vec<Vec<Option<usize>>>,
     /// Number of distinct tag keys over all members.
     num_keys: usize,
+    /// `lag[m][t]`: records member m would replay to run task t (0 for a previous active).
+    lag: Vec<Vec<u64>>,
 }
 
 /// Maps a task id from the input to a dense index, dropping ids outside `0..num_tasks`.
@@ -120,7 +196,7 @@ fn task_index(t: TaskId, num_tasks: usize) -> Option<usize> {
 
 impl<'a> Ctx<'a> {
     /// Builds the dense view; out-of-range task ids are dropped here.
-    fn new(num_tasks: usize, members: Vec<&'a MemberState>) -> Self {
+    fn new(num_tasks: usize, members: Vec<&'a MemberState>, end_offsets: &BTreeMap<TaskId, i64>) -> Self {
         let mut offsets = vec![vec![None; num_tasks]; members.len()];
         let mut prev_standby = vec![vec![false; num_tasks]; members.len()];
         let mut claims = vec![Vec::new(); num_tasks];
@@ -162,7 +238,24 @@ impl<'a> Ctx<'a> {
                     .collect()
             })
             .collect();
+        let lag = (0..members.len())
+            .map(|m| {
+                (0..num_tasks)
+                    .map(|t| {
+                        if claims[t].contains(&m) {
+                            return 0;
+                        }
+                        let end = end_offsets
+                            .get(&(t as TaskId))
+                            .copied()
+                            .unwrap_or_else(|| offsets.iter().filter_map(|o| o[t]).max().unwrap_or(0));
+                        u64::try_from(end.saturating_sub(offsets[m][t].unwrap_or(0))).unwrap_or(0)
+                    })
+                    .collect()
+            })
+            .collect();
         Ctx {
+            lag,
             num_keys: keys.len(),
             members,
             num_tasks,
@@ -217,6 +310,34 @@ impl<'a> Ctx<'a> {
         }
         self.balance(&mut owner, &sticky, &mut load);
         owner
+    }
+
+    /// Step (4): a task whose owner in `owner` is not caught up moves back to a caught-up
+    /// member. Returns the deferred moves as (task, balanced owner), in task order.
+    fn keep_on_caught_up(&self, owner: &mut [usize], acceptable: u64) -> Vec<(usize, usize)> {
+        let n = self.members.len();
+        let mut load = vec![0usize; n];
+        for &a in owner.iter() {
+            load[a] += 1;
+        }
+        let mut deferred = Vec::new();
+        for t in 0..self.num_tasks {
+            let target = owner[t];
+            let least = (0..n).map(|m| self.lag[m][t]).min().expect("at least one member");
+            let limit = if least <= acceptable { acceptable } else { least.saturating_add(acceptable) };
+            if self.lag[target][t] <= limit {
+                continue;
+            }
+            let keeper = (0..n)
+                .filter(|&m| self.lag[m][t] <= limit)
+                .min_by_key(|&m| (!self.claims[t].contains(&m), load[m], self.lag[m][t], m))
+                .expect("the least-lagging member is within the limit");
+            load[target] -= 1;
+            load[keeper] += 1;
+            owner[t] = keeper;
+            deferred.push((t, target));
+        }
+        deferred
     }
 
     /// Moves tasks from most-loaded to least-loaded members until active counts differ by at
@@ -466,6 +587,116 @@ mod tests {
     /// A member with no history and no tags.
     fn fresh(id: &str) -> MemberState {
         member(id, &[], &[], &[], &[])
+    }
+
+    /// The placement without lags (every copy counts as caught up), as most tests want.
+    fn assign(tasks: i32, members: &[MemberState], ns: usize) -> Assignment {
+        let config = AssignorConfig { num_standby_replicas: ns, acceptable_recovery_lag: u64::MAX, max_warmup_replicas: 2 };
+        let plan = super::assign(tasks, members, &config, &BTreeMap::new());
+        assert!(plan.deferred.is_empty());
+        plan.members
+    }
+
+    /// Settings with lags: acceptable lag 100, `warmups` warmups.
+    fn lagged(ns: usize, warmups: usize) -> AssignorConfig {
+        AssignorConfig { num_standby_replicas: ns, acceptable_recovery_lag: 100, max_warmup_replicas: warmups }
+    }
+
+    /// The same end offset `end` for tasks `0..tasks`.
+    fn ends(tasks: i32, end: i64) -> BTreeMap<TaskId, i64> {
+        (0..tasks).map(|t| (t, end)).collect()
+    }
+
+    /// Scaling out 1 -> 3 with a large state: no task moves to a cold member; two warmups; then,
+    /// round by round with warmups catching up, the group reaches balance and stays there.
+    #[test]
+    fn scale_out_warms_up_before_moving() {
+        let all: Vec<(i32, i64)> = (0..6).map(|t| (t, 1_000_000)).collect();
+        let mut members = vec![member("a", &[0, 1, 2, 3, 4, 5], &[], &all, &[]), fresh("b"), fresh("c")];
+        let end = ends(6, 1_000_000);
+        let plan = super::assign(6, &members, &lagged(0, 2), &end);
+        assert_eq!(plan.members["a"].active, (0..6).collect(), "nothing moves to a cold member: {plan:?}");
+        let warmups: usize = plan.members.values().map(|m| m.warmup.len()).sum();
+        assert_eq!(warmups, 2);
+        assert_eq!(plan.deferred.len(), 4, "{plan:?}");
+        assert!(plan.deferred.iter().all(|d| d.kept_on == "a" && d.kept_lag == 0 && d.target_lag == 1_000_000));
+        // Warmups catch up between rounds.
+        let mut rounds = 1;
+        let mut plan = plan;
+        while !plan.deferred.is_empty() {
+            members = caught_up_feedback(&members, &plan.members, &end);
+            plan = super::assign(6, &members, &lagged(0, 2), &end);
+            rounds += 1;
+            assert!(rounds <= 4, "not balanced after {rounds} rounds: {plan:?}");
+        }
+        assert_eq!(rounds, 3, "two warmups at a time: 2 + 2 moves");
+        let counts: Vec<usize> = plan.members.values().map(|m| m.active.len()).collect();
+        assert_eq!(counts, vec![2, 2, 2]);
+        assert!(plan.members.values().all(|m| m.warmup.is_empty()));
+        let next = caught_up_feedback(&members, &plan.members, &end);
+        assert_eq!(super::assign(6, &next, &lagged(0, 2), &end), plan, "a balanced group stays put");
+    }
+
+    /// With standbys the new members hold warm copies after one round; then they all move at once.
+    #[test]
+    fn scale_out_with_standbys_moves_warm_standbys() {
+        let all: Vec<(i32, i64)> = (0..6).map(|t| (t, 500)).collect();
+        let members = vec![member("a", &[0, 1, 2, 3, 4, 5], &[], &all, &[]), fresh("b"), fresh("c")];
+        let end = ends(6, 500);
+        let plan = super::assign(6, &members, &lagged(1, 2), &end);
+        assert_eq!(plan.members["a"].active.len(), 6);
+        assert!(plan.deferred.iter().all(|d| !d.warmup), "the targets hold standbys: {plan:?}");
+        let next = caught_up_feedback(&members, &plan.members, &end);
+        let plan = super::assign(6, &next, &lagged(1, 2), &end);
+        assert!(plan.deferred.is_empty(), "{plan:?}");
+        let counts: Vec<usize> = plan.members.values().map(|m| m.active.len()).collect();
+        assert_eq!(counts, vec![2, 2, 2]);
+    }
+
+    /// A member back after a long absence gets warmups, not actives, until it has caught up.
+    #[test]
+    fn stale_member_rejoins_with_warmups() {
+        let off = |ts: &[i32], o: i64| ts.iter().map(|&t| (t, o)).collect::<Vec<_>>();
+        let a = member("a", &[0, 1, 2], &[], &off(&[0, 1, 2], 9_000), &[]);
+        let b = member("b", &[3, 4, 5], &[], &off(&[3, 4, 5], 9_000), &[]);
+        // c ran 4 and 5 long ago: its copies lag 5,000 records.
+        let c = member("c", &[], &[], &off(&[4, 5], 4_000), &[]);
+        let plan = super::assign(6, &[a, b.clone(), c.clone()], &lagged(0, 2), &ends(6, 9_000));
+        assert!(plan.members["c"].active.is_empty(), "{plan:?}");
+        // Its balanced share: one task of b's (its copy of 4 first) and one of a's.
+        assert_eq!(plan.members["c"].warmup, [0, 4].into(), "{plan:?}");
+        // Within the acceptable lag, it takes 4 at once; 0 still waits for its warmup.
+        let c = member("c", &[], &[], &off(&[4, 5], 8_950), &[]);
+        let a = member("a", &[0, 1, 2], &[], &off(&[0, 1, 2], 9_000), &[]);
+        let plan = super::assign(6, &[a, b, c], &lagged(0, 2), &ends(6, 9_000));
+        assert_eq!(plan.members["c"].active, [4].into(), "{plan:?}");
+        assert_eq!(plan.members["c"].warmup, [0].into(), "{plan:?}");
+    }
+
+    /// Nobody is caught up (the whole group restarted after a long stop): the least-lagging copy
+    /// runs the task, a cold member is not preferred over it.
+    #[test]
+    fn nobody_caught_up_prefers_least_lag() {
+        let a = member("a", &[], &[], &[(0, 50_000)], &[]);
+        let b = member("b", &[], &[], &[(1, 10)], &[]);
+        let plan = super::assign(2, &[a, b], &lagged(0, 2), &ends(2, 100_000));
+        assert!(plan.members["a"].active.contains(&0), "{plan:?}");
+        assert!(plan.deferred.is_empty(), "{plan:?}");
+    }
+
+    /// The next round's input after every holder (active, standby, warmup) caught up.
+    fn caught_up_feedback(members: &[MemberState], out: &Assignment, end: &BTreeMap<TaskId, i64>) -> Vec<MemberState> {
+        members
+            .iter()
+            .map(|m| {
+                let a = &out[&m.member_id];
+                let mut task_offsets = m.task_offsets.clone();
+                for &t in a.active.iter().chain(&a.standby).chain(&a.warmup) {
+                    task_offsets.insert(t, end[&t]);
+                }
+                MemberState { prev_active: a.active.clone(), prev_standby: a.standby.clone(), task_offsets, ..m.clone() }
+            })
+            .collect()
     }
 
     /// Turns an output into the next generation's input (property 6): holders of a task get an
@@ -928,6 +1159,63 @@ mod tests {
                     }
                 }
             }
+        }
+
+        /// Lags: no active goes to a member beyond the acceptable lag while a caught-up member
+        /// exists; warmups stay within the budget, never beside their task's active or
+        /// standby; invariants 1-2 hold (balance is what the deferred moves are for).
+        #[test]
+        fn prop_lags_respected(
+            (tasks, members, ns) in arb_input(),
+            warmups in 1usize..=3,
+            end_extra in 0i64..2_000,
+        ) {
+            let end: BTreeMap<TaskId, i64> = (0..tasks).map(|t| (t, 1_000 + end_extra + i64::from(t))).collect();
+            let config = AssignorConfig { num_standby_replicas: ns, acceptable_recovery_lag: 500, max_warmup_replicas: warmups };
+            let plan = super::assign(tasks, &members, &config, &end);
+            let out = &plan.members;
+            let lag = |m: &MemberState, t: TaskId| -> i64 {
+                if m.prev_active.contains(&t) { 0 } else { (end[&t] - m.task_offsets.get(&t).copied().unwrap_or(0)).max(0) }
+            };
+            let by_id: BTreeMap<&str, &MemberState> = members.iter().map(|m| (m.member_id.as_str(), m)).collect();
+            let act = actives(out);
+            prop_assert_eq!(act.len(), tasks as usize);
+            let mut total_warmups = 0;
+            for t in 0..tasks {
+                if members.iter().any(|m| lag(m, t) <= 500) {
+                    prop_assert!(lag(by_id[act[&t].as_str()], t) <= 500, "task {} on {} ({:?})", t, act[&t], plan);
+                }
+                let sb = standbys_of(out, t);
+                prop_assert_eq!(sb.len(), ns.min(members.len() - 1));
+                for (id, a) in out {
+                    if a.warmup.contains(&t) {
+                        total_warmups += 1;
+                        prop_assert!(id != &act[&t] && !sb.contains(id), "warmup of {} on {}", t, id);
+                    }
+                }
+            }
+            prop_assert!(total_warmups <= warmups);
+        }
+
+        /// Lags: rounds in which every holder catches up converge to a balanced assignment
+        /// without deferred moves, within ceil(moves / warmups) + 1 rounds, and it is kept.
+        #[test]
+        fn prop_converges_with_warmups((tasks, members, ns) in arb_input(), warmups in 1usize..=3) {
+            let end: BTreeMap<TaskId, i64> = (0..tasks).map(|t| (t, 5_000 + i64::from(t))).collect();
+            let config = AssignorConfig { num_standby_replicas: ns, acceptable_recovery_lag: 100, max_warmup_replicas: warmups };
+            let mut members = members;
+            let mut plan = super::assign(tasks, &members, &config, &end);
+            let limit = (tasks as usize).div_ceil(warmups) + 2;
+            let mut rounds = 1;
+            while !plan.deferred.is_empty() {
+                prop_assert!(rounds <= limit, "not converged after {} rounds: {:?}", rounds, plan);
+                members = caught_up_feedback(&members, &plan.members, &end);
+                plan = super::assign(tasks, &members, &config, &end);
+                rounds += 1;
+            }
+            check_invariants(tasks, &members, ns, &plan.members)?;
+            let next = caught_up_feedback(&members, &plan.members, &end);
+            prop_assert_eq!(super::assign(tasks, &next, &config, &end), plan);
         }
 
         /// Property 7: a balanced, complete, unambiguous previous assignment keeps all actives.

@@ -28,8 +28,12 @@ use kafka_protocol::protocol::StrBytes;
 use super::assignor::{self, MemberState, TaskId};
 use super::conn::Connection;
 use super::coordinator::Brokers;
+use super::end_offsets::end_offsets;
 use super::payload::{AssignmentError, MemberTasks, Subscription, SubscriptionInfo, USER_DATA_VERSION};
 use crate::error::{Error, Result};
+
+/// How often a member holding warmups measures their lag.
+const WARMUP_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// The protocol type: Kafka's consumer protocol, so the usual tools
 /// describe the group, its members' partitions and their lag.
@@ -54,6 +58,13 @@ pub(crate) struct GroupSettings {
     /// Static membership (`group.instance.id`).
     pub(crate) instance_id: Option<String>,
     pub(crate) num_standby_replicas: usize,
+    /// Records of lag up to which a copy counts as caught up.
+    pub(crate) acceptable_recovery_lag: u64,
+    pub(crate) max_warmup_replicas: usize,
+    /// Longest wait between probing rebalances while moves wait for warmups.
+    pub(crate) probing_rebalance_interval: Duration,
+    /// The application's changelog topics (lags are measured against their ends).
+    pub(crate) changelog_topics: Vec<String>,
     pub(crate) process_id: String,
     pub(crate) endpoint: Option<String>,
     pub(crate) client_tags: BTreeMap<String, String>,
@@ -136,6 +147,7 @@ pub(crate) enum GroupEvent {
     Assigned {
         generation: Arc<Generation>,
         active: BTreeSet<TaskId>,
+        /// Standby and warmup tasks (the runtime follows both alike).
         standby: BTreeSet<TaskId>,
         /// When this member started the rebalance round that ended here.
         since: Instant,
@@ -200,6 +212,10 @@ impl Membership {
             owned: BTreeSet::new(),
             standby: BTreeSet::new(),
             pending: BTreeSet::new(),
+            warmup: BTreeSet::new(),
+            warming_since: BTreeMap::new(),
+            probe_at: None,
+            warmups_reported: false,
             stopping: stopping.clone(),
             failures: 0,
             refused_since: None,
@@ -287,6 +303,14 @@ struct Member {
     standby: BTreeSet<TaskId>,
     /// Tasks the last assignment meant for us once released elsewhere.
     pending: BTreeSet<TaskId>,
+    /// Warmup tasks of the current generation.
+    warmup: BTreeSet<TaskId>,
+    /// When each task on its way here (warmup or pending) started warming up.
+    warming_since: BTreeMap<TaskId, Instant>,
+    /// When to rejoin for a probing rebalance (the leader's assignment says).
+    probe_at: Option<Instant>,
+    /// This generation's warmups were found caught up and a rebalance asked for.
+    warmups_reported: bool,
     stopping: Arc<AtomicBool>,
     silent: Arc<AtomicBool>,
     /// Retriable failures in a row (for backoff and logs).
@@ -299,6 +323,8 @@ struct Member {
 enum Outcome {
     /// Rejoin the group (a rebalance started, or the coordinator moved).
     Rejoin,
+    /// Start a rebalance to move tasks whose warmups caught up.
+    Probe(String),
     /// This member is not in the group (any more): its tasks are lost.
     Fenced(String),
 }
@@ -339,11 +365,15 @@ impl Member {
                 group = %self.settings.group, generation = generation.id, member = %generation.member_id,
                 active = ?tasks.active, standby = ?tasks.standby, revoked = ?revoked, "assignment received"
             );
+            self.track_moves(&tasks);
             self.owned = tasks.active.clone();
             self.standby = tasks.standby.clone();
             self.pending = tasks.pending.clone();
-            let event =
-                GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: tasks.standby, since };
+            self.warmup = tasks.warmup.clone();
+            self.warmups_reported = false;
+            self.probe_at = tasks.probe_in_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+            let followed = tasks.standby.union(&tasks.warmup).copied().collect();
+            let event = GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: followed, since };
             if self.events.send(event).is_err() {
                 return Ok(()); // the runtime is gone
             }
@@ -362,6 +392,7 @@ impl Member {
                     self.lose(&why)?;
                     reason = format!("fenced: {why}");
                 }
+                Some(Outcome::Probe(why)) => reason = why,
                 Some(Outcome::Rejoin) => {}
                 None => {}
             }
@@ -372,8 +403,17 @@ impl Member {
     /// Heartbeats until a rebalance, a fence or shutdown.
     fn stable(&mut self, generation: &Generation) -> Result<Option<Outcome>> {
         let mut last_ok = Instant::now();
+        let mut next_heartbeat = Instant::now() + self.settings.heartbeat_interval;
+        let mut next_warmup_check = Instant::now() + WARMUP_CHECK_EVERY;
         loop {
-            match self.commands.recv_timeout(self.settings.heartbeat_interval) {
+            let mut wake = next_heartbeat;
+            if let Some(at) = self.probe_at {
+                wake = wake.min(at);
+            }
+            if !self.warmup.is_empty() && !self.warmups_reported {
+                wake = wake.min(next_warmup_check);
+            }
+            match self.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(Command::Leave) | Err(RecvTimeoutError::Disconnected) => return Ok(None),
                 Ok(Command::Applied) | Err(RecvTimeoutError::Timeout) => {}
                 #[cfg(test)]
@@ -385,6 +425,23 @@ impl Member {
             if !self.poll.alive() {
                 return self.processing_stuck();
             }
+            if self.probe_at.is_some_and(|at| Instant::now() >= at) {
+                self.probe_at = None;
+                metrics::counter!(crate::metrics::PROBING_REBALANCES, "reason" => "interval").increment(1);
+                return Ok(Some(Outcome::Probe("probing rebalance: moves wait for warmups".into())));
+            }
+            if !self.warmup.is_empty() && !self.warmups_reported && Instant::now() >= next_warmup_check {
+                next_warmup_check = Instant::now() + WARMUP_CHECK_EVERY;
+                if let Some(why) = self.warmups_caught_up() {
+                    self.warmups_reported = true;
+                    metrics::counter!(crate::metrics::PROBING_REBALANCES, "reason" => "warmups_caught_up").increment(1);
+                    return Ok(Some(Outcome::Probe(why)));
+                }
+            }
+            if Instant::now() < next_heartbeat {
+                continue;
+            }
+            next_heartbeat = Instant::now() + self.settings.heartbeat_interval;
             match self.heartbeat(generation) {
                 Ok(None) => last_ok = Instant::now(),
                 Ok(Some(outcome)) => return Ok(Some(outcome)),
@@ -399,6 +456,55 @@ impl Member {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Measures how long each task took to arrive here: from its first
+    /// warmup (or pending handover) to the assignment that makes it active.
+    fn track_moves(&mut self, tasks: &MemberTasks) {
+        let now = Instant::now();
+        for &t in &tasks.active {
+            if let Some(since) = self.warming_since.remove(&t) {
+                let took = now.duration_since(since);
+                metrics::histogram!(crate::metrics::TASK_MOVE_SECONDS).record(took.as_secs_f64());
+                tracing::info!(group = %self.settings.group, task = t, took = ?took, "task moved here after warming up");
+            }
+        }
+        for &t in tasks.warmup.iter().chain(&tasks.pending) {
+            self.warming_since.entry(t).or_insert(now);
+        }
+        self.warming_since.retain(|t, _| tasks.warmup.contains(t) || tasks.pending.contains(t));
+        for t in self.warmup.difference(&tasks.warmup) {
+            metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(0.0);
+        }
+    }
+
+    /// Whether every warmup of this member is within the acceptable lag:
+    /// then it asks for the rebalance that moves them (instead of waiting for
+    /// the probing interval). `None`: not yet, or the end offsets are not
+    /// available now (checked again later).
+    fn warmups_caught_up(&mut self) -> Option<String> {
+        let tasks: Vec<TaskId> = self.warmup.iter().copied().collect();
+        let ends = match end_offsets(&self.brokers, &self.settings.changelog_topics, &tasks, self.rotate) {
+            Ok(ends) => ends,
+            Err(e) => {
+                tracing::debug!(group = %self.settings.group, error = %e, "warmup lags not measured this time");
+                return None;
+            }
+        };
+        let local = (self.local)();
+        let mut lags = BTreeMap::new();
+        for &t in &tasks {
+            let lag = (ends[&t] - local.get(&t).copied().unwrap_or(0)).max(0) as u64;
+            metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(lag as f64);
+            lags.insert(t, lag);
+        }
+        if lags.values().all(|&l| l <= self.settings.acceptable_recovery_lag) {
+            tracing::info!(group = %self.settings.group, lags = ?lags, "warmups caught up; asking for a rebalance to move their tasks");
+            Some(format!("warmups caught up: {lags:?}"))
+        } else {
+            tracing::debug!(group = %self.settings.group, lags = ?lags, "warmups not caught up yet");
+            None
         }
     }
 
@@ -755,7 +861,22 @@ impl Member {
             let unclaimed = tasks.into_iter().filter(|t| !claims.contains_key(t));
             states[i].prev_active.extend(unclaimed);
         }
-        let mut plan = assignor::assign(self.settings.tasks, &states, self.settings.num_standby_replicas);
+        let config = assignor::AssignorConfig {
+            num_standby_replicas: self.settings.num_standby_replicas,
+            acceptable_recovery_lag: self.settings.acceptable_recovery_lag,
+            max_warmup_replicas: self.settings.max_warmup_replicas,
+        };
+        let all_tasks: Vec<TaskId> = (0..self.settings.tasks).collect();
+        let ends = match end_offsets(&self.brokers, &self.settings.changelog_topics, &all_tasks, self.rotate) {
+            Ok(ends) => ends,
+            Err(e) => {
+                // Lags then count from the most caught-up copy reported.
+                tracing::warn!(group = %self.settings.group, error = %e,
+                    "the changelogs' end offsets could not be read; lags are measured against the most caught-up member");
+                BTreeMap::new()
+            }
+        };
+        let assignor::Plan { members: mut plan, deferred } = assignor::assign(self.settings.tasks, &states, &config, &ends);
         // Cooperative: a task that moves is withheld from its new owner
         // until every previous owner gave it up (they rejoin at once).
         let mut withheld: BTreeMap<String, BTreeSet<TaskId>> = BTreeMap::new();
@@ -768,8 +889,40 @@ impl Member {
                 !others
             });
         }
+        let summary: BTreeMap<&str, String> = plan
+            .iter()
+            .map(|(m, a)| {
+                let mut s = format!("active {:?}", a.active);
+                if !a.standby.is_empty() {
+                    s += &format!(" standby {:?}", a.standby);
+                }
+                if !a.warmup.is_empty() {
+                    s += &format!(" warmup {:?}", a.warmup);
+                }
+                if let Some(w) = withheld.get(m) {
+                    s += &format!(" handed over next round {w:?}");
+                }
+                (m.as_str(), s)
+            })
+            .collect();
+        let waiting: Vec<String> = deferred
+            .iter()
+            .map(|d| {
+                format!(
+                    "task {} stays on {} (lag {}) until {} (lag {}) {}",
+                    d.task,
+                    d.kept_on,
+                    d.kept_lag,
+                    d.target,
+                    d.target_lag,
+                    if d.warmup { "warms up" } else { "can warm up" }
+                )
+            })
+            .collect();
         tracing::info!(group = %self.settings.group, generation = self.generation, members = states.len(),
-            withheld = ?withheld, plan = ?plan, "assignment computed");
+            assignment = ?summary, deferred_moves = ?waiting, "assignment computed");
+        // The leader's own assignment carries the probing deadline.
+        let probe_in_ms = (!deferred.is_empty()).then(|| self.settings.probing_rebalance_interval.as_millis() as u64);
         states
             .iter()
             .map(|m| {
@@ -778,7 +931,8 @@ impl Member {
                 // The receiver warms a withheld task up as a standby, so it
                 // is promoted in place in the next round.
                 let standby = tasks.standby.union(&pending).copied().collect();
-                let mut tasks = MemberTasks { active: tasks.active, standby, pending, error: 0 };
+                let probe_in_ms = if m.member_id == self.member_id { probe_in_ms } else { None };
+                let mut tasks = MemberTasks { active: tasks.active, standby, pending, warmup: tasks.warmup, probe_in_ms, error: 0 };
                 if mismatch {
                     tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };
                 }

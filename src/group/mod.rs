@@ -7,6 +7,7 @@
 //! - [`conn`]: one broker connection (TCP, TLS, SASL, version negotiation);
 //! - [`scram`]: SASL SCRAM;
 //! - [`coordinator`]: finding the group's coordinator;
+//! - [`end_offsets`]: the changelogs' end offsets (lags of members' copies);
 //! - [`payload`]: subscription and assignment metadata (versioned);
 //! - [`assignor`]: the leader's pure, deterministic task assignor;
 //! - [`member`]: the membership thread (join, sync, heartbeat, leave).
@@ -14,6 +15,7 @@
 pub(crate) mod assignor;
 pub(crate) mod conn;
 pub(crate) mod coordinator;
+pub(crate) mod end_offsets;
 pub(crate) mod member;
 pub(crate) mod offsets;
 pub(crate) mod payload;

@@ -69,6 +69,14 @@ pub(crate) struct AssignmentInfo {
     /// planning afresh, which could move other tasks and never settle.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) pending: BTreeSet<TaskId>,
+    /// Warmup tasks of the member: followed like standbys until caught up,
+    /// then moved here by a later rebalance.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) warmup: BTreeSet<TaskId>,
+    /// Set when moves wait for warmups: rejoin after this many milliseconds
+    /// at the latest (a probing rebalance; the leader's own assignment only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) probe_in_ms: Option<u64>,
     /// Non-zero when the leader could not assign (see [`AssignmentError`]).
     #[serde(default)]
     pub(crate) error: u16,
@@ -97,6 +105,8 @@ pub(crate) struct MemberTasks {
     pub(crate) active: BTreeSet<TaskId>,
     pub(crate) standby: BTreeSet<TaskId>,
     pub(crate) pending: BTreeSet<TaskId>,
+    pub(crate) warmup: BTreeSet<TaskId>,
+    pub(crate) probe_in_ms: Option<u64>,
     pub(crate) error: u16,
 }
 
@@ -175,7 +185,14 @@ impl MemberTasks {
                 })
                 .collect();
         }
-        let info = AssignmentInfo { version, standby: self.standby.clone(), pending: self.pending.clone(), error: self.error };
+        let info = AssignmentInfo {
+            version,
+            standby: self.standby.clone(),
+            pending: self.pending.clone(),
+            warmup: self.warmup.clone(),
+            probe_in_ms: self.probe_in_ms,
+            error: self.error,
+        };
         a.user_data = Some(serde_json::to_vec(&info).expect("serialisable").into());
         with_version(&a, CONSUMER_PROTOCOL_VERSION)
     }
@@ -193,7 +210,14 @@ impl MemberTasks {
             None => return Err("no kstate user data in the assignment".into()),
         };
         let active = a.assigned_partitions.iter().flat_map(|tp| tp.partitions.iter().copied()).collect();
-        Ok(MemberTasks { active, standby: info.standby, pending: info.pending, error: info.error })
+        Ok(MemberTasks {
+            active,
+            standby: info.standby,
+            pending: info.pending,
+            warmup: info.warmup,
+            probe_in_ms: info.probe_in_ms,
+            error: info.error,
+        })
     }
 }
 
@@ -222,7 +246,14 @@ mod tests {
 
     #[test]
     fn assignment_round_trip_and_unknown_fields() {
-        let t = MemberTasks { active: BTreeSet::from([0, 3]), standby: BTreeSet::from([1]), pending: BTreeSet::from([2]), error: 0 };
+        let t = MemberTasks {
+            active: BTreeSet::from([0, 3]),
+            standby: BTreeSet::from([1]),
+            pending: BTreeSet::from([2]),
+            warmup: BTreeSet::from([4]),
+            probe_in_ms: Some(60_000),
+            error: 0,
+        };
         assert_eq!(MemberTasks::decode(t.encode(&["in".into()], 1)).unwrap(), t);
         // A later version's extra fields are ignored.
         let info: AssignmentInfo = serde_json::from_str(r#"{"version":2,"standby":[5],"next_rebalance_ms":9}"#).unwrap();

@@ -1,0 +1,131 @@
+//! The changelogs' end offsets, per task: what the leader measures members'
+//! checkpoints against to turn them into lags (Metadata for the partition
+//! leaders, then one ListOffsets per leader).
+
+use std::collections::BTreeMap;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, MetadataRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::assignor::TaskId;
+use super::conn::Connection;
+use super::coordinator::Brokers;
+use crate::error::{Error, Result};
+
+/// ListOffsets' timestamp for "the offset the next record will get".
+const LATEST: i64 = -1;
+
+/// For each task in `tasks`, the sum over `topics` (the application's
+/// changelogs) of partition `task`'s end offset, read uncommitted: the same
+/// measure as a member's checkpoint sum (each store's checkpoint + 1), so the
+/// difference is the records a copy has still to replay. A changelog that
+/// does not exist yet counts 0.
+pub(crate) fn end_offsets(
+    brokers: &Brokers,
+    topics: &[String],
+    tasks: &[TaskId],
+    start: usize,
+) -> Result<BTreeMap<TaskId, i64>> {
+    let mut sums: BTreeMap<TaskId, i64> = tasks.iter().map(|&t| (t, 0)).collect();
+    if topics.is_empty() || tasks.is_empty() {
+        return Ok(sums);
+    }
+    let mut conn = brokers.any(start)?;
+    let mut request = MetadataRequest::default();
+    request.topics = Some(
+        topics
+            .iter()
+            .map(|t| {
+                let mut topic = MetadataRequestTopic::default();
+                topic.name = Some(TopicName(StrBytes::from_string(t.clone())));
+                topic
+            })
+            .collect(),
+    );
+    request.allow_auto_topic_creation = false;
+    let (metadata, _) = conn.send(&request)?;
+    let addresses: BTreeMap<BrokerId, String> = metadata
+        .brokers
+        .iter()
+        .map(|b| {
+            let host = b.host.as_str();
+            let address = if host.contains(':') { format!("[{host}]:{}", b.port) } else { format!("{host}:{}", b.port) };
+            (b.node_id, address)
+        })
+        .collect();
+    // Leader -> topic -> partitions to ask it for.
+    let mut by_leader: BTreeMap<BrokerId, BTreeMap<String, Vec<i32>>> = BTreeMap::new();
+    for topic in &metadata.topics {
+        let name = topic.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+        match ResponseError::try_from_code(topic.error_code) {
+            None => {}
+            Some(ResponseError::UnknownTopicOrPartition) => continue, // not created yet: nothing to replay
+            Some(e) => return Err(unavailable(conn.broker(), format!("metadata of `{name}`: {e}"))),
+        }
+        for p in &topic.partitions {
+            if !sums.contains_key(&p.partition_index) {
+                continue;
+            }
+            if p.error_code != 0 && p.leader_id.0 < 0 {
+                return Err(unavailable(conn.broker(), format!("`{name}` partition {} has no leader", p.partition_index)));
+            }
+            by_leader.entry(p.leader_id).or_default().entry(name.clone()).or_default().push(p.partition_index);
+        }
+    }
+    for (leader, wanted) in by_leader {
+        let address = addresses
+            .get(&leader)
+            .ok_or_else(|| unavailable(conn.broker(), format!("partition leader {} is not among the brokers", leader.0)))?;
+        let mut leader_conn;
+        let target: &mut Connection = if address == conn.broker() {
+            &mut conn
+        } else {
+            leader_conn = Connection::connect(address, &brokers.security, &brokers.client_id, brokers.timeout)?;
+            &mut leader_conn
+        };
+        let mut request = ListOffsetsRequest::default();
+        request.replica_id = BrokerId(-1);
+        request.isolation_level = 0;
+        request.topics = wanted
+            .iter()
+            .map(|(name, partitions)| {
+                let mut topic = ListOffsetsTopic::default();
+                topic.name = TopicName(StrBytes::from_string(name.clone()));
+                topic.partitions = partitions
+                    .iter()
+                    .map(|&p| {
+                        let mut partition = ListOffsetsPartition::default();
+                        partition.partition_index = p;
+                        partition.current_leader_epoch = -1;
+                        partition.timestamp = LATEST;
+                        partition
+                    })
+                    .collect();
+                topic
+            })
+            .collect();
+        let (response, _) = target.send(&request)?;
+        for topic in &response.topics {
+            for p in &topic.partitions {
+                if let Some(e) = ResponseError::try_from_code(p.error_code) {
+                    return Err(unavailable(
+                        target.broker(),
+                        format!("end offset of `{}` partition {}: {e}", topic.name.0.as_str(), p.partition_index),
+                    ));
+                }
+                if let Some(sum) = sums.get_mut(&p.partition_index) {
+                    *sum += p.offset.max(0);
+                }
+            }
+        }
+    }
+    Ok(sums)
+}
+
+/// A retriable failure (leaders moving, a broker away).
+fn unavailable(broker: &str, detail: String) -> Error {
+    Error::BrokerUnreachable { bootstrap: broker.to_string(), timeout: std::time::Duration::ZERO, detail }
+}

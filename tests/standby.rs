@@ -43,13 +43,16 @@ impl RestoreListener for PrintRestores {
 #[ignore = "run by the standby tests as a child process"]
 fn standby_child() {
     let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
-    let [bootstrap, app, input, state, instance]: [&str; 5] =
-        settings.split('\t').collect::<Vec<_>>().try_into().expect("KSTATE_CHILD: bootstrap, app, input, state, instance id");
+    let fields: Vec<&str> = settings.split('\t').collect();
+    let [bootstrap, app, input, state, instance, standbys, lag, probing_ms]: [&str; 8] =
+        fields.try_into().expect("KSTATE_CHILD: bootstrap, app, input, state, instance id, standbys, acceptable lag, probing ms");
     init_tracing();
     let mut builder = builder(app, input, Path::new(state))
         .bootstrap_servers(bootstrap)
         .store(StoreDefinition::new("s"))
-        .num_standby_replicas(1)
+        .num_standby_replicas(standbys.parse().unwrap())
+        .acceptable_recovery_lag(lag.parse().unwrap())
+        .probing_rebalance_interval(Duration::from_millis(probing_ms.parse().unwrap()))
         .restore_listener(PrintRestores);
     if !instance.is_empty() {
         builder = builder.kafka_config("group.instance.id", instance);
@@ -61,6 +64,7 @@ fn standby_child() {
         stop.shutdown();
     });
     let mut seen: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut alive: BTreeMap<i32, u128> = BTreeMap::new();
     let result = app.run(move |ctx, rec| {
         let s = ctx.store("s")?;
         for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
@@ -70,6 +74,13 @@ fn standby_child() {
         let last = seen.insert(rec.partition, rec.offset);
         if last.is_none_or(|o| rec.offset != o + 1) {
             println!("KSTATE-PROCESSED partition={} offset={}", rec.partition, rec.offset);
+        }
+        // Processing times (wall clock, at most one line per 50 ms per
+        // partition) for the parent to measure pauses across instances.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+        if alive.get(&rec.partition).is_none_or(|t| now >= t + 50) {
+            alive.insert(rec.partition, now);
+            println!("KSTATE-ALIVE partition={} ms={now}", rec.partition);
         }
         Ok::<(), Error>(())
     });
@@ -81,6 +92,17 @@ fn standby_child() {
         }
     }
 }
+
+/// How a child instance places tasks.
+#[derive(Clone, Copy)]
+struct Placement {
+    standbys: usize,
+    acceptable_lag: u64,
+    probing: Duration,
+}
+
+/// The standby tests' placement: one standby, Kafka Streams' default lag.
+const ONE_STANDBY: Placement = Placement { standbys: 1, acceptable_lag: 10_000, probing: Duration::from_secs(600) };
 
 /// A child instance of `standby_child` and its state directory.
 struct Instance {
@@ -118,8 +140,17 @@ fn set_of(text: &str) -> BTreeSet<i32> {
 impl Instance {
     /// Starts an instance; a restarted one appends to the same log.
     fn start(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path, instance_id: &str) -> Instance {
+        Instance::start_with(name, bootstrap, app, input, dir, instance_id, ONE_STANDBY)
+    }
+
+    fn start_with(name: &str, bootstrap: &str, app: &str, input: &str, dir: &Path, instance_id: &str, placement: Placement) -> Instance {
         let state = dir.join(format!("state-{name}"));
-        let settings = format!("{bootstrap}\t{app}\t{input}\t{}\t{instance_id}", state.display());
+        let Placement { standbys, acceptable_lag, probing } = placement;
+        let settings = format!(
+            "{bootstrap}\t{app}\t{input}\t{}\t{instance_id}\t{standbys}\t{acceptable_lag}\t{}",
+            state.display(),
+            probing.as_millis()
+        );
         let process = ChildInstance::spawn(name, "standby_child", settings, dir.join(format!("{name}.log")));
         Instance { process, state }
     }
@@ -154,6 +185,11 @@ impl Instance {
 /// task exactly one active, two actives each, and one standby per task on
 /// another instance; returns each instance's (active, standby).
 fn balanced(instances: &mut [Instance], timeout: Duration) -> Vec<(BTreeSet<i32>, BTreeSet<i32>)> {
+    balanced_with(instances, 1, timeout)
+}
+
+/// [`balanced`] with `standbys` standbys per task (and no warmups left).
+fn balanced_with(instances: &mut [Instance], standbys_per_task: usize, timeout: Duration) -> Vec<(BTreeSet<i32>, BTreeSet<i32>)> {
     let deadline = Instant::now() + timeout;
     loop {
         instances.iter_mut().for_each(|i| i.assert_running());
@@ -164,7 +200,7 @@ fn balanced(instances: &mut [Instance], timeout: Duration) -> Vec<(BTreeSet<i32>
             let actives: BTreeSet<i32> = now.iter().flat_map(|(_, a, _)| a.iter().copied()).collect();
             let standbys: usize = now.iter().map(|(_, _, s)| s.len()).sum();
             let even = now.iter().all(|(_, a, _)| a.len() == PARTITIONS as usize / instances.len());
-            if same && even && actives.len() == PARTITIONS as usize && standbys == PARTITIONS as usize {
+            if same && even && actives.len() == PARTITIONS as usize && standbys == PARTITIONS as usize * standbys_per_task {
                 return now.into_iter().map(|(_, a, s)| (a, s)).collect();
             }
         }
@@ -549,4 +585,178 @@ fn a_standby_that_followed_longer_than_the_tombstone_retention_is_still_promoted
     let mut sent = pre;
     sent.extend(feeder.join(true));
     stop_and_check(instances, &app, &input, &sent, "following past the tombstone retention");
+}
+
+/// The longest gap between two processed records of any partition, over
+/// every instance's `KSTATE-ALIVE` lines between `from_ms` and `to_ms`
+/// (wall clock): (gap, partition).
+fn longest_pause(instances: &[&Instance], from_ms: u128, to_ms: u128) -> (Duration, i32) {
+    let mut times: BTreeMap<i32, Vec<u128>> = BTreeMap::new();
+    for i in instances {
+        for line in i.lines_after(0, "KSTATE-ALIVE") {
+            let (p, ms): (i32, u128) = (field(&line, "partition").unwrap().parse().unwrap(), field(&line, "ms").unwrap().parse().unwrap());
+            if (from_ms..=to_ms).contains(&ms) {
+                times.entry(p).or_default().push(ms);
+            }
+        }
+    }
+    let mut worst = (Duration::ZERO, -1);
+    for p in 0..PARTITIONS {
+        let mut t = times.remove(&p).unwrap_or_default();
+        assert!(!t.is_empty(), "partition {p} was not processed between {from_ms} and {to_ms}");
+        t.sort_unstable();
+        let edges = std::iter::once(from_ms).chain(t.iter().copied()).chain(std::iter::once(to_ms)).collect::<Vec<_>>();
+        for w in edges.windows(2) {
+            let gap = Duration::from_millis((w[1] - w[0]) as u64);
+            if gap > worst.0 {
+                worst = (gap, p);
+            }
+        }
+    }
+    worst
+}
+
+fn wall_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// Scale-out settings: no standbys (warmups do the moving), Kafka Streams'
+/// acceptable lag and warmup count, a probing interval the early requests
+/// of caught-up warmups must beat.
+const WARMUPS_ONLY: Placement = Placement { standbys: 0, acceptable_lag: 10_000, probing: Duration::from_secs(60) };
+
+/// The longest processing pause of any partition a scale-out may cause
+/// (a cooperative handover of a caught-up task: revoke and commit on the
+/// giver, one more rebalance round, the receiver's lag-only restore), with
+/// room for a debug build on a busy 2-core machine.
+const SCALE_OUT_PAUSE: Duration = Duration::from_secs(5);
+
+#[test]
+fn scaling_out_never_moves_a_partition_to_a_cold_instance_and_scaling_in_loses_nothing() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("scaleout", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    // 85k input records per partition, two store records each: 1.02M
+    // changelog records, 170k per task (a cold move would replay them).
+    let pre = prefill(&input, 85_000);
+    let mut instances = vec![Instance::start_with("a", &bootstrap, &app, &input, dir, "", WARMUPS_ONLY)];
+    wait_all_committed_at(&bootstrap, &app, &input, PARTITIONS, Duration::from_secs(240));
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 600, 300, 1_000_000);
+    std::thread::sleep(Duration::from_secs(2));
+    let (started, started_ms) = (Instant::now(), wall_ms());
+    let generation_before = instances[0].assignment().unwrap().0;
+    for name in ["b", "c"] {
+        instances.push(Instance::start_with(name, &bootstrap, &app, &input, dir, "", WARMUPS_ONLY));
+    }
+    let after = balanced_with(&mut instances, 0, Duration::from_secs(150));
+    // Balanced means running: each instance processes its tasks.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (i, (active, _)) in instances.iter_mut().zip(&after) {
+        while !active.iter().all(|t| i.lines_after(0, "KSTATE-PROCESSED").iter().any(|l| l.contains(&format!("partition={t} ")))) {
+            i.assert_running();
+            assert!(Instant::now() < deadline, "{} does not process its tasks {active:?}:\n{}", i.name, i.tail());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let (took, balanced_ms) = (started.elapsed(), wall_ms());
+    let generations = instances[0].assignment().unwrap().0 - generation_before;
+    let asked: usize = instances.iter().map(|i| i.text().matches("asking for a rebalance to move their tasks").count()).sum();
+    let probes: usize = instances.iter().map(|i| i.text().matches("probing rebalance: moves wait for warmups").count()).sum();
+    eprintln!("balanced {took:?} after b and c started: {after:?}; {generations} generations, {asked} early rebalance requests, {probes} probing-interval rebalances");
+    // Four tasks move, two warmups at a time: two rounds of warmups, each
+    // ended by the warmups' own requests (b's and c's: up to four), never by
+    // the probing interval.
+    assert!(asked <= 4 && probes == 0, "{asked} requests, {probes} interval probes");
+    assert!(took < WARMUPS_ONLY.probing, "balanced only after {took:?}");
+    // No partition went to an instance whose copy lagged more than the
+    // acceptable lag: every restore b and c ran replayed at most that.
+    for i in &instances[1..] {
+        for line in i.lines_after(0, "KSTATE-RESTORE-END") {
+            let records: u64 = field(&line, "records").unwrap().parse().unwrap();
+            assert!(records <= WARMUPS_ONLY.acceptable_lag, "{} ran a task after replaying {records} records: {line}", i.name);
+        }
+    }
+    // A balanced group without warmups stays as it is.
+    let settled = instances[0].assignment().unwrap().0;
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(instances[0].assignment().unwrap().0, settled, "a balanced group rebalanced again");
+    let (pause, partition) = longest_pause(&instances.iter().collect::<Vec<_>>(), started_ms, balanced_ms + 2_000);
+    eprintln!("longest processing pause during the scale-out: {pause:?} (partition {partition})");
+    assert!(pause < SCALE_OUT_PAUSE, "partition {partition} paused {pause:?}");
+
+    // Scale in 3 -> 1: b and c stop; a takes their tasks back from the
+    // copies it kept on disk (state_cleanup_delay), replaying only what
+    // changed since, and nothing is lost.
+    let mark = instances[0].log_len();
+    let moved: BTreeSet<i32> = after[1].0.union(&after[2].0).copied().collect();
+    for i in instances.drain(1..) {
+        i.stop();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while instances[0].assignment().is_none_or(|(_, a, _)| a.len() != PARTITIONS as usize)
+        || instances[0].lines_after(mark, "KSTATE-RESTORE-END").len() < moved.len()
+    {
+        instances[0].assert_running();
+        assert!(Instant::now() < deadline, "a did not take every task back:\n{}", instances[0].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for line in instances[0].lines_after(mark, "KSTATE-RESTORE-START") {
+        let (from, to): (i64, i64) = (field(&line, "start").unwrap().parse().unwrap(), field(&line, "end").unwrap().parse().unwrap());
+        assert!(from > 100_000 && to - from < 100_000, "a replayed more than its copy lagged: {line}");
+    }
+    let mut sent = pre;
+    sent.extend(feeder.join(true));
+    stop_and_check(instances, &app, &input, &sent, "scaling out and in");
+}
+
+#[test]
+fn an_instance_back_after_a_while_gets_warmups_before_its_tasks() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("comeback", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let pre = prefill(&input, 5_000);
+    // A small acceptable lag, so that 10 s away is far behind.
+    let placement = Placement { standbys: 0, acceptable_lag: 1_000, probing: Duration::from_secs(60) };
+    let mut instances: Vec<Instance> =
+        ["a", "b", "c"].iter().map(|n| Instance::start_with(n, &bootstrap, &app, &input, dir, "", placement)).collect();
+    // 100 input records/s per partition: 200 changelog records/s per task.
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 6_000, 600, 1_000_000);
+    balanced_with(&mut instances, 0, Duration::from_secs(120));
+    let victim = instances.pop().unwrap();
+    let mark = victim.log_len();
+    victim.kill();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while instances.iter().map(|i| i.assignment().map_or(0, |(_, a, _)| a.len())).sum::<usize>() < PARTITIONS as usize {
+        instances.iter_mut().for_each(|i| i.assert_running());
+        assert!(Instant::now() < deadline, "a and b did not take c's tasks");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // c's copies fall ~2,000 records behind.
+    std::thread::sleep(Duration::from_secs(10));
+    let mut c = Instance::start_with("c", &bootstrap, &app, &input, dir, "", placement);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        c.assert_running();
+        let text = c.text();
+        if let Some(line) = text.get(mark..).unwrap_or("").lines().find(|l| l.contains("assignment received")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "c got no assignment:\n{}", c.tail());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Warmups: not tasks handed over at once (a cooperative handover would
+    // give them after one round whatever c's lag).
+    let (active, warmup) = (set_of(field(&first, "active").unwrap()), set_of(field(&first, "warmup").unwrap()));
+    assert!(active.is_empty() && !warmup.is_empty(), "c's first assignment is not warmups only: {first}");
+    instances.push(c);
+    balanced_with(&mut instances, 0, Duration::from_secs(50));
+    for line in instances[2].lines_after(mark, "KSTATE-RESTORE-END") {
+        let records: u64 = field(&line, "records").unwrap().parse().unwrap();
+        assert!(records <= placement.acceptable_lag, "c ran a task after replaying {records} records: {line}");
+    }
+    let mut sent = pre;
+    sent.extend(feeder.join(true));
+    stop_and_check(instances, &app, &input, &sent, "a comeback");
 }

@@ -321,8 +321,8 @@ impl<'a> Ctx<'a> {
             load[a] += 1;
         }
         let mut deferred = Vec::new();
-        for t in 0..self.num_tasks {
-            let target = owner[t];
+        for (t, slot) in owner.iter_mut().enumerate() {
+            let target = *slot;
             let least = (0..n).map(|m| self.lag[m][t]).min().expect("at least one member");
             let limit = if least <= acceptable { acceptable } else { least.saturating_add(acceptable) };
             if self.lag[target][t] <= limit {
@@ -334,7 +334,7 @@ impl<'a> Ctx<'a> {
                 .expect("the least-lagging member is within the limit");
             load[target] -= 1;
             load[keeper] += 1;
-            owner[t] = keeper;
+            *slot = keeper;
             deferred.push((t, target));
         }
         deferred

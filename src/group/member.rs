@@ -213,6 +213,7 @@ impl Membership {
             standby: BTreeSet::new(),
             pending: BTreeSet::new(),
             warmup: BTreeSet::new(),
+            awaited: BTreeSet::new(),
             warming_since: BTreeMap::new(),
             probe_at: None,
             warmups_reported: false,
@@ -305,6 +306,9 @@ struct Member {
     pending: BTreeSet<TaskId>,
     /// Warmup tasks of the current generation.
     warmup: BTreeSet<TaskId>,
+    /// Tasks that move here once this member's copy caught up (warmups and
+    /// standbys the balance wants here).
+    awaited: BTreeSet<TaskId>,
     /// When each task on its way here (warmup or pending) started warming up.
     warming_since: BTreeMap<TaskId, Instant>,
     /// When to rejoin for a probing rebalance (the leader's assignment says).
@@ -363,13 +367,15 @@ impl Member {
             let generation = Arc::new(generation);
             tracing::info!(
                 group = %self.settings.group, generation = generation.id, member = %generation.member_id,
-                active = ?tasks.active, standby = ?tasks.standby, revoked = ?revoked, "assignment received"
+                active = ?tasks.active, standby = ?tasks.standby, warmup = ?tasks.warmup, handed_over_next = ?tasks.pending,
+                revoked = ?revoked, "assignment received"
             );
             self.track_moves(&tasks);
             self.owned = tasks.active.clone();
             self.standby = tasks.standby.clone();
             self.pending = tasks.pending.clone();
             self.warmup = tasks.warmup.clone();
+            self.awaited = tasks.awaited.clone();
             self.warmups_reported = false;
             self.probe_at = tasks.probe_in_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
             let followed = tasks.standby.union(&tasks.warmup).copied().collect();
@@ -410,7 +416,7 @@ impl Member {
             if let Some(at) = self.probe_at {
                 wake = wake.min(at);
             }
-            if !self.warmup.is_empty() && !self.warmups_reported {
+            if !self.awaited.is_empty() && !self.warmups_reported {
                 wake = wake.min(next_warmup_check);
             }
             match self.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
@@ -430,7 +436,7 @@ impl Member {
                 metrics::counter!(crate::metrics::PROBING_REBALANCES, "reason" => "interval").increment(1);
                 return Ok(Some(Outcome::Probe("probing rebalance: moves wait for warmups".into())));
             }
-            if !self.warmup.is_empty() && !self.warmups_reported && Instant::now() >= next_warmup_check {
+            if !self.awaited.is_empty() && !self.warmups_reported && Instant::now() >= next_warmup_check {
                 next_warmup_check = Instant::now() + WARMUP_CHECK_EVERY;
                 if let Some(why) = self.warmups_caught_up() {
                     self.warmups_reported = true;
@@ -470,21 +476,21 @@ impl Member {
                 tracing::info!(group = %self.settings.group, task = t, took = ?took, "task moved here after warming up");
             }
         }
-        for &t in tasks.warmup.iter().chain(&tasks.pending) {
+        for &t in tasks.awaited.iter().chain(&tasks.pending) {
             self.warming_since.entry(t).or_insert(now);
         }
-        self.warming_since.retain(|t, _| tasks.warmup.contains(t) || tasks.pending.contains(t));
+        self.warming_since.retain(|t, _| tasks.awaited.contains(t) || tasks.pending.contains(t));
         for t in self.warmup.difference(&tasks.warmup) {
             metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(0.0);
         }
     }
 
-    /// Whether every warmup of this member is within the acceptable lag:
-    /// then it asks for the rebalance that moves them (instead of waiting for
-    /// the probing interval). `None`: not yet, or the end offsets are not
-    /// available now (checked again later).
+    /// Whether this member's copy of every task awaited here is within the
+    /// acceptable lag: then it asks for the rebalance that moves them
+    /// (instead of waiting for the probing interval). `None`: not yet, or
+    /// the end offsets are not available now (checked again later).
     fn warmups_caught_up(&mut self) -> Option<String> {
-        let tasks: Vec<TaskId> = self.warmup.iter().copied().collect();
+        let tasks: Vec<TaskId> = self.awaited.iter().copied().collect();
         let ends = match end_offsets(&self.brokers, &self.settings.changelog_topics, &tasks, self.rotate) {
             Ok(ends) => ends,
             Err(e) => {
@@ -496,10 +502,14 @@ impl Member {
         let mut lags = BTreeMap::new();
         for &t in &tasks {
             let lag = (ends[&t] - local.get(&t).copied().unwrap_or(0)).max(0) as u64;
-            metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(lag as f64);
+            if self.warmup.contains(&t) {
+                metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(lag as f64);
+            }
             lags.insert(t, lag);
         }
-        if lags.values().all(|&l| l <= self.settings.acceptable_recovery_lag) {
+        // Half the acceptable lag: the leader measures a moment later, with
+        // more input in the changelogs, and must still find the copy caught up.
+        if lags.values().all(|&l| l <= self.settings.acceptable_recovery_lag / 2) {
             tracing::info!(group = %self.settings.group, lags = ?lags, "warmups caught up; asking for a rebalance to move their tasks");
             Some(format!("warmups caught up: {lags:?}"))
         } else {
@@ -922,7 +932,7 @@ impl Member {
         tracing::info!(group = %self.settings.group, generation = self.generation, members = states.len(),
             assignment = ?summary, deferred_moves = ?waiting, "assignment computed");
         // The leader's own assignment carries the probing deadline.
-        let probe_in_ms = (!deferred.is_empty()).then(|| self.settings.probing_rebalance_interval.as_millis() as u64);
+        let probe_in_ms = (!deferred.is_empty()).then_some(self.settings.probing_rebalance_interval.as_millis() as u64);
         states
             .iter()
             .map(|m| {
@@ -932,7 +942,13 @@ impl Member {
                 // is promoted in place in the next round.
                 let standby = tasks.standby.union(&pending).copied().collect();
                 let probe_in_ms = if m.member_id == self.member_id { probe_in_ms } else { None };
-                let mut tasks = MemberTasks { active: tasks.active, standby, pending, warmup: tasks.warmup, probe_in_ms, error: 0 };
+                let awaited = deferred
+                    .iter()
+                    .filter(|d| d.target == m.member_id && (d.warmup || tasks.standby.contains(&d.task)))
+                    .map(|d| d.task)
+                    .collect();
+                let mut tasks =
+                    MemberTasks { active: tasks.active, standby, pending, warmup: tasks.warmup, awaited, probe_in_ms, error: 0 };
                 if mismatch {
                     tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };
                 }

@@ -73,6 +73,10 @@ pub(crate) struct AssignmentInfo {
     /// then moved here by a later rebalance.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) warmup: BTreeSet<TaskId>,
+    /// Tasks that move to this member once its copy (a warmup or a standby)
+    /// is caught up: the member asks for that rebalance as soon as it is.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) awaited: BTreeSet<TaskId>,
     /// Set when moves wait for warmups: rejoin after this many milliseconds
     /// at the latest (a probing rebalance; the leader's own assignment only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +110,7 @@ pub(crate) struct MemberTasks {
     pub(crate) standby: BTreeSet<TaskId>,
     pub(crate) pending: BTreeSet<TaskId>,
     pub(crate) warmup: BTreeSet<TaskId>,
+    pub(crate) awaited: BTreeSet<TaskId>,
     pub(crate) probe_in_ms: Option<u64>,
     pub(crate) error: u16,
 }
@@ -190,6 +195,7 @@ impl MemberTasks {
             standby: self.standby.clone(),
             pending: self.pending.clone(),
             warmup: self.warmup.clone(),
+            awaited: self.awaited.clone(),
             probe_in_ms: self.probe_in_ms,
             error: self.error,
         };
@@ -215,6 +221,7 @@ impl MemberTasks {
             standby: info.standby,
             pending: info.pending,
             warmup: info.warmup,
+            awaited: info.awaited,
             probe_in_ms: info.probe_in_ms,
             error: info.error,
         })
@@ -251,6 +258,7 @@ mod tests {
             standby: BTreeSet::from([1]),
             pending: BTreeSet::from([2]),
             warmup: BTreeSet::from([4]),
+            awaited: BTreeSet::from([1, 4]),
             probe_in_ms: Some(60_000),
             error: 0,
         };

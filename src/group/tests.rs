@@ -84,10 +84,16 @@ struct Sim {
 
 impl Sim {
     fn start(group: &str, topic: &str, name: &str, instance: Option<&str>) -> Sim {
+        Sim::start_with(settings(group, topic, instance, name), 100)
+    }
+
+    /// A member whose copies of every task it ever held report checkpoint
+    /// sum `offset`.
+    fn start_with(settings: GroupSettings, offset: i64) -> Sim {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let disk = seen.clone();
-        let local = Box::new(move || disk.lock().unwrap().disk.iter().map(|t| (*t, 100)).collect());
-        let membership = Membership::start(brokers(), settings(group, topic, instance, name), local).unwrap();
+        let local = Box::new(move || disk.lock().unwrap().disk.iter().map(|t| (*t, offset)).collect());
+        let membership = Membership::start(brokers(), settings, local).unwrap();
         let (stop, leave) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(true)));
         let freeze = Arc::new(Mutex::new(None));
         let thread = std::thread::spawn({
@@ -308,6 +314,53 @@ fn a_frozen_member_is_fenced_loses_its_tasks_and_rejoins() {
     assert_eq!(b.seen.lock().unwrap().lost, 1, "b was not told its tasks were lost");
     assert_eq!(a.seen.lock().unwrap().lost, 0);
     assert!(after[1].2 > frozen_generation);
+    a.stop(true);
+    b.stop(true);
+}
+
+/// Produces `records` records into each of `partitions` partitions of `topic`.
+fn fill(topic: &str, partitions: i32, records: usize) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    for p in 0..partitions {
+        for i in 0..records {
+            let key = i.to_string();
+            producer.send(BaseRecord::<str, str>::to(topic).partition(p).key(&key).payload("v")).unwrap();
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+#[test]
+fn moves_waiting_for_warmups_happen_at_the_probing_rebalance() {
+    let (group, topic, changelog) = (unique("kstate-group"), unique("kstate-group-in"), unique("kstate-group-changelog"));
+    create_topic(&topic, 6);
+    create_topic(&changelog, 6);
+    fill(&changelog, 6, 100);
+    let lagged = |name: &str| GroupSettings {
+        num_standby_replicas: 0,
+        acceptable_recovery_lag: 10,
+        max_warmup_replicas: 6,
+        probing_rebalance_interval: Duration::from_secs(4),
+        changelog_topics: vec![changelog.clone()],
+        ..settings(&group, &topic, None, name)
+    };
+    let a = Sim::start_with(lagged("a"), 100);
+    settled(&[&a], Duration::from_secs(30), |act, _| act[0].len() == 6);
+    // b's copies lag 8 records once it holds them: caught up for the leader
+    // (<= 10) but not enough for b to ask for the rebalance itself (> 5),
+    // so only the probing rebalance moves its tasks.
+    let joined = Instant::now();
+    let b = Sim::start_with(lagged("b"), 92);
+    let warming = settled(&[&a, &b], Duration::from_secs(30), |act, stb| act[1].is_empty() && stb[1].len() == 3);
+    assert_eq!(warming[0].0.len(), 6, "a task moved to b before it warmed up: {warming:?}");
+    let moved = settled(&[&a, &b], Duration::from_secs(30), |act, _| act.iter().all(|x| x.len() == 3));
+    let took = joined.elapsed();
+    assert!(took >= Duration::from_secs(4), "moved after {took:?}, before the probing interval");
+    assert!(b.seen.lock().unwrap().standby.is_empty(), "b still warms up: {moved:?}");
+    // Balanced and without warmups: no more probing rebalances.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(a.seen.lock().unwrap().generation.as_ref().unwrap().id, moved[0].2, "a balanced group rebalanced again");
     a.stop(true);
     b.stop(true);
 }

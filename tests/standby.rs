@@ -665,9 +665,10 @@ fn scaling_out_never_moves_a_partition_to_a_cold_instance_and_scaling_in_loses_n
     let probes: usize = instances.iter().map(|i| i.text().matches("probing rebalance: moves wait for warmups").count()).sum();
     eprintln!("balanced {took:?} after b and c started: {after:?}; {generations} generations, {asked} early rebalance requests, {probes} probing-interval rebalances");
     // Four tasks move, two warmups at a time: two rounds of warmups, each
-    // ended by the warmups' own requests (b's and c's: up to four), never by
-    // the probing interval.
-    assert!(asked <= 4 && probes == 0, "{asked} requests, {probes} interval probes");
+    // ended by the warmups' own requests (b's and c's: up to four, and room
+    // for one repeat each when the leader measured a moment later and found
+    // a copy not yet caught up), never by the probing interval.
+    assert!(asked <= 6 && probes == 0, "{asked} requests, {probes} interval probes");
     assert!(took < WARMUPS_ONLY.probing, "balanced only after {took:?}");
     // No partition went to an instance whose copy lagged more than the
     // acceptable lag: every restore b and c ran replayed at most that.

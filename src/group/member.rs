@@ -33,7 +33,7 @@ use super::payload::{AssignmentError, MemberTasks, Subscription, SubscriptionInf
 use crate::error::{Error, Result};
 
 /// How often a member holding warmups measures their lag.
-const WARMUP_CHECK_EVERY: Duration = Duration::from_secs(1);
+const WARMUP_CHECK_EVERY: Duration = Duration::from_millis(500);
 
 /// The protocol type: Kafka's consumer protocol, so the usual tools
 /// describe the group, its members' partitions and their lag.
@@ -371,6 +371,7 @@ impl Member {
                 revoked = ?revoked, "assignment received"
             );
             self.track_moves(&tasks);
+            let rejoin_now = tasks.rejoin_now;
             self.owned = tasks.active.clone();
             self.standby = tasks.standby.clone();
             self.pending = tasks.pending.clone();
@@ -389,6 +390,10 @@ impl Member {
                 // Cooperative: the tasks given up go out in a second round.
                 next = Some(Outcome::Rejoin);
                 reason = format!("gave up tasks {revoked:?}");
+            } else if next.is_none() && rejoin_now {
+                // Another member gives tasks up: be in the second round at once.
+                next = Some(Outcome::Rejoin);
+                reason = "tasks are being handed over".into();
             }
             if next.is_none() {
                 next = self.stable(&generation)?;
@@ -947,8 +952,17 @@ impl Member {
                     .filter(|d| d.target == m.member_id && (d.warmup || tasks.standby.contains(&d.task)))
                     .map(|d| d.task)
                     .collect();
-                let mut tasks =
-                    MemberTasks { active: tasks.active, standby, pending, warmup: tasks.warmup, awaited, probe_in_ms, error: 0 };
+                let rejoin_now = !withheld.is_empty();
+                let mut tasks = MemberTasks {
+                    active: tasks.active,
+                    standby,
+                    pending,
+                    warmup: tasks.warmup,
+                    awaited,
+                    rejoin_now,
+                    probe_in_ms,
+                    error: 0,
+                };
                 if mismatch {
                     tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };
                 }

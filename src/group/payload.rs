@@ -77,6 +77,11 @@ pub(crate) struct AssignmentInfo {
     /// is caught up: the member asks for that rebalance as soon as it is.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) awaited: BTreeSet<TaskId>,
+    /// A task is withheld until its previous owner gave it up: every member
+    /// rejoins as soon as it applied this assignment (the classic protocol's
+    /// next round waits for all members; heartbeats would tell them late).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) rejoin_now: bool,
     /// Set when moves wait for warmups: rejoin after this many milliseconds
     /// at the latest (a probing rebalance; the leader's own assignment only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +116,7 @@ pub(crate) struct MemberTasks {
     pub(crate) pending: BTreeSet<TaskId>,
     pub(crate) warmup: BTreeSet<TaskId>,
     pub(crate) awaited: BTreeSet<TaskId>,
+    pub(crate) rejoin_now: bool,
     pub(crate) probe_in_ms: Option<u64>,
     pub(crate) error: u16,
 }
@@ -196,6 +202,7 @@ impl MemberTasks {
             pending: self.pending.clone(),
             warmup: self.warmup.clone(),
             awaited: self.awaited.clone(),
+            rejoin_now: self.rejoin_now,
             probe_in_ms: self.probe_in_ms,
             error: self.error,
         };
@@ -222,6 +229,7 @@ impl MemberTasks {
             pending: info.pending,
             warmup: info.warmup,
             awaited: info.awaited,
+            rejoin_now: info.rejoin_now,
             probe_in_ms: info.probe_in_ms,
             error: info.error,
         })
@@ -259,6 +267,7 @@ mod tests {
             pending: BTreeSet::from([2]),
             warmup: BTreeSet::from([4]),
             awaited: BTreeSet::from([1, 4]),
+            rejoin_now: true,
             probe_in_ms: Some(60_000),
             error: 0,
         };

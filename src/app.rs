@@ -10,7 +10,8 @@ use crate::assignment::AssignmentStrategy;
 use crate::config::{AppConfig, ProcessingDecision, StoreDefinition};
 use crate::error::Result;
 use crate::restore::RestoreListener;
-use crate::runtime::{ProcessorContext, Record};
+use crate::record::Record;
+use crate::runtime::ProcessorContext;
 
 /// A configured kstate application: a consumer-group member that owns the
 /// stores of the input partitions it is assigned.

@@ -208,7 +208,9 @@ pub(crate) struct DeliveryTracker {
     last_acked: AtomicI64,
     /// Acknowledgements since the last [`DeliveryTracker::take_acked_count`].
     acked: AtomicU64,
-    failure: Mutex<Option<KafkaError>>,
+    /// The first delivery failure: the error, and the record's topic and
+    /// partition (an output tracker's records go to many).
+    failure: Mutex<Option<(KafkaError, String, i32)>>,
 }
 
 /// Trackers by slot, and the slots free for reuse.
@@ -227,7 +229,7 @@ impl DeliveryTracker {
     /// After a flush: the offset of the last acknowledged record (or `None`
     /// if nothing was ever acknowledged), or the first delivery failure.
     pub(crate) fn settle(&self) -> Result<Option<i64>> {
-        if let Some(e) = self.failure.lock().expect("tracker lock").clone() {
+        if let Some((e, _, _)) = self.failure.lock().expect("tracker lock").clone() {
             return Err(Error::ChangelogDelivery {
                 topic: self.topic.clone(),
                 partition: self.partition,
@@ -239,6 +241,22 @@ impl DeliveryTracker {
         }
         let last = self.last_acked.load(Ordering::Acquire);
         Ok((last >= 0).then_some(last))
+    }
+
+    /// After a flush, for the outputs' tracker: the first output that could
+    /// not be delivered, as [`Error::OutputDelivery`].
+    pub(crate) fn settle_outputs(&self) -> Result<()> {
+        match self.failure.lock().expect("tracker lock").clone() {
+            Some((source, topic, partition)) => {
+                Err(Error::OutputDelivery { topic, partition: (partition >= 0).then_some(partition), source })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether records of this tracker are queued and not yet delivered.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.delivered.load(Ordering::Acquire) != self.sent.0.load(Ordering::Acquire)
     }
 
     /// How many records were acknowledged since the last call.
@@ -291,12 +309,12 @@ impl ProducerContext for DeliveryContext {
                     tracker.last_acked.fetch_max(msg.offset(), Ordering::AcqRel);
                     tracker.acked.fetch_add(1, Ordering::AcqRel);
                 }
-                Err((e, _)) => {
+                Err((e, msg)) => {
                     let mut f = tracker.failure.lock().expect("tracker lock");
                     if f.is_none() {
-                        tracing::error!(topic = %tracker.topic, partition = tracker.partition, error = %e,
-                            "changelog record not delivered; the next commit will fail");
-                        *f = Some(e.clone());
+                        tracing::error!(topic = %msg.topic(), partition = msg.partition(), error = %e,
+                            "record not delivered; the next commit will fail");
+                        *f = Some((e.clone(), msg.topic().to_string(), msg.partition()));
                     }
                 }
             }
@@ -364,6 +382,8 @@ impl ChangelogProducer {
             .set("acks", "all")
             .set("message.max.bytes", message_max_bytes.to_string());
         crate::config::set_default(&mut config, "linger.ms", "5");
+        // Output records without an explicit partition: by key, as Java clients.
+        crate::config::set_default(&mut config, "partitioner", "murmur2_random");
         crate::config::set_default(&mut config, "batch.size", "1000000");
         crate::config::set_default(&mut config, "queue.buffering.max.messages", "1000000");
         let producer: ThreadedProducer<DeliveryContext> = config.create_with_context(DeliveryContext::default())?;
@@ -492,6 +512,57 @@ impl ChangelogProducer {
                 partition: tracker.partition,
                 source: KafkaError::MessageProduction(RDKafkaErrorCode::from(rest[first].err)),
             });
+        }
+    }
+
+    /// Queues one output record, counted on `tracker` (the outputs'
+    /// tracker), waiting out a full local queue for up to `queue_timeout`.
+    /// A record librdkafka refuses at once (too large, unknown partition)
+    /// is [`Error::OutputDelivery`].
+    pub(crate) fn send_output(&self, tracker: &DeliveryTracker, out: &crate::output::Output<'_>, default_timestamp: Option<i64>) -> Result<()> {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::BaseRecord;
+        let context = self.producer.context();
+        let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(out.topic, tracker.slot);
+        if let Some(k) = out.key {
+            record = record.key(k);
+        }
+        if let Some(v) = out.value {
+            record = record.payload(v);
+        }
+        if let Some(p) = out.partition {
+            record = record.partition(p);
+        }
+        if let Some(t) = out.timestamp.or(default_timestamp) {
+            record = record.timestamp(t);
+        }
+        if !out.headers.is_empty() {
+            let headers = out.headers.iter().fold(OwnedHeaders::new_with_capacity(out.headers.len()), |h, (key, value)| {
+                h.insert(Header { key, value: *value })
+            });
+            record = record.headers(headers);
+        }
+        let mut started = None;
+        loop {
+            // Counted before: the delivery may be reported at once.
+            tracker.sent.0.fetch_add(1, Ordering::AcqRel);
+            context.sent.0.fetch_add(1, Ordering::SeqCst);
+            let refused = match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((e, back)) => {
+                    record = back;
+                    e
+                }
+            };
+            // Never queued: count it delivered so that flushes do not wait.
+            tracker.delivered.fetch_add(1, Ordering::AcqRel);
+            context.delivered.0.fetch_add(1, Ordering::SeqCst);
+            let queue_full = matches!(refused, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull));
+            if queue_full && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return Err(Error::OutputDelivery { topic: out.topic.to_string(), partition: out.partition, source: refused });
         }
     }
 

@@ -242,6 +242,20 @@ impl<'b> PolledMessage<'b> {
         (kind != rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE && ts >= 0).then_some(ts)
     }
 
+    /// What the timestamp means.
+    pub(crate) fn timestamp_type(&self) -> crate::record::TimestampType {
+        let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        // SAFETY: reads the message's own fields.
+        unsafe { rdsys::rd_kafka_message_timestamp(self.m, &mut kind) };
+        crate::record::TimestampType::from_native(kind)
+    }
+
+    /// Headers.
+    pub(crate) fn headers(&self) -> crate::record::Headers<'b> {
+        // SAFETY: the message lives as long as 'b (the batch holds it).
+        unsafe { crate::record::Headers::of_message(self.m) }
+    }
+
     /// Value; `None` for a tombstone.
     pub(crate) fn payload(&self) -> Option<&'b [u8]> {
         bytes(self.m.payload as *const u8, self.m.len)

@@ -135,6 +135,21 @@ pub enum Error {
         source: rdkafka::error::KafkaError,
     },
 
+    /// An output record could not be delivered (unknown topic, record too
+    /// large, not authorised, or the producer gave up after
+    /// `message.timeout.ms`). `run` ends; input offsets past the record
+    /// were not committed, so a restart processes it again.
+    #[error("output record to `{topic}`{} could not be delivered: {source}", partition.map(|p| format!(" [{p}]")).unwrap_or_default())]
+    OutputDelivery {
+        /// The output topic.
+        topic: String,
+        /// The partition, if the record had one.
+        partition: Option<i32>,
+        /// The producer's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+
     /// Records this member did not write appeared in a changelog partition it
     /// owns (e.g. a zombie instance that lost the partition kept producing).
     /// The commit was abandoned; local state stays at its checkpoint and a

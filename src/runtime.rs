@@ -24,44 +24,20 @@ use crate::fetch_wake::{self, FetchWaker};
 use crate::group::coordinator::Brokers;
 use crate::group::member::{GroupEvent, GroupSettings, Membership};
 use crate::group::offsets::Committer;
+use crate::output::{Output, OutputSink};
+use crate::record::{Headers, Record, TimestampType};
 use crate::restore::{NoopListener, Restorer};
 use crate::store::{KeyValueStore, TypedStore};
 use crate::task::{Task, TaskManager, TaskState};
 
-/// One input record, as handed to the processor.
-#[derive(Debug, Clone, Copy)]
-pub struct Record<'a> {
-    /// Input topic.
-    pub topic: &'a str,
-    /// Input partition (the task's partition).
-    pub partition: i32,
-    /// Offset in the input partition.
-    pub offset: i64,
-    /// Record timestamp in milliseconds since the epoch, if any.
-    pub timestamp: Option<i64>,
-    /// Record key.
-    pub key: Option<&'a [u8]>,
-    /// Record value (`None` for a tombstone).
-    pub value: Option<&'a [u8]>,
-}
-
-impl<'a> Record<'a> {
-    /// The value as UTF-8, if it is valid UTF-8.
-    pub fn value_str(&self) -> Option<&'a str> {
-        self.value.and_then(|v| std::str::from_utf8(v).ok())
-    }
-
-    /// The key as UTF-8, if it is valid UTF-8.
-    pub fn key_str(&self) -> Option<&'a str> {
-        self.key.and_then(|v| std::str::from_utf8(v).ok())
-    }
-}
-
 /// What the processor can reach while handling a record: the stores of the
-/// record's partition.
+/// record's partition, and kstate's producer for output records.
 pub struct ProcessorContext<'t> {
     task: &'t mut Task,
     store_index: &'t HashMap<String, usize>,
+    outputs: &'t OutputSink,
+    /// The input record's timestamp (the outputs' default).
+    timestamp: Option<i64>,
 }
 
 impl<'t> ProcessorContext<'t> {
@@ -80,7 +56,22 @@ impl<'t> ProcessorContext<'t> {
     pub fn typed_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<TypedStore<'_, K, V>> {
         Ok(TypedStore::new(self.store(name)?))
     }
+
+    /// Sends an output record (see [`Output`]). It is part of the commit
+    /// of the record being processed: input offsets are committed only once
+    /// every output sent before the commit is acknowledged, so a crash may
+    /// send an output again but never loses one (at-least-once).
+    ///
+    /// Fails with [`Error::OutputDelivery`] if the producer refuses the
+    /// record at once (larger than `message.max.bytes`, a partition that
+    /// does not exist, its queue full for `commit_timeout`); a record the
+    /// brokers refuse later (unknown topic, not authorised) makes the next
+    /// commit fail with the same error, which ends `run`.
+    pub fn send(&mut self, output: Output<'_>) -> Result<()> {
+        self.outputs.send(&output, self.timestamp)
+    }
 }
+
 
 /// The task manager, shared with the membership thread (which reads the
 /// checkpoints of open stores for its subscription).
@@ -513,13 +504,21 @@ where
         serve_consumer_queue(consumer, |event| {
             match event {
                 Some(Ok(msg)) => {
+                    let timestamp_type = match msg.timestamp() {
+                        rdkafka::Timestamp::CreateTime(_) => TimestampType::CreateTime,
+                        rdkafka::Timestamp::LogAppendTime(_) => TimestampType::LogAppendTime,
+                        rdkafka::Timestamp::NotAvailable => TimestampType::NotAvailable,
+                    };
                     let record = Record {
                         topic: msg.topic(),
                         partition: msg.partition(),
                         offset: msg.offset(),
                         timestamp: msg.timestamp().to_millis(),
+                        timestamp_type,
                         key: msg.key(),
                         value: msg.payload(),
+                        // SAFETY: the message outlives the record (this closure).
+                        headers: unsafe { Headers::of_message(msg.ptr()) },
                     };
                     process_one(&mut shared.tasks.lock().expect("task lock"), config, store_index, &record, processor)?;
                 }
@@ -581,8 +580,10 @@ where
                     partition,
                     offset,
                     timestamp: msg.timestamp(),
+                    timestamp_type: msg.timestamp_type(),
                     key: msg.key(),
                     value: msg.payload(),
+                    headers: msg.headers(),
                 };
                 process_one(&mut tasks, config, store_index, &record, processor)?;
             }
@@ -660,6 +661,7 @@ where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (topic, partition, offset) = (record.topic, record.partition, record.offset);
+    let outputs = &tasks.outputs;
     let Some(task) = tasks.tasks.get_mut(&partition) else {
         return Ok(()); // revoked while the record was in flight
     };
@@ -669,7 +671,7 @@ where
         *r = (*r).min(offset);
         return Ok(());
     }
-    let mut ctx = ProcessorContext { task, store_index };
+    let mut ctx = ProcessorContext { task, store_index, outputs, timestamp: record.timestamp };
     if let Err(e) = processor(&mut ctx, record) {
         let source: Box<dyn std::error::Error + Send + Sync> = e.into();
         let decision = match &config.processing_exception_handler {
@@ -677,7 +679,13 @@ where
             None => ProcessingDecision::Fail,
         };
         if decision != ProcessingDecision::Continue {
-            return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
+            // kstate's own output failure, passed on by the processor's `?`:
+            // the typed error, not a processor error.
+            return Err(match source.downcast::<Error>() {
+                Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => *e,
+                Ok(e) => Error::Processor { topic: topic.to_string(), partition, offset, source: e },
+                Err(source) => Error::Processor { topic: topic.to_string(), partition, offset, source },
+            });
         }
         tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
         metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())

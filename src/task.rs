@@ -20,7 +20,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::assignment::AssignmentEvent;
-use crate::changelog::ChangelogProducer;
+use crate::changelog::{ChangelogProducer, DeliveryTracker};
+use crate::output::OutputSink;
 use crate::config::AppConfig;
 use crate::engine::EngineResources;
 use crate::fetch_wake::FetchWaker;
@@ -124,6 +125,8 @@ pub(crate) struct TaskManager {
     pub(crate) tasks: BTreeMap<i32, Task>,
     config: Arc<AppConfig>,
     producer: Arc<ChangelogProducer>,
+    /// Output records (the processor's `send`): kstate's producer and their deliveries.
+    pub(crate) outputs: OutputSink,
     resources: EngineResources,
     max_record_bytes: usize,
     /// Each changelog's `delete.retention.ms`.
@@ -239,6 +242,7 @@ impl TaskManager {
             last_cleanup: Instant::now(),
             tasks: BTreeMap::new(),
             config,
+            outputs: OutputSink::new(producer.clone()),
             producer,
             resources,
             max_record_bytes,
@@ -780,7 +784,8 @@ impl TaskManager {
             return Ok(false);
         }
         let (info, sealed) = self.seal_running(consumer, None)?;
-        if sealed.is_empty() {
+        // Output records in flight are waited for like changelog records.
+        if sealed.is_empty() && !self.outputs.tracker().in_flight() {
             self.commit_offsets(info.offsets, Offsets::Commit)?;
             return Ok(true);
         }
@@ -789,9 +794,10 @@ impl TaskManager {
             .spawn({
                 let retired = std::mem::take(&mut self.retired);
                 let producer = self.producer.clone();
+                let outputs = self.outputs.tracker().clone();
                 let (timeout, patience) = (self.config.commit_timeout, self.config.task_timeout);
                 move || {
-                    let written = write_sealed(sealed, &producer, timeout, patience);
+                    let written = write_sealed(sealed, &producer, &outputs, timeout, patience);
                     drop(retired);
                     written
                 }
@@ -1062,7 +1068,7 @@ impl TaskManager {
             return Ok(());
         }
         let (info, sealed) = self.seal_running(consumer, only)?;
-        let failed = write_sealed(sealed, &self.producer, self.config.commit_timeout, self.config.task_timeout)?;
+        let failed = write_sealed(sealed, &self.producer, self.outputs.tracker(), self.config.commit_timeout, self.config.task_timeout)?;
         self.mark_landed(&info.partitions, &failed);
         self.finish_commit(consumer, info, failed, Offsets::CommitClosing, "committed")
     }
@@ -1195,7 +1201,13 @@ fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartiti
 /// fails its task only; the others land. The producer's flush waits
 /// `timeout`, and while records are still queued (brokers unavailable) up
 /// to `patience` in all, before the whole commit fails.
-fn write_sealed(sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout: Duration, patience: Duration) -> Result<FailedTasks> {
+fn write_sealed(
+    sealed: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    outputs: &DeliveryTracker,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<FailedTasks> {
     let mut items: Vec<(SealedCommit, Option<Error>)> = sealed.into_iter().map(|s| (s, None)).collect();
     for (s, failure) in &mut items {
         if let Err(e) = s.send_and_build() {
@@ -1203,6 +1215,9 @@ fn write_sealed(sealed: Vec<SealedCommit>, producer: &ChangelogProducer, timeout
         }
     }
     producer.flush_patiently(timeout, patience)?;
+    // An output the brokers refused ends `run` before anything of this
+    // commit lands: its input offsets stay uncommitted.
+    outputs.settle_outputs()?;
     on_cores(&mut items, |(s, failure)| {
         if failure.is_none() {
             *failure = s.write().err();

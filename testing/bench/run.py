@@ -635,6 +635,7 @@ class Suite:
             procs.append(inst)
 
         try:
+            load_ms = now_ms()
             load = Instance(f"{app}-load", [self.failover_bin, "load", "--bootstrap", self.b, "--topic", inp,
                                             "--partitions", str(parts), "--rate", str(a.load_rate)],
                             os.path.join(logdir, f"{app}-load.log"))
@@ -651,8 +652,12 @@ class Suite:
                      extra=["--overwrite-fraction", "0", "--delete-fraction", "0"])
 
             def ready():
+                # Every partition's last record is fresh, and the instance has
+                # processed the state and (but for the last 3 s) the load so far.
                 st = first.status()
-                return st is not None and set(st[0]) == set(range(parts)) and max(st[0].values()) < 2000
+                processed = sum(int(e["records"]) for e in first.events_of("PROGRESS"))
+                return (st is not None and set(st[0]) == set(range(parts)) and max(st[0].values()) < 2000
+                        and processed >= size + a.load_rate * (now_ms() - load_ms - 3000) / 1000)
             t0 = time.time()
             wait_for(f"scaleout {kind}: the state processed by the first instance", 120 + size / 10_000, ready, procs)
             log(f"scaleout {kind}: caught up {time.time() - t0:.1f} s after the state was produced")
@@ -694,6 +699,10 @@ class Suite:
             end_ms = now_ms()
             owners = {p: i for i in insts for p in i.status()[0]}
             time.sleep(2.5)  # the last PROGRESS windows (printed once a second)
+            for i, inst in zip(range(3), insts):  # for a look afterwards
+                with open(os.path.join(logdir, f"{app}-{i}.events.json"), "w") as f:
+                    json.dump({"start_ms": start_ms, "end_ms": end_ms, "events": inst.events_of("PROGRESS") + [
+                        e for e in inst.events if e["kind"] != "PROGRESS"]}, f)
             return self.scaleout_measure(kind, rep, size, insts, owners, start_ms, end_ms, balanced_since, warmups_max)
         finally:
             for pr in procs:
@@ -783,26 +792,32 @@ class Suite:
         gens = {}
         for i in insts:
             for ms, g in i.generations():
-                if ms >= start_ms - 1000:
+                if start_ms - 1000 <= ms <= end_ms:
                     gens[g] = min(gens.get(g, ms), ms)
         rebalance_times = sorted(round((ms - start_ms) / 1000, 1) for ms in gens.values())
+        def lines(*needles):
+            return sorted((ms, line) for i in insts for ms, line in i.log_lines(*needles) if start_ms <= ms <= end_ms)
         if kind == "kstreams":
+            followups = [ms for ms, _ in lines("Triggering the followup rebalance")]
+            rounds = [ms for j, ms in enumerate(followups) if j == 0 or ms - followups[j - 1] > 5000]
             probing = {
-                # The leader's assignor: "a followup rebalance will be scheduled" (warmups to probe).
-                "unstable_assignments": sum(len([1 for ms, _ in i.log_lines("Finished unstable assignment")
-                                                 if ms >= start_ms]) for i in insts),
-                "followups_triggered_s": sorted(round((ms - start_ms) / 1000, 1) for i in insts
-                                                for ms, _ in i.log_lines("Triggering the followup rebalance")
-                                                if ms >= start_ms),
+                # The leader's assignor: "a followup rebalance will be scheduled" (warmups to probe,
+                # or a task to hand over once its old owner revoked it).
+                "unstable_assignments": len(lines("Finished unstable assignment")),
+                # Follow-up rebalances triggered by any member; those within 5 s
+                # of each other are one round (the probing rebalance due after
+                # probing.rebalance.interval.ms, then the immediate one that
+                # hands the revoked tasks over).
+                "followups_triggered_s": [round((ms - start_ms) / 1000, 1) for ms in followups],
+                "rounds_s": [round((ms - start_ms) / 1000, 1) for ms in rounds],
             }
         else:
-            computed = [(ms, line) for i in insts for ms, line in i.log_lines("assignment computed") if ms >= start_ms]
+            computed = lines("assignment computed")
             probing = {
                 # The leader's assignments that withheld tasks (warmups first).
                 "assignments_computed": len(computed),
                 "assignments_withholding": len([1 for _, line in computed if "withheld={}" not in line]),
-                "probing_log_lines": sum(len([1 for ms, line in i.log_lines("probing", "Probing", "warmup", "Warmup")
-                                              if ms >= start_ms]) for i in insts),
+                "probing_log_lines": len(lines("probing", "Probing", "warmup", "Warmup")),
             }
         return {
             "contender": kind, "records": size, "rep": rep,
@@ -851,8 +866,8 @@ class Suite:
             bal = [r["time_to_balanced_s"] for r in runs]
             medians[kind] = (statistics.median(pause), statistics.median(bal))
             if kind == "kstreams":
-                probing = [f"{r['probing']['unstable_assignments']} unstable, followups at "
-                           f"{r['probing']['followups_triggered_s']}" for r in runs]
+                probing = [f"{r['probing']['unstable_assignments']} unstable, follow-up rounds at "
+                           f"{r['probing']['rounds_s']} s" for r in runs]
             else:
                 probing = [f"{r['probing']['assignments_withholding']} of {r['probing']['assignments_computed']} "
                            "withholding" for r in runs]

@@ -972,6 +972,9 @@ def main():
     p.add_argument("--scaleout-timeout", type=float, default=900,
                    help="scaleout: seconds from the new instances' start to a balanced group before the rep fails")
     a = p.parse_args()
+    unknown = set(a.scaleout_contenders) - set(Suite.SCALEOUT_CONTENDERS)
+    if unknown:
+        p.error(f"--scaleout-contenders: unknown {sorted(unknown)} (choose from {','.join(Suite.SCALEOUT_CONTENDERS)})")
     a.records = a.records or (5_000_000 if a.full else 500_000)
     a.failover_sizes = a.failover_sizes or ([2_000_000, 10_000_000] if a.full else [200_000])
     bootstrap, started = start_broker()

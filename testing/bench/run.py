@@ -815,10 +815,16 @@ class Suite:
             }
         else:
             computed = lines("assignment computed")
+
+            def withholding(line):  # the leader kept a task from its balanced owner (warming it up first)
+                return ("warmup {" in line or "handed over" in line
+                        or ("withheld=" in line and "withheld={}" not in line)
+                        or ("deferred_moves=" in line and "deferred_moves=[]" not in line))
             probing = {
-                # The leader's assignments that withheld tasks (warmups first).
                 "assignments_computed": len(computed),
-                "assignments_withholding": len([1 for _, line in computed if "withheld={}" not in line]),
+                "assignments_withholding": len([1 for _, line in computed if withholding(line)]),
+                # Members asking for a rebalance because their warmups caught up.
+                "warmups_caught_up_requests": len(lines("warmups caught up")),
                 "probing_log_lines": len(lines("probing", "Probing", "warmup", "Warmup")),
             }
         return {

@@ -1,10 +1,12 @@
 //! Failover benchmark: one kstate instance of the `failover` scenario of
 //! `testing/bench/run.py` (three of these run at once; the runner SIGKILLs
-//! one and reads the others' stdout), plus the steady input load.
+//! one and reads the others' stdout), plus the steady input load. The
+//! `scaleout` scenario runs the same instance (one, then two more).
 //!
 //! ```text
 //! failover_bench instance --bootstrap B --app A --input T --state-dir D
 //!                [--standbys 0] [--session-timeout-ms 10000] [--heartbeat-ms 1000]
+//!                [--acceptable-lag N] [--max-warmups N] [--probing-ms MS]
 //! failover_bench load --bootstrap B --topic T --partitions 6 --rate 2000
 //! ```
 //!
@@ -23,7 +25,17 @@
 //!   processed record (now - its timestamp), and its standby tasks with
 //!   their lag in records (`kstate_standby_lag_records`, read through a
 //!   small `metrics` recorder; a standby whose gauge was not updated for
-//!   3 s is taken as gone). `-` for an empty list.
+//!   3 s is taken as gone). `-` for an empty list;
+//! * `PROGRESS partition=P first=F last=L maxgap=G records=N` once a second
+//!   for each partition it processed records of since the last such line:
+//!   the wall-clock ms of the first and last record processed in that
+//!   window, the largest gap in ms between two consecutive records of P
+//!   inside it, and how many. Together the lines of all instances give every
+//!   pause in the processing of P (scale-out's longest pause).
+//!
+//! `--acceptable-lag`, `--max-warmups` and `--probing-ms` set the builder's
+//! `acceptable_recovery_lag`, `max_warmup_replicas` and
+//! `probing_rebalance_interval` (kstate's defaults when absent).
 //!
 //! It stops cleanly when its stdin closes. `load` produces `--rate`
 //! records/s (new keys, 100-byte values, round robin over the partitions)
@@ -154,6 +166,35 @@ fn list<T: std::fmt::Display>(items: impl Iterator<Item = (i32, T)>) -> String {
     if s.is_empty() { "-".into() } else { s.join(",") }
 }
 
+/// Records of one partition processed since the last `PROGRESS` line.
+struct Window {
+    first: i64,
+    last: i64,
+    max_gap: i64,
+    records: u64,
+}
+
+impl Window {
+    fn new(now: i64) -> Window {
+        Window { first: now, last: now, max_gap: 0, records: 0 }
+    }
+    fn add(&mut self, now: i64) {
+        self.max_gap = self.max_gap.max(now - self.last);
+        self.last = now;
+        self.records += 1;
+    }
+}
+
+type Windows = BTreeMap<i32, Window>;
+
+/// Prints (and starts anew) the `PROGRESS` window of every partition processed since the last call.
+fn print_progress(windows: &Mutex<Windows>) {
+    let taken = std::mem::take(&mut *windows.lock().unwrap());
+    for (p, w) in taken {
+        println!("PROGRESS partition={p} first={} last={} maxgap={} records={}", w.first, w.last, w.max_gap, w.records);
+    }
+}
+
 fn instance(o: &Opts) -> Result<(), BoxError> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -172,20 +213,34 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
         .num_standby_replicas(standbys)
         .kafka_config("session.timeout.ms", o.or("session-timeout-ms", "10000"))
         .kafka_config("heartbeat.interval.ms", o.or("heartbeat-ms", "1000"))
-        .restore_listener(PrintRestores)
-        .build()?;
+        .restore_listener(PrintRestores);
+    let app = match o.0.get("acceptable-lag") {
+        Some(v) => app.acceptable_recovery_lag(v.parse()?),
+        None => app,
+    };
+    let app = match o.0.get("max-warmups") {
+        Some(v) => app.max_warmup_replicas(v.parse()?),
+        None => app,
+    };
+    let app = match o.0.get("probing-ms") {
+        Some(v) => app.probing_rebalance_interval(Duration::from_millis(v.parse()?)),
+        None => app,
+    };
+    let app = app.build()?;
     let stop = app.shutdown_handle();
     on_stdin_close(move || stop.shutdown());
 
     // partition -> (last offset, when processed (ms), record timestamp (ms))
     type Seen = BTreeMap<i32, (i64, i64, i64)>;
     let seen: Arc<Mutex<Seen>> = Arc::default();
+    let windows: Arc<Mutex<Windows>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let status = {
-        let (seen, done) = (seen.clone(), done.clone());
+        let (seen, windows, done) = (seen.clone(), windows.clone(), done.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_secs(1));
+                print_progress(&windows);
                 let now = now_ms();
                 let active = list(
                     seen.lock().unwrap().iter().filter(|(_, s)| now - s.1 < 2_000).map(|(p, s)| (*p, now - s.2)).collect::<Vec<_>>().into_iter(),
@@ -204,6 +259,7 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
             }
         })
     };
+    let processed = windows.clone();
     let result = app.run(move |ctx, rec| {
         let store = ctx.store("s")?;
         match rec.value {
@@ -211,6 +267,7 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
             None => store.delete(rec.key.unwrap_or_default())?,
         }
         let now = now_ms();
+        processed.lock().unwrap().entry(rec.partition).or_insert_with(|| Window::new(now)).add(now);
         let mut seen = seen.lock().unwrap();
         let last = seen.insert(rec.partition, (rec.offset, now, rec.timestamp.unwrap_or(now)));
         if last.is_none_or(|(o, _, _)| rec.offset != o + 1) {
@@ -220,6 +277,7 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
     });
     done.store(true, Ordering::Relaxed);
     let _ = status.join();
+    print_progress(&windows);
     result?;
     Ok(())
 }

@@ -5,6 +5,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py            # small default size (a few minutes)
     python3 testing/bench/run.py --full     # the published size (5M records)
     python3 testing/bench/run.py --only failover [--full]   # failover: 200k records (--full: 2M and 10M)
+    python3 testing/bench/run.py --only scaleout [--scaleout-records 5000000]   # scale-out: 1 -> 3 instances
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -16,6 +17,15 @@ three instances of each contender (kstate and Kafka Streams, each with 0 and
 1 standby replica) share a 6-partition input under a steady load; one owner
 is SIGKILLed and every partition it owned is timed from the kill, and from its
 new owner's assignment, to the first record that new owner processes.
+
+The scaleout scenario runs only with `--only scaleout` (see Suite.scaleout):
+one instance of each contender (kstate, Kafka Streams) owns all 6 partitions
+of a state of N records (default 5M) under a steady load; two more start at
+once. With the same KIP-441 settings for both (acceptable recovery lag 10000,
+2 warmups, probing every 60 s, no standbys) it measures the longest pause in
+any partition's processing and the time until every instance processes 2
+partitions, and counts rebalances, probing rounds and restores of moved
+partitions.
 """
 import argparse
 import calendar
@@ -109,11 +119,30 @@ def median_of(results, key):
 
 
 FAILOVER_PARTITIONS = 6
-EVENT = re.compile(r"^(ASSIGNED_FIRST_RECORD|RESTORE_START|RESTORE_END|STATUS) (.*)$")
+EVENT = re.compile(r"^(ASSIGNED_FIRST_RECORD|RESTORE_START|RESTORE_END|STATUS|PROGRESS) (.*)$")
 
 
 def now_ms():
     return int(time.time() * 1000)
+
+
+def log_line_ms(line):
+    """Wall-clock ms of a contender's log line, or None: kstate's tracing
+    lines start with `2026-12-03T09:34:15.373832Z` (UTC), Kafka Streams'
+    slf4j-simple lines with `09:34:15.373` (local time, today)."""
+    first = line.split(" ", 1)[0]
+    try:
+        if "T" in first and first.endswith("Z"):
+            day, _, clock = first.rstrip("Z").partition("T")
+            secs = calendar.timegm(time.strptime(f"{day} {clock.split('.')[0]}", "%Y-%m-%d %H:%M:%S"))
+            return int(secs * 1000) + int((clock.split(".") + ["0"])[1][:3].ljust(3, "0"))
+        if re.match(r"^\d\d:\d\d:\d\d\.\d{3}$", first):
+            day = time.strftime("%Y-%m-%d", time.localtime())
+            secs = time.mktime(time.strptime(f"{day} {first.split('.')[0]}", "%Y-%m-%d %H:%M:%S"))
+            return int(secs * 1000) + int(first.split(".")[1])
+    except ValueError:
+        return None
+    return None
 
 
 def parse_pairs(text):
@@ -184,23 +213,40 @@ class Instance:
         its log: kstate's `assignment received` (after its SyncGroup
         response), Kafka Streams' consumer coordinator `Successfully synced
         group in generation` (logged at INFO for this scenario)."""
-        times = []
+        return [ms for ms, _ in self.log_lines("assignment received", "Successfully synced group in generation")]
+
+    def log_lines(self, *needles):
+        """[(wall-clock ms, line)] of the lines of its log holding any of `needles`."""
         try:
             text = open(self.log_path, errors="replace").read()
         except OSError:
-            return times
+            return []
+        out = []
         for line in text.splitlines():
-            if "assignment received" in line:  # 2026-12-03T09:34:15.373832Z  INFO kstate::group::member: ...
-                stamp = line.split()[0].rstrip("Z")
-                day, _, clock = stamp.partition("T")
-                secs = calendar.timegm(time.strptime(f"{day} {clock.split('.')[0]}", "%Y-%m-%d %H:%M:%S"))
-                times.append(int(secs * 1000) + int((clock.split(".") + ["0"])[1][:3].ljust(3, "0")))
-            elif "Successfully synced group in generation" in line:  # 09:34:15.373 [thread] INFO ...
-                clock = line.split()[0]
-                day = time.strftime("%Y-%m-%d", time.localtime())
-                secs = time.mktime(time.strptime(f"{day} {clock.split('.')[0]}", "%Y-%m-%d %H:%M:%S"))
-                times.append(int(secs * 1000) + int(clock.split(".")[1]))
-        return times
+            if any(n in line for n in needles):
+                ms = log_line_ms(line)
+                if ms is not None:
+                    out.append((ms, line))
+        return out
+
+    def generations(self):
+        """[(wall-clock ms, generation id)] of each group assignment this
+        instance received (see assignments_received)."""
+        out = []
+        for ms, line in self.log_lines("assignment received", "Successfully synced group in generation"):
+            m = re.search(r"generation(?:Id)?=(\d+)", line)
+            if m:
+                out.append((ms, int(m.group(1))))
+        return out
+
+    def last_status(self):
+        """The last STATUS event (a dict of its fields), or None."""
+        with self.lock:
+            return next((e for e in reversed(self.events) if e["kind"] == "STATUS"), None)
+
+    def events_of(self, kind):
+        with self.lock:
+            return [e for e in self.events if e["kind"] == kind]
 
     def stop(self, timeout=60):
         """Closes stdin (a clean stop); SIGKILL if it does not end in `timeout` s."""
@@ -248,6 +294,7 @@ class Suite:
         self.rust = rust_bin
         self.failover_bin = failover_bin
         self.failover_results = {}
+        self.scaleout_results = {}
         self.java = ["java", f"-Xmx{args.java_heap}", "-jar", JAR]
         self.run_id = f"bench{int(time.time())}"
         self.tmp = tempfile.mkdtemp(prefix="kstate-bench-")
@@ -523,6 +570,339 @@ class Suite:
                             "restored_records_median": statistics.median(replayed) if replayed else None,
                             "runs": all_runs})
 
+    # ---- scale-out -------------------------------------------------------
+
+    SCALEOUT_CONTENDERS = ["kstate", "kstreams"]
+
+    def scaleout(self):
+        """One instance holds all 6 tasks of a state of N records under a
+        steady load; two more instances start at once. Measures (a) the
+        longest pause in the processing of any partition from their start
+        until the group is balanced and stays so, and (b) the time until
+        every instance processes exactly 2 partitions; also the group's
+        rebalances, probing rounds and restores of moved partitions. Both
+        contenders run with the same acceptable recovery lag, max warmup
+        replicas and probing interval (KIP-441), no standby replicas."""
+        for rep in range(self.a.reps):
+            for kind in self.SCALEOUT_CONTENDERS:
+                if kind not in self.a.scaleout_contenders:
+                    continue
+                try:
+                    r = self.scaleout_run(kind, rep)
+                except RuntimeError as e:  # a bounded wait ran out, or an instance died
+                    log(f"scaleout {kind} rep {rep} FAILED: {e}")
+                    self.scaleout_results.setdefault(kind, []).append(
+                        {"contender": kind, "records": self.a.scaleout_records, "rep": rep, "error": str(e)})
+                    continue
+                self.scaleout_results.setdefault(kind, []).append(r)
+                p = r["longest_pause"]
+                log(f"scaleout {kind} rep {rep}: longest pause {r['longest_pause_s']:.3f} s (partition {p['partition']}, "
+                    f"{p['before']} -> {p['after']}), balanced after {r['time_to_balanced_s']:.3f} s, "
+                    f"{r['rebalances']} rebalances at {r['rebalance_times_s']} s, probing {r['probing']}, "
+                    f"restores of moved partitions {[(m['partition'], m['restored_records']) for m in r['moved']]}")
+
+    def scaleout_instance_cmd(self, kind, app, inp, state):
+        a = self.a
+        cmd = self.failover_instance_cmd(kind, app, inp, state, 0) + [
+            "--acceptable-lag", str(a.scaleout_acceptable_lag), "--max-warmups", str(a.scaleout_max_warmups),
+            "--probing-ms", str(a.scaleout_probing_ms)]
+        if kind == "kstreams":
+            # The assignor's stable/unstable verdicts and the probing rebalances it schedules.
+            cmd[1:1] = ["-Dorg.slf4j.simpleLogger.log.org.apache.kafka.streams.processor.internals."
+                        "StreamsPartitionAssignor=info",
+                        "-Dorg.slf4j.simpleLogger.log.org.apache.kafka.streams.processor.internals.StreamThread=info"]
+        return cmd
+
+    def scaleout_run(self, kind, rep):
+        a = self.a
+        size = a.scaleout_records
+        app = f"{self.run_id}-s{size}-{kind}-{rep}"
+        inp = f"{app}-input"
+        parts = FAILOVER_PARTITIONS
+        per = parts // 3
+        logdir = os.path.join(ROOT, "target/bench/scaleout-logs")
+        os.makedirs(logdir, exist_ok=True)
+        # Empty input first, as in failover: the first instance owns every task
+        # before the state exists, then processes it all (and writes the changelog).
+        self.gen(inp, 0, compact=False, partitions=parts)
+        settle()
+        procs, insts = [], []
+
+        def start(i):
+            inst = Instance(f"{kind}#{i}", self.scaleout_instance_cmd(kind, app, inp, os.path.join(self.tmp, f"{app}-{i}")),
+                            os.path.join(logdir, f"{app}-{i}.log"))
+            insts.append(inst)
+            procs.append(inst)
+
+        try:
+            load_ms = now_ms()
+            load = Instance(f"{app}-load", [self.failover_bin, "load", "--bootstrap", self.b, "--topic", inp,
+                                            "--partitions", str(parts), "--rate", str(a.load_rate)],
+                            os.path.join(logdir, f"{app}-load.log"))
+            procs.append(load)
+            start(0)
+            first = insts[0]
+
+            def owns_all():
+                st = first.status()
+                return st is not None and set(st[0]) == set(range(parts))
+            wait_for(f"scaleout {kind}: the first instance processing all {parts} partitions", 180, owns_all, procs)
+            log(f"scaleout {kind}: one instance owns all {parts} partitions; producing {size} records of state")
+            self.gen(inp, size, compact=False, append=True, partitions=parts,
+                     extra=["--overwrite-fraction", "0", "--delete-fraction", "0"])
+
+            def ready():
+                # Every partition's last record is fresh, and the instance has
+                # processed the state and (but for the last 3 s) the load so far.
+                st = first.status()
+                processed = sum(int(e["records"]) for e in first.events_of("PROGRESS"))
+                return (st is not None and set(st[0]) == set(range(parts)) and max(st[0].values()) < 2000
+                        and processed >= size + a.load_rate * (now_ms() - load_ms - 3000) / 1000)
+            t0 = time.time()
+            wait_for(f"scaleout {kind}: the state processed by the first instance", 120 + size / 10_000, ready, procs)
+            log(f"scaleout {kind}: caught up {time.time() - t0:.1f} s after the state was produced")
+            time.sleep(a.steady_seconds)
+            wait_for(f"scaleout {kind}: still caught up", 30, ready, procs)
+
+            start_ms = now_ms()
+            start(1)
+            start(2)
+            log(f"scaleout {kind}: started two more instances; waiting until each processes {per} partitions "
+                f"for {a.scaleout_settle_seconds:.0f} s (at most {a.scaleout_timeout:.0f} s)")
+            deadline = time.time() + a.scaleout_timeout
+            balanced_since, warmups_max, shown = None, 0, None
+            while True:
+                for pr in procs:
+                    pr.check()
+                st = [i.status() for i in insts]
+                if all(s is not None for s in st):
+                    # Standby tasks are warmups here (no standby replicas); kstate's
+                    # lag gauge still lists one for up to 3 s after its promotion.
+                    warmups_max = max(warmups_max, sum(len(set(sb) - set(act)) for act, sb in st))
+                    view = [(sorted(act), sorted(sb)) for act, sb in st]
+                    if view != shown:
+                        log(f"scaleout {kind} +{(now_ms() - start_ms) / 1000:6.1f} s: active, standby/warmup per instance {view}")
+                        shown = view
+                fresh = all(s is not None for s in st) and all(
+                    int(i.last_status()["ts"]) >= start_ms + 2000 for i in insts)
+                balanced = fresh and all(len(act) == per for act, _ in st) and \
+                    set().union(*(set(act) for act, _ in st)) == set(range(parts))
+                if balanced:
+                    balanced_since = balanced_since or now_ms()
+                    if now_ms() - balanced_since >= a.scaleout_settle_seconds * 1000:
+                        break
+                else:
+                    balanced_since = None
+                if time.time() > deadline:
+                    raise RuntimeError(
+                        f"scaleout {kind}: not balanced {a.scaleout_timeout:.0f} s after the two instances started; "
+                        f"last (active, standby) per instance: {[(s and (sorted(s[0]), sorted(s[1]))) for s in st]}")
+                time.sleep(0.5)
+            end_ms = now_ms()
+            owners = {p: i for i in insts for p in i.status()[0]}
+            time.sleep(2.5)  # the last PROGRESS windows (printed once a second)
+            for i, inst in zip(range(3), insts):  # for a look afterwards
+                with open(os.path.join(logdir, f"{app}-{i}.events.json"), "w") as f:
+                    json.dump({"start_ms": start_ms, "end_ms": end_ms, "events": inst.events_of("PROGRESS") + [
+                        e for e in inst.events if e["kind"] != "PROGRESS"]}, f)
+            return self.scaleout_measure(kind, rep, size, insts, owners, start_ms, end_ms, balanced_since, warmups_max)
+        finally:
+            for pr in procs:
+                pr.stop(timeout=30)
+            self.delete_topics(app)
+            for i in range(3):
+                shutil.rmtree(os.path.join(self.tmp, f"{app}-{i}"), ignore_errors=True)
+
+    def scaleout_measure(self, kind, rep, size, insts, owners, start_ms, end_ms, balanced_seen_ms, warmups_max):
+        a = self.a
+        parts = FAILOVER_PARTITIONS
+        # Every partition's processing, as windows (first, last, largest inner gap, instance).
+        windows = {p: [] for p in range(parts)}
+        for i in insts:
+            for e in i.events_of("PROGRESS"):
+                w = (int(e["first"]), int(e["last"]), int(e["maxgap"]), i.name)
+                if w[1] >= start_ms - 10_000 and w[0] <= end_ms:
+                    windows[int(e["partition"])].append(w)
+        pauses = {}
+        for p in range(parts):
+            # The largest hole in the union of the processing times of p over
+            # all instances that ends after start_ms (the new instances' start),
+            # up to end_ms (balanced for scaleout_settle_seconds).
+            best = {"partition": p, "ms": 0, "from": None, "to": None, "before": None, "after": None}
+            covered, by = None, None
+            for first, last, maxgap, who in sorted(windows[p]):
+                if covered is not None and first > covered and first > start_ms and first - covered > best["ms"]:
+                    best = {"partition": p, "ms": first - covered, "from": covered, "to": first, "before": by, "after": who}
+                if maxgap > best["ms"] and last > start_ms:  # inside one window of one instance
+                    best = {"partition": p, "ms": maxgap, "from": None, "to": None, "before": who, "after": who,
+                            "within": [first, last]}
+                if covered is None or last > covered:
+                    covered, by = last, who
+            if covered is None or covered < end_ms:
+                since = covered if covered is not None else start_ms
+                if end_ms - since > best["ms"]:
+                    best = {"partition": p, "ms": end_ms - since, "from": since, "to": None, "before": by, "after": None}
+            pauses[p] = best
+        longest = max(pauses.values(), key=lambda b: b["ms"])
+        # When each partition reached its final owner: its first record there
+        # after the last record any other instance processed after start_ms.
+        arrivals, moved = {}, []
+        for p in range(parts):
+            owner = owners[p]
+            others = [w[1] for w in windows[p] if w[3] != owner.name and w[1] >= start_ms]
+            if not others:
+                arrivals[p] = start_ms
+                continue
+            others_last = max(others)
+            own = [max(w[0], others_last) for w in windows[p] if w[3] == owner.name and w[1] > others_last]
+            arrivals[p] = min(own) if own else end_ms
+        # Restores after start_ms, START and END paired per instance and partition.
+        restores = []
+        for i in insts:
+            open_ = {}
+            for e in sorted(i.events_of("RESTORE_START") + i.events_of("RESTORE_END"),
+                            key=lambda e: (int(e["ts"]), e["kind"] == "RESTORE_END")):
+                p, ts = int(e["partition"]), int(e["ts"])
+                if ts < start_ms:
+                    continue
+                if e["kind"] == "RESTORE_START":
+                    open_[p] = e
+                    restores.append({"instance": i.name, "partition": p, "start_s": (ts - start_ms) / 1000,
+                                     "offsets": [int(e["start"]), int(e["end"])], "records": None, "seconds": None})
+                elif p in open_:
+                    s = open_.pop(p)
+                    r = next(r for r in reversed(restores) if r["instance"] == i.name and r["partition"] == p)
+                    r["records"] = int(e["records"])
+                    r["seconds"] = (ts - int(s["ts"])) / 1000
+        for p in range(parts):
+            owner = owners[p]
+            if owner is insts[0] and arrivals[p] == start_ms:
+                continue
+            mine = [r for r in restores if r["partition"] == p and r["instance"] == owner.name
+                    and start_ms + r["start_s"] * 1000 <= arrivals[p] + 1]
+            last = mine[-1] if mine else None
+            moved.append({"partition": p, "new_owner": owner.name,
+                          "arrival_s": (arrivals[p] - start_ms) / 1000,
+                          "restored_records": (last["records"] if last["records"] is not None
+                                               else last["offsets"][1] - last["offsets"][0]) if last else None,
+                          "restore_seconds": last["seconds"] if last else None,
+                          "restore_offsets": last["offsets"] if last else None})
+        over_lag = [r for r in restores
+                    if (r["records"] if r["records"] is not None else r["offsets"][1] - r["offsets"][0])
+                    > a.scaleout_acceptable_lag]
+        # The group's rebalances (new generations after start_ms) and probing.
+        gens = {}
+        for i in insts:
+            for ms, g in i.generations():
+                if start_ms - 1000 <= ms <= end_ms:
+                    gens[g] = min(gens.get(g, ms), ms)
+        rebalance_times = sorted(round((ms - start_ms) / 1000, 1) for ms in gens.values())
+        def lines(*needles):
+            return sorted((ms, line) for i in insts for ms, line in i.log_lines(*needles) if start_ms <= ms <= end_ms)
+        if kind == "kstreams":
+            followups = [ms for ms, _ in lines("Triggering the followup rebalance")]
+            rounds = [ms for j, ms in enumerate(followups) if j == 0 or ms - followups[j - 1] > 5000]
+            probing = {
+                # The leader's assignor: "a followup rebalance will be scheduled" (warmups to probe,
+                # or a task to hand over once its old owner revoked it).
+                "unstable_assignments": len(lines("Finished unstable assignment")),
+                # Follow-up rebalances triggered by any member; those within 5 s
+                # of each other are one round (the probing rebalance due after
+                # probing.rebalance.interval.ms, then the immediate one that
+                # hands the revoked tasks over).
+                "followups_triggered_s": [round((ms - start_ms) / 1000, 1) for ms in followups],
+                "rounds_s": [round((ms - start_ms) / 1000, 1) for ms in rounds],
+            }
+        else:
+            computed = lines("assignment computed")
+
+            def withholding(line):  # the leader kept a task from its balanced owner (warming it up first)
+                return ("warmup {" in line or "handed over" in line
+                        or ("withheld=" in line and "withheld={}" not in line)
+                        or ("deferred_moves=" in line and "deferred_moves=[]" not in line))
+            probing = {
+                "assignments_computed": len(computed),
+                "assignments_withholding": len([1 for _, line in computed if withholding(line)]),
+                # Members asking for a rebalance because their warmups caught up.
+                "warmups_caught_up_requests": len(lines("warmups caught up")),
+                "probing_log_lines": len(lines("probing", "Probing", "warmup", "Warmup")),
+            }
+        return {
+            "contender": kind, "records": size, "rep": rep,
+            "longest_pause_s": longest["ms"] / 1000,
+            "longest_pause": {**longest, "from_s": (longest["from"] - start_ms) / 1000 if longest["from"] else None,
+                              "to_s": (longest["to"] - start_ms) / 1000 if longest["to"] else None},
+            "pause_s_per_partition": {p: b["ms"] / 1000 for p, b in pauses.items()},
+            "time_to_balanced_s": (max(arrivals.values()) - start_ms) / 1000,
+            "balanced_seen_s": (balanced_seen_ms - start_ms) / 1000,
+            "measured_until_s": (end_ms - start_ms) / 1000,
+            "final_assignment": {i.name: sorted(p for p, o in owners.items() if o is i) for i in insts},
+            "moved": moved,
+            "restores": restores,
+            "restores_over_acceptable_lag": len(over_lag),
+            "max_warmups_seen": warmups_max,
+            "rebalances": len(gens),
+            "rebalance_times_s": rebalance_times,
+            "probing": probing,
+        }
+
+    def scaleout_report(self, out):
+        if not self.scaleout_results:
+            return
+        a = self.a
+        print(f"\n## scale-out ({a.scaleout_records} records of state, {FAILOVER_PARTITIONS} partitions, 1 -> 3 instances, "
+              f"{a.reps} reps; acceptable recovery lag {a.scaleout_acceptable_lag}, max warmups {a.scaleout_max_warmups}, "
+              f"probing interval {a.scaleout_probing_ms} ms, 0 standbys, commit interval 100 ms, "
+              f"session.timeout.ms={a.session_timeout_ms}, heartbeat {a.heartbeat_ms} ms, load {a.load_rate} records/s)")
+        print("seconds from the start of the two new instances; median [min-max] over reps, then per rep. "
+              "Longest pause: the largest gap between two consecutively processed records of one partition "
+              "(any instance). Balanced: every instance processes exactly 2 partitions (held "
+              f"{a.scaleout_settle_seconds:.0f} s).")
+        print("| contender | reps ok | longest pause | per rep | time to balanced | per rep | rebalances per rep "
+              "| probing per rep | restores > acceptable lag per rep | records restored per moved partition |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        medians = {}
+        for kind in self.SCALEOUT_CONTENDERS:
+            all_runs = self.scaleout_results.get(kind)
+            if not all_runs:
+                continue
+            runs = [r for r in all_runs if "error" not in r]
+            if not runs:
+                print(f"| {kind} | 0 of {len(all_runs)} (see the log) | | | | | | | | |")
+                continue
+            pause = [r["longest_pause_s"] for r in runs]
+            bal = [r["time_to_balanced_s"] for r in runs]
+            medians[kind] = (statistics.median(pause), statistics.median(bal))
+            if kind == "kstreams":
+                probing = [f"{r['probing']['unstable_assignments']} unstable, follow-up rounds at "
+                           f"{r['probing']['rounds_s']} s" for r in runs]
+            else:
+                probing = [f"{r['probing']['assignments_withholding']} of {r['probing']['assignments_computed']} "
+                           "withholding" for r in runs]
+            replayed = [m["restored_records"] for r in runs for m in r["moved"] if m["restored_records"] is not None]
+            print(f"| {kind} | {len(runs)} of {len(all_runs)} | {spread(pause)} | {', '.join(f'{v:.3f}' for v in pause)} "
+                  f"| {spread(bal)} | {', '.join(f'{v:.3f}' for v in bal)} "
+                  f"| {', '.join(str(r['rebalances']) for r in runs)} | {'; '.join(probing)} "
+                  f"| {', '.join(str(r['restores_over_acceptable_lag']) for r in runs)} "
+                  f"| {f'{statistics.median(replayed):.0f} [{min(replayed)}-{max(replayed)}]' if replayed else '-'} |")
+            out.append({"scenario": "scaleout", "contender": kind, "records": a.scaleout_records,
+                        "partitions": FAILOVER_PARTITIONS, "acceptable_recovery_lag": a.scaleout_acceptable_lag,
+                        "max_warmup_replicas": a.scaleout_max_warmups, "probing_rebalance_interval_ms": a.scaleout_probing_ms,
+                        "num_standby_replicas": 0, "commit_interval_ms": 100,
+                        "session_timeout_ms": a.session_timeout_ms, "heartbeat_interval_ms": a.heartbeat_ms,
+                        "load_records_per_sec": a.load_rate, "settle_seconds": a.scaleout_settle_seconds,
+                        "longest_pause_s": medians[kind][0], "longest_pause_s_per_rep": pause,
+                        "time_to_balanced_s": medians[kind][1], "time_to_balanced_s_per_rep": bal,
+                        "runs": all_runs})
+        if "kstate" in medians and "kstreams" in medians:
+            (kp, kb), (sp, sb) = medians["kstate"], medians["kstreams"]
+            ratio = lambda x, y: f"{x / y:.2f}" if y else "-"
+            print(f"\nkstate / kstreams (medians): longest pause {ratio(kp, sp)}, time to balanced {ratio(kb, sb)}")
+            for o in out:
+                if o["scenario"] == "scaleout" and o["contender"] == "kstate":
+                    o["ratio_to_kstreams"] = {"longest_pause": kp / sp if sp else None,
+                                              "time_to_balanced": kb / sb if sb else None}
+
     def delete_topics(self, prefix=None):
         """Deletes this run's topics (or those starting with `prefix`): a
         --full run writes about 15 GB to the broker."""
@@ -537,6 +917,7 @@ class Suite:
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer"}
         out = []
         self.failover_report(out)
+        self.scaleout_report(out)
         for scenario, contenders in self.scenarios.items():
             base = median_of(contenders.get(baselines[scenario], []), "records_per_sec")
             base_secs = median_of(contenders.get(baselines[scenario], []), "seconds")
@@ -563,6 +944,7 @@ class Suite:
         with open(os.path.join(ROOT, "target/bench/results.json"), "w") as f:
             json.dump({"records": self.a.records, "partitions": self.a.partitions, "reps": self.a.reps,
                        "failover_sizes": self.a.failover_sizes if self.failover_results else None,
+                       "scaleout_records": self.a.scaleout_records if self.scaleout_results else None,
                        "results": out}, f, indent=1)
         log("wrote target/bench/results.json")
 
@@ -574,24 +956,40 @@ def main():
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "failover"], default=None,
-                   help="one scenario; failover runs only when asked for")
+    p.add_argument("--only", choices=["restore", "write", "failover", "scaleout"], default=None,
+                   help="one scenario; failover and scaleout run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
     p.add_argument("--failover-contenders", type=lambda s: s.split(","), default=None,
                    help="subset of kstate-0,kstate-1,kstreams-0,kstreams-1")
-    p.add_argument("--session-timeout-ms", type=int, default=10_000, help="failover: both contenders")
-    p.add_argument("--heartbeat-ms", type=int, default=1_000, help="failover: both contenders")
-    p.add_argument("--load-rate", type=int, default=2_000, help="failover: input records/s during the run")
-    p.add_argument("--steady-seconds", type=float, default=5, help="failover: caught up this long before the kill")
+    p.add_argument("--session-timeout-ms", type=int, default=10_000, help="failover, scaleout: both contenders")
+    p.add_argument("--heartbeat-ms", type=int, default=1_000, help="failover, scaleout: both contenders")
+    p.add_argument("--load-rate", type=int, default=2_000, help="failover, scaleout: input records/s during the run")
+    p.add_argument("--steady-seconds", type=float, default=5,
+                   help="failover: caught up this long before the kill; scaleout: before the new instances start")
+    p.add_argument("--scaleout-records", type=int, default=5_000_000, help="scaleout: records of state")
+    p.add_argument("--scaleout-contenders", type=lambda s: s.split(","), default=["kstate", "kstreams"],
+                   help="scaleout: subset of kstate,kstreams")
+    p.add_argument("--scaleout-acceptable-lag", type=int, default=10_000,
+                   help="scaleout: acceptable recovery lag, both contenders")
+    p.add_argument("--scaleout-max-warmups", type=int, default=2, help="scaleout: max warmup replicas, both contenders")
+    p.add_argument("--scaleout-probing-ms", type=int, default=60_000,
+                   help="scaleout: probing rebalance interval, both contenders (Kafka Streams' minimum is 60000)")
+    p.add_argument("--scaleout-settle-seconds", type=float, default=20,
+                   help="scaleout: balanced this long counts as the end")
+    p.add_argument("--scaleout-timeout", type=float, default=900,
+                   help="scaleout: seconds from the new instances' start to a balanced group before the rep fails")
     a = p.parse_args()
+    unknown = set(a.scaleout_contenders) - set(Suite.SCALEOUT_CONTENDERS)
+    if unknown:
+        p.error(f"--scaleout-contenders: unknown {sorted(unknown)} (choose from {','.join(Suite.SCALEOUT_CONTENDERS)})")
     a.records = a.records or (5_000_000 if a.full else 500_000)
     a.failover_sizes = a.failover_sizes or ([2_000_000, 10_000_000] if a.full else [200_000])
     bootstrap, started = start_broker()
     suite = None
     try:
         rust = build_rust()
-        failover_bin = build_failover_example() if a.only == "failover" else None
+        failover_bin = build_failover_example() if a.only in ("failover", "scaleout") else None
         build_java()
         suite = Suite(a, bootstrap, rust, failover_bin)
         if a.only in (None, "restore"):
@@ -600,6 +998,8 @@ def main():
             suite.write()
         if a.only == "failover":
             suite.failover()
+        if a.only == "scaleout":
+            suite.scaleout()
         suite.report()
     finally:
         if suite is not None:

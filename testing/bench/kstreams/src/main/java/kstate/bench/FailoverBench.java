@@ -39,11 +39,18 @@ import org.apache.kafka.streams.state.Stores;
  *   STATUS ts=T active=P:AGE,... standby=P:LAG,...   once a second: partitions processed in the last 2 s
  *                                                     (age of the last record in ms), standby tasks and their
  *                                                     offset lag (allLocalStorePartitionLags)
+ *   PROGRESS partition=P first=F last=L maxgap=G records=N
+ *                                                     once a second for each partition processed since the
+ *                                                     last such line: wall-clock ms of the first and last
+ *                                                     record processed in that window, the largest gap in ms
+ *                                                     between two consecutive records inside it, and how many
+ *                                                     (run.py's scale-out scenario finds every pause from them)
  *
  * Timestamps are ms since the epoch. Settings: the bench's defaults (no record cache, one stream
  * thread, at_least_once) plus num.standby.replicas, session.timeout.ms and heartbeat.interval.ms
  * from the command line and commit.interval.ms=100 (kstate's commit interval).
- * acceptable.recovery.lag, max.warmup.replicas and probing.rebalance.interval.ms stay at defaults.
+ * acceptable.recovery.lag, max.warmup.replicas and probing.rebalance.interval.ms stay at defaults
+ * unless --acceptable-lag, --max-warmups or --probing-ms is given (the scale-out scenario).
  */
 final class FailoverBench {
     private FailoverBench() {}
@@ -52,6 +59,35 @@ final class FailoverBench {
 
     /** partition -> {last offset, processed at ms, record timestamp ms} */
     private static final Map<Integer, long[]> SEEN = new ConcurrentHashMap<>();
+
+    /** partition -> {first processed ms, last processed ms, largest gap ms, records} since the last PROGRESS line; guarded by itself */
+    private static final Map<Integer, long[]> WINDOWS = new TreeMap<>();
+
+    static void processedAt(int partition, long now) {
+        synchronized (WINDOWS) {
+            long[] w = WINDOWS.get(partition);
+            if (w == null) {
+                WINDOWS.put(partition, new long[] {now, now, 0, 1});
+            } else {
+                w[2] = Math.max(w[2], now - w[1]);
+                w[1] = now;
+                w[3]++;
+            }
+        }
+    }
+
+    /** Prints (and starts anew) the PROGRESS window of every partition processed since the last call. */
+    static void printProgress() {
+        Map<Integer, long[]> taken;
+        synchronized (WINDOWS) {
+            taken = new TreeMap<>(WINDOWS);
+            WINDOWS.clear();
+        }
+        for (Map.Entry<Integer, long[]> e : taken.entrySet()) {
+            long[] w = e.getValue();
+            out("PROGRESS partition=" + e.getKey() + " first=" + w[0] + " last=" + w[1] + " maxgap=" + w[2] + " records=" + w[3]);
+        }
+    }
 
     static synchronized void out(String line) {
         System.out.println(line);
@@ -66,6 +102,9 @@ final class FailoverBench {
         int standbys = a.integer("standbys", 0);
         int sessionMs = a.integer("session-timeout-ms", 10000);
         int heartbeatMs = a.integer("heartbeat-ms", 1000);
+        String acceptableLag = a.str("acceptable-lag", null);
+        String maxWarmups = a.str("max-warmups", null);
+        String probingMs = a.str("probing-ms", null);
         a.requireAllUsed();
 
         Properties p = new Properties();
@@ -80,6 +119,9 @@ final class FailoverBench {
         p.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         p.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), sessionMs);
         p.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), heartbeatMs);
+        if (acceptableLag != null) p.put(StreamsConfig.ACCEPTABLE_RECOVERY_LAG_CONFIG, Long.parseLong(acceptableLag));
+        if (maxWarmups != null) p.put(StreamsConfig.MAX_WARMUP_REPLICAS_CONFIG, Integer.parseInt(maxWarmups));
+        if (probingMs != null) p.put(StreamsConfig.PROBING_REBALANCE_INTERVAL_MS_CONFIG, Long.parseLong(probingMs));
 
         Topology t = new Topology();
         t.addSource("source", new BytesDeserializer(), new ByteArrayDeserializer(), input);
@@ -122,6 +164,7 @@ final class FailoverBench {
             while (true) {
                 try {
                     Thread.sleep(1000);
+                    printProgress();
                     long now = System.currentTimeMillis();
                     StringBuilder active = new StringBuilder();
                     for (Map.Entry<Integer, long[]> e : new TreeMap<>(SEEN).entrySet()) {
@@ -163,6 +206,7 @@ final class FailoverBench {
         byte[] buf = new byte[4096];
         while (in.read(buf) >= 0) { }
         status.interrupt();
+        printProgress();
         streams.close(CloseOptions.groupMembershipOperation(CloseOptions.GroupMembershipOperation.LEAVE_GROUP)
             .withTimeout(Duration.ofSeconds(30)));
         return new Json().put("contender", "kafka-streams").put("mode", "failover").put("stopped", true);
@@ -184,6 +228,7 @@ final class FailoverBench {
             else kv.put(r.key(), r.value());
             var md = ctx.recordMetadata().orElseThrow();
             long now = System.currentTimeMillis();
+            processedAt(md.partition(), now);
             long[] last = SEEN.put(md.partition(), new long[] {md.offset(), now, r.timestamp()});
             if (last == null || md.offset() != last[0] + 1) {
                 out("ASSIGNED_FIRST_RECORD partition=" + md.partition() + " offset=" + md.offset() + " ts=" + now);

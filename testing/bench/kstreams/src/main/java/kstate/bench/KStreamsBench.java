@@ -21,6 +21,7 @@ public final class KStreamsBench {
         "  consume      --bootstrap H:P --topic T [--timeout-sec 1800]",
         "  failover     --bootstrap H:P --app-id ID --input-topic T --state-dir DIR [--standbys 0]",
         "               [--session-timeout-ms 10000] [--heartbeat-ms 1000]   (event lines on stdout until stdin closes)",
+        "               [--acceptable-lag N] [--max-warmups N] [--probing-ms MS]   (KS defaults when absent)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 
     public static void main(String[] argv) {

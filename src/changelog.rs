@@ -259,6 +259,11 @@ impl DeliveryTracker {
         self.delivered.load(Ordering::Acquire) != self.sent.0.load(Ordering::Acquire)
     }
 
+    /// Whether any record was sent through this tracker (or refused).
+    pub(crate) fn used(&self) -> bool {
+        self.sent.0.load(Ordering::Acquire) > 0
+    }
+
     /// How many records were acknowledged since the last call.
     pub(crate) fn take_acked_count(&self) -> u64 {
         self.acked.swap(0, Ordering::AcqRel)
@@ -562,8 +567,30 @@ impl ChangelogProducer {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
+            // Also fails the commit, should the processor (or its exception
+            // handler) go on without this output.
+            let mut f = tracker.failure.lock().expect("tracker lock");
+            if f.is_none() {
+                *f = Some((refused.clone(), out.topic.to_string(), out.partition.unwrap_or(-1)));
+            }
             return Err(Error::OutputDelivery { topic: out.topic.to_string(), partition: out.partition, source: refused });
         }
+    }
+
+    /// After a flush, waits until none of `trackers` has a record in
+    /// flight. The flush counts every record of the producer, and records
+    /// queued while it waited (outputs of the next commit) may be
+    /// acknowledged before older ones: only the trackers say that exactly
+    /// these records were delivered. Same patience as the flush.
+    pub(crate) fn settle_trackers(&self, trackers: &[&DeliveryTracker], timeout: Duration, patience: Duration) -> Result<()> {
+        let started = Instant::now();
+        while trackers.iter().any(|t| t.in_flight()) {
+            if started.elapsed() >= patience {
+                return Err(Error::CommitTimeout(started.elapsed()));
+            }
+            self.flush_patiently(timeout, patience.saturating_sub(started.elapsed()))?;
+        }
+        Ok(())
     }
 
     /// librdkafka's handle of `topic` (created once, destroyed with the producer).

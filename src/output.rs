@@ -77,26 +77,42 @@ impl<'a> Output<'a> {
     }
 }
 
-/// kstate's producer and the tracker that counts output deliveries (one
-/// per running application).
+/// kstate's producer and the tracker that counts the deliveries of the
+/// outputs sent since the last commit. Each commit takes the tracker of its
+/// outputs ([`OutputSink::rotate`]) and waits for exactly those records:
+/// the producer's own count mixes them with outputs sent meanwhile.
 pub(crate) struct OutputSink {
     producer: Arc<ChangelogProducer>,
-    tracker: Arc<DeliveryTracker>,
+    current: Arc<DeliveryTracker>,
 }
 
 impl OutputSink {
     pub(crate) fn new(producer: Arc<ChangelogProducer>) -> Self {
-        let tracker = producer.tracker("(output records)".into(), -1);
-        OutputSink { producer, tracker }
+        let current = producer.tracker(OUTPUTS.into(), -1);
+        OutputSink { producer, current }
     }
 
     /// Queues `output` (timestamp `default_timestamp` unless it has one).
     pub(crate) fn send(&self, output: &Output<'_>, default_timestamp: Option<i64>) -> Result<()> {
-        self.producer.send_output(&self.tracker, output, default_timestamp)
+        self.producer.send_output(&self.current, output, default_timestamp)
     }
 
-    /// The deliveries' tracker (a commit settles it after its flush).
-    pub(crate) fn tracker(&self) -> &Arc<DeliveryTracker> {
-        &self.tracker
+    /// The outputs sent so far, for a commit: `None` if there were none;
+    /// else their tracker, and later outputs go to a fresh one. The commit
+    /// settles the tracker and then hands it to [`OutputSink::done`].
+    pub(crate) fn rotate(&mut self) -> Option<Arc<DeliveryTracker>> {
+        if !self.current.used() {
+            return None;
+        }
+        let fresh = self.producer.tracker(OUTPUTS.into(), -1);
+        Some(std::mem::replace(&mut self.current, fresh))
+    }
+
+    /// Frees a settled commit's tracker slot.
+    pub(crate) fn done(producer: &ChangelogProducer, tracker: &Arc<DeliveryTracker>) {
+        producer.release(tracker);
     }
 }
+
+/// The outputs' trackers' name in logs.
+const OUTPUTS: &str = "(output records)";

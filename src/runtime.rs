@@ -674,18 +674,20 @@ where
     let mut ctx = ProcessorContext { task, store_index, outputs, timestamp: record.timestamp };
     if let Err(e) = processor(&mut ctx, record) {
         let source: Box<dyn std::error::Error + Send + Sync> = e.into();
+        // kstate's own output failure, passed on by the processor's `?`: the
+        // typed error, whatever a handler would say (skipping the record
+        // would not bring the output back).
+        let source = match source.downcast::<Error>() {
+            Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => return Err(*e),
+            Ok(e) => e as Box<dyn std::error::Error + Send + Sync>,
+            Err(source) => source,
+        };
         let decision = match &config.processing_exception_handler {
             Some(handler) => handler(record, &*source),
             None => ProcessingDecision::Fail,
         };
         if decision != ProcessingDecision::Continue {
-            // kstate's own output failure, passed on by the processor's `?`:
-            // the typed error, not a processor error.
-            return Err(match source.downcast::<Error>() {
-                Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => *e,
-                Ok(e) => Error::Processor { topic: topic.to_string(), partition, offset, source: e },
-                Err(source) => Error::Processor { topic: topic.to_string(), partition, offset, source },
-            });
+            return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
         }
         tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
         metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())

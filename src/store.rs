@@ -99,6 +99,11 @@ pub(crate) struct SealedCommit {
 }
 
 impl SealedCommit {
+    /// The delivery tracker of this store's changelog partition.
+    pub(crate) fn tracker(&self) -> &DeliveryTracker {
+        &self.tracker
+    }
+
     /// Sends the sealed writes to the changelog, one record per key (its
     /// latest write; a delete is a tombstone), in key order, and builds the
     /// RocksDB batch of the same writes as it goes: each chunk right after

@@ -784,8 +784,9 @@ impl TaskManager {
             return Ok(false);
         }
         let (info, sealed) = self.seal_running(consumer, None)?;
-        // Output records in flight are waited for like changelog records.
-        if sealed.is_empty() && !self.outputs.tracker().in_flight() {
+        // Output records are waited for like changelog records.
+        let outputs = self.outputs.rotate();
+        if sealed.is_empty() && outputs.is_none() {
             self.commit_offsets(info.offsets, Offsets::Commit)?;
             return Ok(true);
         }
@@ -794,10 +795,9 @@ impl TaskManager {
             .spawn({
                 let retired = std::mem::take(&mut self.retired);
                 let producer = self.producer.clone();
-                let outputs = self.outputs.tracker().clone();
                 let (timeout, patience) = (self.config.commit_timeout, self.config.task_timeout);
                 move || {
-                    let written = write_sealed(sealed, &producer, &outputs, timeout, patience);
+                    let written = write_sealed(sealed, &producer, outputs, timeout, patience);
                     drop(retired);
                     written
                 }
@@ -1068,7 +1068,8 @@ impl TaskManager {
             return Ok(());
         }
         let (info, sealed) = self.seal_running(consumer, only)?;
-        let failed = write_sealed(sealed, &self.producer, self.outputs.tracker(), self.config.commit_timeout, self.config.task_timeout)?;
+        let outputs = self.outputs.rotate();
+        let failed = write_sealed(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout)?;
         self.mark_landed(&info.partitions, &failed);
         self.finish_commit(consumer, info, failed, Offsets::CommitClosing, "committed")
     }
@@ -1204,7 +1205,7 @@ fn resume_now<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &TopicPartiti
 fn write_sealed(
     sealed: Vec<SealedCommit>,
     producer: &ChangelogProducer,
-    outputs: &DeliveryTracker,
+    outputs: Option<Arc<DeliveryTracker>>,
     timeout: Duration,
     patience: Duration,
 ) -> Result<FailedTasks> {
@@ -1215,9 +1216,15 @@ fn write_sealed(
         }
     }
     producer.flush_patiently(timeout, patience)?;
-    // An output the brokers refused ends `run` before anything of this
-    // commit lands: its input offsets stay uncommitted.
-    outputs.settle_outputs()?;
+    let mut ours: Vec<&DeliveryTracker> = items.iter().map(|(s, _)| s.tracker()).collect();
+    ours.extend(outputs.as_deref());
+    producer.settle_trackers(&ours, timeout, patience)?;
+    if let Some(outputs) = &outputs {
+        // An output the brokers refused ends `run` before anything of this
+        // commit lands: its input offsets stay uncommitted.
+        outputs.settle_outputs()?;
+        OutputSink::done(producer, outputs);
+    }
     on_cores(&mut items, |(s, failure)| {
         if failure.is_none() {
             *failure = s.write().err();

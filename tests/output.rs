@@ -159,6 +159,23 @@ fn an_output_that_cannot_be_delivered_ends_run_with_an_error_naming_its_topic() 
         Error::OutputDelivery { topic, .. } => assert_eq!(topic, &out_topic, "{err}"),
         other => panic!("expected OutputDelivery, got {other:?}"),
     }
+    // The same when the processor ignores the error of `send` and a handler
+    // would skip the record: the commit does not go past the lost output.
+    let Fixture { input, app, state } = fixture("output-ignored", 1);
+    produce(&input, &[(0, b"k".to_vec(), Some(b"v".to_vec()))]);
+    let (big, target) = (vec![0u8; 3 << 20], out_topic.clone());
+    let skipping = builder(&app, &input, state.path()).processing_exception_handler(|_, _| kstate::ProcessingDecision::Continue);
+    let running = Running::start(skipping, move |ctx, _| {
+        let _ = ctx.send(Output::to(&target).value(&big));
+        Ok(())
+    });
+    wait_until("run to end with the output's error", Duration::from_secs(60), || running.is_finished());
+    let err = running.stop().unwrap_err();
+    match &err {
+        Error::OutputDelivery { topic, .. } => assert_eq!(topic, &out_topic, "{err}"),
+        other => panic!("expected OutputDelivery, got {other:?}"),
+    }
+    assert_eq!(committed_offset(&app, &input, 0), None, "the input was committed past a lost output");
 }
 
 const PARTITIONS: i32 = 3;

@@ -47,6 +47,9 @@ pub(crate) struct MemberState {
     /// offsets (higher = more caught up; all copies are prefixes of the same changelogs).
     /// A task absent from the map: no local state.
     pub(crate) task_offsets: BTreeMap<TaskId, i64>,
+    /// Tasks whose copy this member itself found caught up (when it asked for
+    /// this rebalance): lag 0, whatever the end offsets say now.
+    pub(crate) caught_up: BTreeSet<TaskId>,
     /// Client tags (rack awareness, KIP-708 style), e.g. {"zone": "a", "rack": "r1"}.
     pub(crate) client_tags: BTreeMap<String, String>,
 }
@@ -242,7 +245,7 @@ impl<'a> Ctx<'a> {
             .map(|m| {
                 (0..num_tasks)
                     .map(|t| {
-                        if claims[t].contains(&m) {
+                        if claims[t].contains(&m) || members[m].caught_up.contains(&(t as TaskId)) {
                             return 0;
                         }
                         let end = end_offsets
@@ -577,6 +580,7 @@ mod tests {
             prev_active: active.iter().copied().collect(),
             prev_standby: standby.iter().copied().collect(),
             task_offsets: offsets.iter().copied().collect(),
+            caught_up: BTreeSet::new(),
             client_tags: tags
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -671,6 +675,20 @@ mod tests {
         let plan = super::assign(6, &[a, b, c], &lagged(0, 2), &ends(6, 9_000));
         assert_eq!(plan.members["c"].active, [4].into(), "{plan:?}");
         assert_eq!(plan.members["c"].warmup, [0].into(), "{plan:?}");
+    }
+
+    /// A member that found its copy caught up when it asked for the rebalance is taken at its
+    /// word, though the changelog grew meanwhile (the leader measures later).
+    #[test]
+    fn a_member_s_own_caught_up_measurement_counts() {
+        let off = |ts: &[i32], o: i64| ts.iter().map(|&t| (t, o)).collect::<Vec<_>>();
+        let a = member("a", &[0, 1, 2, 3], &[], &off(&[0, 1, 2, 3], 9_000), &[]);
+        let mut b = member("b", &[], &[], &off(&[0, 1], 8_000), &[]);
+        let plan = super::assign(4, &[a.clone(), b.clone()], &lagged(0, 2), &ends(4, 9_000));
+        assert!(plan.members["b"].active.is_empty(), "lag 1000 > 100: {plan:?}");
+        b.caught_up = [0, 1].into();
+        let plan = super::assign(4, &[a, b], &lagged(0, 2), &ends(4, 9_000));
+        assert_eq!(plan.members["b"].active, [0, 1].into(), "{plan:?}");
     }
 
     /// Nobody is caught up (the whole group restarted after a long stop): the least-lagging copy
@@ -1012,6 +1030,7 @@ mod tests {
                 prev_active: (0..64).filter(|t| t % 5 == i % 5).collect(),
                 prev_standby: (0..64).filter(|t| t % 3 == i % 3).collect(),
                 task_offsets: (0..64).map(|t| (t, i64::from(t * 31 % 17 + i))).collect(),
+                caught_up: BTreeSet::new(),
                 client_tags: [
                     ("zone", format!("z{}", i % 3)),
                     ("rack", format!("r{}", i % 4)),
@@ -1060,6 +1079,7 @@ mod tests {
                     prev_active,
                     prev_standby,
                     task_offsets,
+                    caught_up: BTreeSet::new(),
                     client_tags: [
                         ("zone".to_string(), format!("z{z}")),
                         ("rack".to_string(), rack),

@@ -217,6 +217,8 @@ impl Membership {
             warming_since: BTreeMap::new(),
             probe_at: None,
             warmups_reported: false,
+            caught_up: BTreeSet::new(),
+            lag_probe: None,
             stopping: stopping.clone(),
             failures: 0,
             refused_since: None,
@@ -315,6 +317,11 @@ struct Member {
     probe_at: Option<Instant>,
     /// This generation's warmups were found caught up and a rebalance asked for.
     warmups_reported: bool,
+    /// The tasks this member last found caught up (told to the leader in
+    /// its next subscription).
+    caught_up: BTreeSet<TaskId>,
+    /// End offsets being read for the warmup check.
+    lag_probe: Option<JoinHandle<Result<BTreeMap<TaskId, i64>>>>,
     stopping: Arc<AtomicBool>,
     silent: Arc<AtomicBool>,
     /// Retriable failures in a row (for backoff and logs).
@@ -357,6 +364,7 @@ impl Member {
     fn run_inner(&mut self) -> Result<()> {
         let mut reason = "joining".to_string();
         let mut round_started = None;
+        let mut last_generation = None;
         while !self.stopping() {
             let since = *round_started.get_or_insert_with(Instant::now);
             let Some((generation, tasks)) = self.join_and_sync(&reason)? else {
@@ -371,7 +379,11 @@ impl Member {
                 revoked = ?revoked, "assignment received"
             );
             self.track_moves(&tasks);
-            let rejoin_now = tasks.rejoin_now;
+            self.caught_up.clear();
+            // A member that rejoined into an unchanged generation (the group
+            // did not rebalance yet) waits for its heartbeat to say so.
+            let rejoin_now = tasks.rejoin_now && Some(generation.id) != last_generation;
+            last_generation = Some(generation.id);
             self.owned = tasks.active.clone();
             self.standby = tasks.standby.clone();
             self.pending = tasks.pending.clone();
@@ -496,12 +508,32 @@ impl Member {
     /// the end offsets are not available now (checked again later).
     fn warmups_caught_up(&mut self) -> Option<String> {
         let tasks: Vec<TaskId> = self.awaited.iter().copied().collect();
-        let ends = match end_offsets(&self.brokers, &self.settings.changelog_topics, &tasks, self.rotate) {
-            Ok(ends) => ends,
-            Err(e) => {
-                tracing::debug!(group = %self.settings.group, error = %e, "warmup lags not measured this time");
+        // The end offsets come from a thread of their own: connections to
+        // brokers that are away must not hold back this thread's heartbeats.
+        let ends = match self.lag_probe.take() {
+            None => {
+                let (brokers, topics, wanted, start) =
+                    (self.brokers.clone(), self.settings.changelog_topics.clone(), tasks.clone(), self.rotate);
+                self.lag_probe = std::thread::Builder::new()
+                    .name("kstate-lags".into())
+                    .spawn(move || end_offsets(&brokers, &topics, &wanted, start))
+                    .ok();
                 return None;
             }
+            Some(probe) if !probe.is_finished() => {
+                self.lag_probe = Some(probe);
+                return None;
+            }
+            Some(probe) => match probe.join() {
+                Ok(Ok(ends)) if tasks.iter().all(|t| ends.contains_key(t)) => ends,
+                Ok(Ok(_)) => return None, // measured for an earlier set of tasks
+                Ok(Err(e)) => {
+                    self.rotate += 1;
+                    tracing::debug!(group = %self.settings.group, error = %e, "warmup lags not measured this time");
+                    return None;
+                }
+                Err(_) => return None,
+            },
         };
         let local = (self.local)();
         let mut lags = BTreeMap::new();
@@ -516,6 +548,9 @@ impl Member {
         // more input in the changelogs, and must still find the copy caught up.
         if lags.values().all(|&l| l <= self.settings.acceptable_recovery_lag / 2) {
             tracing::info!(group = %self.settings.group, lags = ?lags, "warmups caught up; asking for a rebalance to move their tasks");
+            // The leader measures later, with more input in the changelogs:
+            // it takes this member's word that these copies are caught up.
+            self.caught_up = lags.keys().copied().collect();
             Some(format!("warmups caught up: {lags:?}"))
         } else {
             tracing::debug!(group = %self.settings.group, lags = ?lags, "warmups not caught up yet");
@@ -693,6 +728,7 @@ impl Member {
                 client_tags: self.settings.client_tags.clone(),
                 standby: self.standby.clone(),
                 pending: self.pending.clone(),
+                caught_up: self.caught_up.clone(),
                 task_offsets,
             },
         }
@@ -852,6 +888,7 @@ impl Member {
                         prev_active: s.owned,
                         prev_standby: s.info.standby,
                         task_offsets: s.info.task_offsets,
+                        caught_up: s.info.caught_up,
                         client_tags: s.info.client_tags,
                     });
                 }
@@ -865,6 +902,7 @@ impl Member {
                         prev_active: BTreeSet::new(),
                         prev_standby: BTreeSet::new(),
                         task_offsets: BTreeMap::new(),
+                        caught_up: BTreeSet::new(),
                         client_tags: BTreeMap::new(),
                     });
                 }

@@ -48,6 +48,10 @@ pub(crate) struct SubscriptionInfo {
     /// their previous owner released them (see [`AssignmentInfo::pending`]).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub(crate) pending: BTreeSet<TaskId>,
+    /// Awaited tasks this member measured within half the acceptable lag
+    /// when it asked for this rebalance: the leader counts them caught up.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub(crate) caught_up: BTreeSet<TaskId>,
     /// Per task whose state is on this member's disk, the sum of its
     /// stores' changelog checkpoints (a larger sum is more caught up).
     #[serde(default)]
@@ -253,6 +257,7 @@ mod tests {
                 client_tags: BTreeMap::from([("zone".into(), "a".into())]),
                 standby: BTreeSet::from([2]),
                 pending: BTreeSet::from([5]),
+                caught_up: BTreeSet::from([2]),
                 task_offsets: BTreeMap::from([(1, 10), (2, 7)]),
             },
         };

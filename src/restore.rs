@@ -189,7 +189,13 @@ impl Restorer {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // Exactly-once commits write changelogs in transactions: apply
+            // committed records only (librdkafka's default, set so that no
+            // `kafka_config` override changes it). The end of a restore is
+            // then the last stable offset, and transaction markers (offsets
+            // without records) are passed by the position checks.
+            .set("isolation.level", "read_committed");
         // Bulk reading: once a partition has queued.min.messages (default
         // 100000) queued, librdkafka pauses its fetches for
         // fetch.queue.backoff.ms (default 1 s), which throttled restores to a

@@ -292,3 +292,43 @@ fn state_older_than_the_tombstone_retention_is_restored_in_full() {
     assert_eq!(late.restored_records(), logged, "the whole changelog is replayed");
     assert_store_is_changelog_prefix(state.path(), &app, 0, &model_of(&records, 0));
 }
+
+/// A changelog written in transactions (as exactly-once commits write it):
+/// a restore applies committed records only, skips aborted ones, and ends
+/// although the last offsets are transaction markers, not records.
+#[test]
+fn a_transactional_changelog_restores_committed_records_only() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let Fixture { input, app, state } = fixture("txn-restore", 1);
+    let changelog = kstate::changelog_topic(&app, "s");
+    create_topic(&changelog, 1, &[("cleanup.policy", "compact")]);
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique("txn-restore-writer"))
+        .create()
+        .unwrap();
+    producer.init_transactions(TIMEOUT).unwrap();
+    let transaction = |records: &[(&str, &str)], commit: bool| {
+        producer.begin_transaction().unwrap();
+        for (k, v) in records {
+            producer.send(BaseRecord::<str, str>::to(&changelog).partition(0).key(k).payload(v)).map_err(|(e, _)| e).unwrap();
+        }
+        if commit {
+            producer.commit_transaction(TIMEOUT).unwrap();
+        } else {
+            producer.flush(TIMEOUT).unwrap();
+            producer.abort_transaction(TIMEOUT).unwrap();
+        }
+    };
+    transaction(&[("a", "1"), ("b", "1")], true);
+    transaction(&[("c", "aborted"), ("a", "aborted")], false);
+    transaction(&[("d", "1"), ("b", "2")], true);
+    let restores = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
+    let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
+    let expected: Model = [("a", "1"), ("b", "2"), ("d", "1")].iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect();
+    assert_same_state(&data, &expected, "the store restored from a transactional changelog");
+    // 4 committed records, 2 aborted, 3 markers: the checkpoint covers them all.
+    let end = end_offset_at(&bootstrap(), &changelog, 0);
+    assert_eq!((end, checkpoint), (9, Some(8)), "checkpoint at the end of the changelog");
+    assert_eq!(restores.restored_records(), 4, "committed records only");
+}

@@ -18,6 +18,7 @@
 //! | `kstate_standby_records_total` | counter | changelog records a standby applied |
 //! | `kstate_standby_lag_records` | gauge | records a standby is behind its changelog's end (offset distance) |
 //! | `kstate_rebalances_total` | counter | assignments this instance applied (no store labels) |
+//! | `kstate_changelog_truncated_partitions` | gauge | at startup: partitions of a changelog whose start offset is above 0 (records deleted from a compacted changelog), label `topic` only |
 //! | `kstate_probing_rebalances_total` | counter | rebalances this instance started to move tasks whose warmups caught up, label `reason` (`warmups_caught_up`, `interval`; no store labels) |
 //! | `kstate_task_move_seconds` | histogram | from a task's first warmup here to it running here (no store labels) |
 //! | `kstate_warmup_lag_records` | gauge | records a warmup task is behind its changelogs' ends, summed over its stores, label `partition` only (0 once it is no warmup here) |
@@ -59,6 +60,8 @@ pub const STANDBY_RECORDS: &str = "kstate_standby_records_total";
 pub const STANDBY_LAG: &str = "kstate_standby_lag_records";
 /// Applied assignments counter name.
 pub const REBALANCES: &str = "kstate_rebalances_total";
+/// See the table above.
+pub const CHANGELOG_TRUNCATED: &str = "kstate_changelog_truncated_partitions";
 /// See the table above.
 pub const PROBING_REBALANCES: &str = "kstate_probing_rebalances_total";
 /// See the table above.

@@ -324,6 +324,7 @@ where
         restorer,
     );
     let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
+    warn_truncated_changelogs(&brokers, &specs, partitions);
     task_manager.committer = Some(Committer::start(brokers.clone(), config.application_id.clone())?);
     let shared = Arc::new(Shared { tasks: Mutex::new(task_manager) });
 
@@ -705,4 +706,30 @@ where
         }
     }
     Ok(())
+}
+
+/// Warns about changelogs whose records were deleted from the start
+/// (DeleteRecords, or a `delete` retention once set): compaction never moves
+/// a compacted topic's start offset, so a start above 0 means a fresh
+/// restore misses keys that a store restored earlier still holds. Counted in
+/// `kstate_changelog_truncated_partitions{topic}`. Best effort: a failed
+/// check is logged and startup goes on.
+fn warn_truncated_changelogs(brokers: &Brokers, specs: &[ChangelogSpec], partitions: i32) {
+    let topics: Vec<String> = specs.iter().map(|s| s.topic.clone()).collect();
+    let all: Vec<i32> = (0..partitions).collect();
+    match crate::group::end_offsets::start_offsets(brokers, &topics, &all) {
+        Ok(starts) => {
+            for topic in &topics {
+                let truncated: Vec<(i32, i64)> =
+                    starts.iter().filter(|((t, _), o)| t == topic && **o > 0).map(|((_, p), o)| (*p, *o)).collect();
+                metrics::gauge!(crate::metrics::CHANGELOG_TRUNCATED, "topic" => topic.clone()).set(truncated.len() as f64);
+                if !truncated.is_empty() {
+                    tracing::warn!(%topic, partitions_and_start_offsets = ?truncated,
+                        "the changelog lost records from its start (DeleteRecords or a retention policy): a fresh restore \
+                         of these partitions misses keys written before those offsets, which stores restored earlier still hold");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "could not check the changelogs' start offsets"),
+    }
 }

@@ -332,3 +332,52 @@ fn a_transactional_changelog_restores_committed_records_only() {
     assert_eq!((end, checkpoint), (9, Some(8)), "checkpoint at the end of the changelog");
     assert_eq!(restores.restored_records(), 4, "committed records only");
 }
+
+/// A compacted changelog never loses its first offsets to compaction: a
+/// start offset above 0 means records were deleted (DeleteRecords), and a
+/// fresh restore would miss keys. Startup reports it (a warning and the
+/// `kstate_changelog_truncated_partitions` gauge).
+#[test]
+fn a_changelog_truncated_from_its_start_is_reported_at_startup() {
+    // The only test in this binary that records metrics: a process-wide recorder.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().expect("first recorder of this test binary");
+    let Fixture { input, app, state } = fixture("truncated", 2);
+    let changelog = kstate::changelog_topic(&app, "s");
+    let truncated_partitions = || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find_map(|(key, _, _, value)| {
+                let key = key.key();
+                let ours = key.name() == "kstate_changelog_truncated_partitions"
+                    && key.labels().any(|l| l.key() == "topic" && l.value() == changelog);
+                match (ours, value) {
+                    (true, metrics_util::debugging::DebugValue::Gauge(v)) => Some(v.into_inner()),
+                    _ => None,
+                }
+            })
+    };
+    let records: Vec<KeyedRecord> = (0..20).map(|i| (i % 2, format!("k{i}").into_bytes(), Some(b"v".to_vec()))).collect();
+    produce(&input, &records);
+    run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
+    assert_eq!(truncated_partitions(), Some(0.0), "an intact changelog");
+    // Delete the first 5 records of partition 0: Kafka refuses DeleteRecords
+    // on a compacted topic, so the policy is changed for it and back (as an
+    // operator fixing a policy mistake would).
+    let set_policy = |policy: &str| {
+        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&changelog)).set("cleanup.policy", policy);
+        let done = futures::executor::block_on(admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+    };
+    set_policy("delete");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&changelog, 0, rdkafka::Offset::Offset(5)).unwrap();
+    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &rdkafka::admin::AdminOptions::new())).unwrap();
+    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
+    set_policy("compact");
+    run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
+    assert_eq!(truncated_partitions(), Some(1.0), "one truncated partition");
+}

@@ -1,6 +1,7 @@
-//! The changelogs' end offsets, per task: what the leader measures members'
-//! checkpoints against to turn them into lags (Metadata for the partition
-//! leaders, then one ListOffsets per leader).
+//! The changelogs' end (and start) offsets: what the leader measures
+//! members' checkpoints against to turn them into lags, and what startup
+//! checks for truncated changelogs (Metadata for the partition leaders,
+//! then one ListOffsets per leader).
 
 use std::collections::BTreeMap;
 
@@ -17,6 +18,8 @@ use crate::error::{Error, Result};
 
 /// ListOffsets' timestamp for "the offset the next record will get".
 const LATEST: i64 = -1;
+/// ListOffsets' timestamp for "the first offset still in the log".
+const EARLIEST: i64 = -2;
 
 /// For each task in `tasks`, the sum over `topics` (the application's
 /// changelogs) of partition `task`'s end offset, read uncommitted: the same
@@ -30,9 +33,36 @@ pub(crate) fn end_offsets(
     start: usize,
 ) -> Result<BTreeMap<TaskId, i64>> {
     let mut sums: BTreeMap<TaskId, i64> = tasks.iter().map(|&t| (t, 0)).collect();
-    if topics.is_empty() || tasks.is_empty() {
-        return Ok(sums);
+    for ((_, partition), offset) in list_offsets(brokers, topics, tasks, start, LATEST)? {
+        if let Some(sum) = sums.get_mut(&partition) {
+            *sum += offset.max(0);
+        }
     }
+    Ok(sums)
+}
+
+/// Per changelog partition of `topics` (partitions `tasks`), the first
+/// offset still in the log: above 0 in a compacted changelog, records were
+/// deleted (DeleteRecords, a retention policy once set). Missing topics are
+/// left out.
+pub(crate) fn start_offsets(brokers: &Brokers, topics: &[String], tasks: &[TaskId]) -> Result<BTreeMap<(String, TaskId), i64>> {
+    list_offsets(brokers, topics, tasks, 0, EARLIEST)
+}
+
+/// ListOffsets at `timestamp` (LATEST or EARLIEST) for partitions `tasks`
+/// of every existing topic of `topics`.
+fn list_offsets(
+    brokers: &Brokers,
+    topics: &[String],
+    tasks: &[TaskId],
+    start: usize,
+    timestamp: i64,
+) -> Result<BTreeMap<(String, TaskId), i64>> {
+    let mut found = BTreeMap::new();
+    if topics.is_empty() || tasks.is_empty() {
+        return Ok(found);
+    }
+    let wanted_tasks: std::collections::BTreeSet<TaskId> = tasks.iter().copied().collect();
     let mut conn = brokers.any(start)?;
     let mut request = MetadataRequest::default();
     request.topics = Some(
@@ -66,7 +96,7 @@ pub(crate) fn end_offsets(
             Some(e) => return Err(unavailable(conn.broker(), format!("metadata of `{name}`: {e}"))),
         }
         for p in &topic.partitions {
-            if !sums.contains_key(&p.partition_index) {
+            if !wanted_tasks.contains(&p.partition_index) {
                 continue;
             }
             if p.error_code != 0 && p.leader_id.0 < 0 {
@@ -100,7 +130,7 @@ pub(crate) fn end_offsets(
                         let mut partition = ListOffsetsPartition::default();
                         partition.partition_index = p;
                         partition.current_leader_epoch = -1;
-                        partition.timestamp = LATEST;
+                        partition.timestamp = timestamp;
                         partition
                     })
                     .collect();
@@ -116,13 +146,11 @@ pub(crate) fn end_offsets(
                         format!("end offset of `{}` partition {}: {e}", topic.name.0.as_str(), p.partition_index),
                     ));
                 }
-                if let Some(sum) = sums.get_mut(&p.partition_index) {
-                    *sum += p.offset.max(0);
-                }
+                found.insert((topic.name.0.to_string(), p.partition_index), p.offset);
             }
         }
     }
-    Ok(sums)
+    Ok(found)
 }
 
 /// A retriable failure (leaders moving, a broker away).

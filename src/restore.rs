@@ -539,9 +539,22 @@ impl RestoreLoop {
         let topic = store.changelog_topic().to_string();
         // Records from `high` on are appended after this instant.
         let end_read_at_ms = crate::engine::now_ms();
-        let (low, high) = self.consumer.fetch_watermarks(&topic, partition, timeout).map_err(|e| {
-            Error::Restore { topic: topic.clone(), partition, detail: format!("cannot read watermarks: {e}") }
-        })?;
+        // A changelog created a moment ago may not have its leaders in place
+        // yet (the broker answers NOT_LEADER for a while): retried briefly
+        // here rather than failing the task.
+        let mut attempt = 0;
+        let (low, high) = loop {
+            match self.consumer.fetch_watermarks(&topic, partition, timeout) {
+                Ok(w) => break w,
+                Err(e) if attempt < 20 && leader_moving(&e) => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(50 * attempt.min(4)));
+                }
+                Err(e) => {
+                    return Err(Error::Restore { topic: topic.clone(), partition, detail: format!("cannot read watermarks: {e}") })
+                }
+            }
+        };
         let topic_id = match crate::topic_id::describe(self.consumer.client().native_ptr(), &topic, timeout) {
             Ok(id) => Some(id),
             Err(why) => {
@@ -951,6 +964,13 @@ impl RestoreLoop {
 
 /// The end offset librdkafka last saw for a partition it fetches (no
 /// request: from the latest fetch response).
+/// Whether a watermark request failed because the partition's leadership is
+/// being set up or moving (retriable within seconds).
+fn leader_moving(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    matches!(e.rdkafka_error_code(), Some(C::NotLeaderForPartition | C::LeaderNotAvailable | C::UnknownTopicOrPartition))
+}
+
 fn cached_high(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
     let topic = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);

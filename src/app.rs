@@ -127,6 +127,7 @@ impl Default for AppBuilder {
                 changelog_replication_factor: None,
                 block_cache_bytes: 64 << 20,
                 write_buffer_bytes: 16 << 20,
+                max_state_memory: None,
                 kafka_overrides: Vec::new(),
                 assignment: AssignmentStrategy::Auto,
                 restore_listener: None,
@@ -259,6 +260,23 @@ impl AppBuilder {
     /// RocksDB memtable size per store partition (default 16 MiB).
     pub fn write_buffer_bytes(mut self, bytes: usize) -> Self {
         self.config.write_buffer_bytes = bytes;
+        self
+    }
+
+    /// One memory bound for all of this instance's RocksDB stores (Kafka
+    /// Streams users know it as the bounded-memory `RocksDBConfigSetter`,
+    /// KAFKA-8215): a block cache of `bytes` shared by every store partition,
+    /// index and filter blocks included, to which every memtable is charged
+    /// too. Memtables may use half of it: past that kstate flushes the
+    /// largest ones and takes no records until the flushes freed memory (it
+    /// keeps serving the group meanwhile). Replaces `block_cache_bytes`; each
+    /// memtable is at most a quarter of it. Without it (the default) each
+    /// store partition's memtables come on top of the cache, so memory grows
+    /// with the number of partitions. Not bounded by it: uncommitted writes
+    /// (`max_uncommitted_bytes`), the Kafka clients' buffers, and what
+    /// RocksDB keeps per open file. At least 16 MiB.
+    pub fn max_state_memory(mut self, bytes: usize) -> Self {
+        self.config.max_state_memory = Some(bytes);
         self
     }
 

@@ -61,6 +61,8 @@ pub(crate) struct AppConfig {
     pub(crate) changelog_replication_factor: Option<i32>,
     pub(crate) block_cache_bytes: usize,
     pub(crate) write_buffer_bytes: usize,
+    /// One bound for RocksDB's memory (cache + memtables), if set.
+    pub(crate) max_state_memory: Option<usize>,
     pub(crate) kafka_overrides: Vec<(String, String)>,
     pub(crate) assignment: AssignmentStrategy,
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,
@@ -168,6 +170,12 @@ impl AppConfig {
         }
         if self.task_timeout.is_zero() {
             return Err(Error::Config("task_timeout must be greater than zero".into()));
+        }
+        if self.max_state_memory.is_some_and(|m| m < 16 << 20) {
+            return Err(Error::Config(format!(
+                "max_state_memory must be at least 16 MiB (got {} bytes)",
+                self.max_state_memory.unwrap_or_default()
+            )));
         }
         if self.max_warmup_replicas == 0 {
             return Err(Error::Config(

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, FlushOptions, IteratorMode,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, WriteBufferManager, Direction, FlushOptions, IteratorMode,
     MemtableFactory, Options, ReadOptions, WriteBatch, WriteOptions, DB,
 };
 
@@ -54,11 +54,36 @@ pub(crate) enum Checkpoint {
 pub(crate) struct EngineResources {
     pub(crate) block_cache: Cache,
     pub(crate) write_buffer_bytes: usize,
+    /// With `max_state_memory`: every memtable is charged to the block
+    /// cache, so that the cache's capacity bounds blocks, index and filter
+    /// blocks and memtables of every store together.
+    write_buffer_manager: Option<WriteBufferManager>,
 }
 
 impl EngineResources {
     pub(crate) fn new(block_cache_bytes: usize, write_buffer_bytes: usize) -> Self {
-        EngineResources { block_cache: Cache::new_lru_cache(block_cache_bytes), write_buffer_bytes }
+        EngineResources { block_cache: Cache::new_lru_cache(block_cache_bytes), write_buffer_bytes, write_buffer_manager: None }
+    }
+
+    /// With `max_state_memory`: memtable bytes over the manager's limit (0
+    /// when within it, or without a bound).
+    pub(crate) fn memtable_excess(&self) -> usize {
+        self.write_buffer_manager.as_ref().map_or(0, |m| m.get_usage().saturating_sub(m.get_buffer_size()))
+    }
+
+    /// One bound for all of RocksDB's memory in this instance: a cache of
+    /// `total` bytes that memtables are charged to (up to half of it). Past
+    /// that, RocksDB flushes only the database being written to, which
+    /// neither keeps up with hundreds of stores nor reaches an idle one: the
+    /// task manager flushes the largest memtables itself and holds records
+    /// back meanwhile ([`EngineResources::memtable_excess`]). RocksDB's own
+    /// write stall is off: with hundreds of databases sharing the manager, a
+    /// stalled writer waits for flushes that only writes to the other
+    /// databases would start (the first test run hung).
+    pub(crate) fn bounded(total: usize, write_buffer_bytes: usize) -> Self {
+        let block_cache = Cache::new_lru_cache(total);
+        let manager = WriteBufferManager::new_write_buffer_manager_with_cache(total / 2, false, block_cache.clone());
+        EngineResources { block_cache, write_buffer_bytes: write_buffer_bytes.min(total / 4), write_buffer_manager: Some(manager) }
     }
 }
 
@@ -144,10 +169,18 @@ impl Engine {
         db_opts.set_atomic_flush(true);
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(2);
+        if let Some(manager) = &res.write_buffer_manager {
+            db_opts.set_write_buffer_manager(manager);
+        }
 
+        // The meta column family holds a few keys (the checkpoint): a small
+        // memtable, not RocksDB's default 64 MiB (whose arena blocks would
+        // count against `max_state_memory` per store partition).
+        let mut meta_opts = Options::default();
+        meta_opts.set_write_buffer_size(256 << 10);
         let cfs = vec![
             ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, cf_opts),
-            ColumnFamilyDescriptor::new(META_CF, Options::default()),
+            ColumnFamilyDescriptor::new(META_CF, meta_opts),
         ];
         Ok(DB::open_cf_descriptors(&db_opts, path, cfs)?)
     }
@@ -357,6 +390,11 @@ impl Engine {
         let default = db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).expect("default cf");
         db.flush_cfs_opt(&[default, self.meta()], &fo)?;
         Ok(())
+    }
+
+    /// Schedules a flush of both column families without waiting for it.
+    pub(crate) fn flush_soon(&self) -> Result<()> {
+        self.flush_opt(false)
     }
 
     /// An integer RocksDB property of the data column family, e.g. `rocksdb.estimate-num-keys`.

@@ -314,7 +314,10 @@ where
     let listener = config.restore_listener.clone().unwrap_or_else(|| Arc::new(NoopListener));
     let restorer = Restorer::start(restore_config, listener, config.startup_timeout)?;
 
-    let resources = EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes);
+    let resources = match config.max_state_memory {
+        Some(total) => EngineResources::bounded(total, config.write_buffer_bytes),
+        None => EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes),
+    };
     let mut task_manager = TaskManager::new(
         config.clone(),
         producer,

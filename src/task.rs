@@ -128,6 +128,8 @@ pub(crate) struct TaskManager {
     /// Output records (the processor's `send`): kstate's producer and their deliveries.
     pub(crate) outputs: OutputSink,
     resources: EngineResources,
+    /// When memtables were last flushed to stay within `max_state_memory`.
+    last_relief: Instant,
     max_record_bytes: usize,
     /// Each changelog's `delete.retention.ms`.
     tombstone_retention: Arc<HashMap<String, Duration>>,
@@ -250,6 +252,7 @@ impl TaskManager {
             restorer,
             pending: Vec::new(),
             last_engine_metrics: Instant::now(),
+            last_relief: Instant::now(),
             inflight: None,
             retired: Vec::new(),
             fetch_waker: None,
@@ -810,9 +813,44 @@ impl TaskManager {
     /// Whether to stop taking records for now: the uncommitted writes
     /// reached `max_uncommitted_bytes` while a commit is still being
     /// written, so a new one cannot start.
-    pub(crate) fn backpressure(&self) -> bool {
+    pub(crate) fn backpressure(&mut self) -> bool {
+        let excess = self.resources.memtable_excess();
+        if excess > 0 {
+            self.relieve_memtables(excess);
+            return true;
+        }
         (self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) || !self.session_alive())
             && self.uncommitted_bytes() >= self.config.max_uncommitted_bytes
+    }
+
+    /// Over `max_state_memory`'s memtable share: schedules flushes of the
+    /// stores with the largest active memtables, enough to free `excess`
+    /// bytes (RocksDB flushes only the database being written to, which
+    /// neither keeps up with hundreds of stores nor ever reaches an idle
+    /// one). At most every 50 ms; the loop takes no records meanwhile.
+    fn relieve_memtables(&mut self, excess: usize) {
+        if self.last_relief.elapsed() < Duration::from_millis(50) {
+            return;
+        }
+        self.last_relief = Instant::now();
+        let mut sizes: Vec<(u64, i32, usize)> = self
+            .tasks
+            .values()
+            .flat_map(|t| t.stores.iter().enumerate().map(move |(i, s)| (s, t.partition, i)))
+            .filter_map(|(s, p, i)| Some((s.engine().property("rocksdb.cur-size-active-mem-table")?, p, i)))
+            .collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let mut freed = 0u64;
+        for (size, p, i) in sizes {
+            if freed >= excess as u64 || size == 0 {
+                break;
+            }
+            if let Some(store) = self.tasks.get(&p).and_then(|t| t.stores.get(i)) {
+                if store.engine().flush_soon().is_ok() {
+                    freed += size;
+                }
+            }
+        }
     }
 
     /// Whether the coordinator confirmed this member within a session

@@ -122,6 +122,9 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("bad session timeout", base().kafka_config("session.timeout.ms", "soon")),
         ("bad application server", base().application_server("no-port")),
         ("unsupported SASL mechanism", base().kafka_config("security.protocol", "SASL_SSL").kafka_config("sasl.mechanism", "GSSAPI")),
+        ("no warmups", base().max_warmup_replicas(0)),
+        ("probing interval below 1 s", base().probing_rebalance_interval(Duration::from_millis(10))),
+        ("state memory below 16 MiB", base().max_state_memory(1 << 20)),
     ];
     for (what, b) in cases {
         assert!(matches!(b.build(), Err(Error::Config(_))), "{what} must be Error::Config");

@@ -99,18 +99,13 @@ impl OutputSink {
 
     /// The outputs sent so far, for a commit: `None` if there were none;
     /// else their tracker, and later outputs go to a fresh one. The commit
-    /// settles the tracker and then hands it to [`OutputSink::done`].
+    /// settles the tracker, then releases its slot on the producer.
     pub(crate) fn rotate(&mut self) -> Option<Arc<DeliveryTracker>> {
         if !self.current.used() {
             return None;
         }
         let fresh = self.producer.tracker(OUTPUTS.into(), -1);
         Some(std::mem::replace(&mut self.current, fresh))
-    }
-
-    /// Frees a settled commit's tracker slot.
-    pub(crate) fn done(producer: &ChangelogProducer, tracker: &Arc<DeliveryTracker>) {
-        producer.release(tracker);
     }
 }
 

@@ -1261,7 +1261,7 @@ fn write_sealed(
         // An output the brokers refused ends `run` before anything of this
         // commit lands: its input offsets stay uncommitted.
         outputs.settle_outputs()?;
-        OutputSink::done(producer, outputs);
+        producer.release(outputs);
     }
     on_cores(&mut items, |(s, failure)| {
         if failure.is_none() {

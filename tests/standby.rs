@@ -133,6 +133,16 @@ fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     }
 }
 
+/// The changelog offsets of a `KSTATE-RESTORE-START` line: (start, end).
+fn restore_span(line: &str) -> (i64, i64) {
+    (field(line, "start").unwrap().parse().unwrap(), field(line, "end").unwrap().parse().unwrap())
+}
+
+/// The records a `KSTATE-RESTORE-END` line reports.
+fn restored_records(line: &str) -> u64 {
+    field(line, "records").unwrap().parse().unwrap()
+}
+
 fn set_of(text: &str) -> BTreeSet<i32> {
     text.trim_matches(|c| c == '{' || c == '}').split(',').filter_map(|x| x.trim().parse().ok()).collect()
 }
@@ -310,8 +320,8 @@ fn a_killed_owner_s_tasks_move_to_their_standbys_and_replay_only_the_lag() {
         let ends = holder.lines_after(marks[holder_of(*t)], "KSTATE-RESTORE-END");
         let start = starts.iter().find(|l| l.contains(&prefix)).unwrap_or_else(|| panic!("no restore of {t} on {}", holder.name));
         let end = ends.iter().find(|l| l.contains(&prefix)).unwrap_or_else(|| panic!("no restore end of {t} on {}", holder.name));
-        let (from, to): (i64, i64) = (field(start, "start").unwrap().parse().unwrap(), field(start, "end").unwrap().parse().unwrap());
-        let restored: i64 = field(end, "records").unwrap().parse().unwrap();
+        let (from, to) = restore_span(start);
+        let restored = restored_records(end) as i64;
         eprintln!("task {t} on {}: restore {from}..{to}, {restored} records replayed", holder.name);
         assert!(to >= 10_000, "the changelog of {t} holds at least the prefill ({to})");
         // The standby was at most a few seconds of input behind (50
@@ -373,7 +383,7 @@ fn a_rolling_restart_with_static_membership_restores_nothing_in_full() {
             std::thread::sleep(Duration::from_millis(100));
         }
         for line in restarted.lines_after(mark, "KSTATE-RESTORE-START") {
-            let (from, to): (i64, i64) = (field(&line, "start").unwrap().parse().unwrap(), field(&line, "end").unwrap().parse().unwrap());
+            let (from, to) = restore_span(&line);
             assert!(to - from < 1_000, "{} restored {from}..{to} after a clean restart: {line}", names[i]);
         }
         eprintln!("{} restarted: {:?}", names[i], restarted.assignment());
@@ -382,7 +392,7 @@ fn a_rolling_restart_with_static_membership_restores_nothing_in_full() {
     // No instance restored a changelog in full during the rolling restart.
     for (instance, mark) in instances.iter().zip(&marks) {
         for line in instance.lines_after(*mark, "KSTATE-RESTORE-END") {
-            let records: i64 = field(&line, "records").unwrap().parse().unwrap();
+            let records = restored_records(&line);
             assert!(records < 1_000, "{} restored {records} records: {line}", instance.name);
         }
     }
@@ -579,7 +589,7 @@ fn a_standby_that_followed_longer_than_the_tombstone_retention_is_still_promoted
     let text = instances[0].text();
     assert!(!text[mark..].contains("wiping it for a full restore"), "a promoted standby was wiped:\n{}", instances[0].tail());
     for line in instances[0].lines_after(mark, "KSTATE-RESTORE-START") {
-        let (from, to): (i64, i64) = (field(&line, "start").unwrap().parse().unwrap(), field(&line, "end").unwrap().parse().unwrap());
+        let (from, to) = restore_span(&line);
         assert!(to >= 4_000 && to - from < 1_000, "not a lag-only restore: {line}");
     }
     let mut sent = pre;
@@ -674,7 +684,7 @@ fn scaling_out_never_moves_a_partition_to_a_cold_instance_and_scaling_in_loses_n
     // acceptable lag: every restore b and c ran replayed at most that.
     for i in &instances[1..] {
         for line in i.lines_after(0, "KSTATE-RESTORE-END") {
-            let records: u64 = field(&line, "records").unwrap().parse().unwrap();
+            let records = restored_records(&line);
             assert!(records <= WARMUPS_ONLY.acceptable_lag, "{} ran a task after replaying {records} records: {line}", i.name);
         }
     }
@@ -703,7 +713,7 @@ fn scaling_out_never_moves_a_partition_to_a_cold_instance_and_scaling_in_loses_n
         std::thread::sleep(Duration::from_millis(100));
     }
     for line in instances[0].lines_after(mark, "KSTATE-RESTORE-START") {
-        let (from, to): (i64, i64) = (field(&line, "start").unwrap().parse().unwrap(), field(&line, "end").unwrap().parse().unwrap());
+        let (from, to) = restore_span(&line);
         assert!(from > 100_000 && to - from < 100_000, "a replayed more than its copy lagged: {line}");
     }
     let mut sent = pre;
@@ -754,7 +764,7 @@ fn an_instance_back_after_a_while_gets_warmups_before_its_tasks() {
     instances.push(c);
     balanced_with(&mut instances, 0, Duration::from_secs(50));
     for line in instances[2].lines_after(mark, "KSTATE-RESTORE-END") {
-        let records: u64 = field(&line, "records").unwrap().parse().unwrap();
+        let records = restored_records(&line);
         assert!(records <= placement.acceptable_lag, "c ran a task after replaying {records} records: {line}");
     }
     let mut sent = pre;

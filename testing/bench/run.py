@@ -73,28 +73,24 @@ def run_json(cmd, env=None):
     return result
 
 
-def build_rust():
-    log("building the Rust contenders (cargo bench --no-run)")
-    out = subprocess.run(
-        ["cargo", "bench", "--bench", "kstate_bench", "--no-run", "--message-format=json"],
-        cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout.decode()
+def cargo_executable(args, name, what):
+    """Builds with `cargo <args> --message-format=json` and returns the path
+    of the executable artifact `name`."""
+    log(f"building {what} (cargo {' '.join(args)})")
+    out = subprocess.run(["cargo", *args, "--message-format=json"], cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout.decode()
     for line in out.splitlines():
         msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "kstate_bench" and msg.get("executable"):
+        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == name and msg.get("executable"):
             return msg["executable"]
-    raise SystemExit("could not find the kstate_bench executable")
+    raise SystemExit(f"could not find the {name} executable")
+
+
+def build_rust():
+    return cargo_executable(["bench", "--bench", "kstate_bench", "--no-run"], "kstate_bench", "the Rust contenders")
 
 
 def build_failover_example():
-    log("building the kstate failover instance (cargo build --release --example failover_bench)")
-    out = subprocess.run(
-        ["cargo", "build", "--release", "--example", "failover_bench", "--message-format=json"],
-        cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout.decode()
-    for line in out.splitlines():
-        msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "failover_bench" and msg.get("executable"):
-            return msg["executable"]
-    raise SystemExit("could not find the failover_bench executable")
+    return cargo_executable(["build", "--release", "--example", "failover_bench"], "failover_bench", "the kstate failover instance")
 
 
 def build_java():

@@ -8,18 +8,23 @@
 //! * `kstate-restore --app A --store S --input I --state-dir D` — kstate restoring `A-S-changelog`;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D` — kstate putting every input record;
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once]`
+//!   — kstate putting every input record; with `--output`, also sending it unchanged to T
+//!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
+//! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
+//!   partition, as a `read_committed` consumer sees them with the flag (the write-eos check);
 //! * `delete-topics --prefix P` — deletes every topic whose name starts with P (a full run writes GBs).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kstate::{App, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
+use kstate::{App, Output, ProcessingGuarantee, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer, DefaultProducerContext};
+use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,7 +97,14 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--input")?,
             opt(args, "--records")?.parse()?,
             opt(args, "--state-dir")?,
+            opt(args, "--output").ok(),
+            match opt(args, "--guarantee").unwrap_or("at_least_once") {
+                "at_least_once" => ProcessingGuarantee::AtLeastOnce,
+                "exactly_once" => ProcessingGuarantee::ExactlyOnce,
+                g => return Err(format!("--guarantee: expected exactly_once or at_least_once, got `{g}`").into()),
+            },
         ),
+        "count" => count(&b, opt(args, "--topic")?, args.iter().any(|a| a == "--read-committed")),
         "delete-topics" => delete_topics(&b, opt(args, "--prefix")?),
         _ => Err(format!("unknown subcommand `{cmd}`").into()),
     }
@@ -465,7 +477,15 @@ fn with_env_kafka_config(mut b: kstate::AppBuilder) -> kstate::AppBuilder {
     b
 }
 
-fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &str) -> Result<String, BoxError> {
+fn kstate_write(
+    bootstrap: &str,
+    app: &str,
+    input: &str,
+    records: u64,
+    state: &str,
+    output: Option<&str>,
+    guarantee: ProcessingGuarantee,
+) -> Result<String, BoxError> {
     let app = with_env_kafka_config(App::builder())
         .application_id(app)
         .bootstrap_servers(bootstrap)
@@ -473,7 +493,9 @@ fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &s
         .state_dir(state)
         .store(StoreDefinition::new("kv"))
         .commit_interval(Duration::from_millis(100))
+        .processing_guarantee(guarantee)
         .build()?;
+    let out_topic = output.map(str::to_string);
     let stop = app.shutdown_handle();
     let seen = Arc::new(AtomicU64::new(0));
     let first = Arc::new(Mutex::new(None::<Instant>));
@@ -489,6 +511,17 @@ fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &s
                 Some(v) => store.put(rec.key.unwrap_or_default(), v)?,
                 None => store.delete(rec.key.unwrap_or_default())?,
             }
+            // The record unchanged (a null value stays a tombstone), partitioned by its key.
+            if let Some(topic) = &out_topic {
+                let mut out = Output::to(topic);
+                if let Some(k) = rec.key {
+                    out = out.key(k);
+                }
+                if let Some(v) = rec.value {
+                    out = out.value(v);
+                }
+                ctx.send(out)?;
+            }
             if s.fetch_add(1, Ordering::Relaxed) + 1 == records {
                 *l.lock().unwrap() = Some(Instant::now());
                 stop.shutdown();
@@ -501,8 +534,66 @@ fn kstate_write(bootstrap: &str, app: &str, input: &str, records: u64, state: &s
     let (f, l) = (first.lock().unwrap().ok_or("nothing processed")?, last.lock().unwrap().ok_or("did not finish")?);
     let secs = (l - f).as_secs_f64();
     let to_stopped = (stopped - f).as_secs_f64();
+    let guarantee = match guarantee {
+        ProcessingGuarantee::ExactlyOnce => "exactly_once",
+        _ => "at_least_once",
+    };
+    let output = output.map_or("null".to_string(), |t| format!("{t:?}"));
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4}}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output}}}",
         records as f64 / secs
+    ))
+}
+
+/// Counts the records of `topic`, every partition from its start to its
+/// end; with `read_committed`, as an `isolation.level=read_committed`
+/// consumer sees them: only records of committed transactions (and
+/// non-transactional ones), no transaction markers, and the end of a
+/// partition is its last stable offset (an open transaction's records are
+/// not counted). `offset_span` is the sum of high watermark - start offset,
+/// markers and aborted records included.
+fn count(bootstrap: &str, topic: &str, read_committed: bool) -> Result<String, BoxError> {
+    let isolation = if read_committed { "read_committed" } else { "read_uncommitted" };
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "kstate-bench-count")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation)
+        // A partition is read to its end when its EOF event arrives: offsets
+        // cannot tell (the last offsets of a transactional partition are
+        // markers, which are never delivered).
+        .set("enable.partition.eof", "true")
+        .create()?;
+    let parts = partitions_of(&consumer, topic)?;
+    let span: i64 = parts.iter().map(|(_, lo, hi)| hi - lo).sum();
+    let mut tpl = TopicPartitionList::new();
+    for (p, _, _) in &parts {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+    }
+    let started = Instant::now();
+    consumer.assign(&tpl)?;
+    let (mut records, mut tombstones) = (0u64, 0u64);
+    let mut at_end = HashSet::new();
+    while at_end.len() < parts.len() {
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(format!("count: {} of {} partitions read to the end after 600 s", at_end.len(), parts.len()).into());
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                records += 1;
+                if m.payload().is_none() {
+                    tombstones += 1;
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok(format!(
+        "{{\"topic\":{topic:?},\"isolation_level\":\"{isolation}\",\"records\":{records},\"tombstones\":{tombstones},\"offset_span\":{span},\"seconds\":{secs:.4}}}"
     ))
 }

@@ -6,6 +6,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --full     # the published size (5M records)
     python3 testing/bench/run.py --only failover [--full]   # failover: 200k records (--full: 2M and 10M)
     python3 testing/bench/run.py --only scaleout [--scaleout-records 5000000]   # scale-out: 1 -> 3 instances
+    python3 testing/bench/run.py --only write-eos [--full]   # write with output, at-least-once vs exactly-once
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -26,6 +27,14 @@ once. With the same KIP-441 settings for both (acceptable recovery lag 10000,
 any partition's processing and the time until every instance processes 2
 partitions, and counts rebalances, probing rounds and restores of moved
 partitions.
+
+The write-eos scenario runs only with `--only write-eos` (see
+Suite.write_eos): the write scenario (put every input record into the store)
+plus one output record per input record (the record itself, to a fresh
+output topic with the input's partition count), for kstate and Kafka Streams
+each at-least-once and exactly-once (exactly_once_v2), commit interval
+100 ms for all four. Measured as write; afterwards each output topic is
+counted with isolation.level=read_committed (`output_records`, expected N).
 """
 import argparse
 import calendar
@@ -369,6 +378,65 @@ class Suite:
                 "--records", str(self.a.records)]))
             self.delete_topics(ws)
             shutil.rmtree(os.path.join(self.tmp, f"ks-w{rep}"), ignore_errors=True)
+
+    # ---- write with output: at-least-once vs exactly-once ----------------
+
+    # (contender, exactly-once?): kstate-write --output, or the Kafka Streams `write` --output-topic.
+    WRITE_EOS_CONTENDERS = [("kstate-alo-out", False), ("kstate-eos-out", True),
+                            ("kafka-streams-alo-out", False), ("kafka-streams-eos-out", True)]
+
+    def write_eos(self):
+        """The write scenario with one output record per input record, each
+        contender at-least-once and exactly-once. Timed as write (first to
+        N-th processed record); the output topic is then counted as a
+        read_committed consumer sees it (`output_records`, which must be N:
+        no crash happens, so at-least-once must not duplicate either)."""
+        inp = f"{self.run_id}-we-input"
+        n = self.a.records
+        log(f"generating {n} input records into {inp}")
+        self.gen(inp, n, compact=False)
+        for rep in range(self.a.reps):
+            for name, eos in self.WRITE_EOS_CONTENDERS:
+                # The app's changelog and the output share the prefix `app-`, deleted once measured (see write).
+                app = f"{self.run_id}-we{rep}-{name[:-len('-out')]}"
+                out = self.fresh_topic(f"{app}-out")
+                state = os.path.join(self.tmp, f"we{rep}-{name}")
+                if name.startswith("kstate"):
+                    cmd = [self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
+                           "--records", str(n), "--state-dir", state, "--output", out,
+                           "--guarantee", "exactly_once" if eos else "at_least_once"]
+                else:
+                    cmd = self.java + ["write", "--bootstrap", self.b, "--app-id", app, "--store", "kv", "--input-topic", inp,
+                                       "--partitions", str(self.a.partitions), "--state-dir", state,
+                                       "--records", str(n), "--output-topic", out] + (["--eos"] if eos else [])
+                r = run_json(cmd)
+                counted = run_json([self.rust, "count", "--bootstrap", self.b, "--topic", out, "--read-committed"])
+                r["output_records"] = counted["records"]
+                r["output_offset_span"] = counted["offset_span"]
+                if counted["records"] != n:
+                    log(f"WARNING: write-eos {name} rep {rep}: output topic {out} holds {counted['records']} "
+                        f"records read_committed, expected {n}")
+                # Every committed transaction leaves a marker in each partition it wrote: none at all
+                # means the output was not written in transactions.
+                if eos and counted["offset_span"] <= counted["records"]:
+                    log(f"WARNING: write-eos {name} rep {rep}: no transaction markers in {out} "
+                        f"(offset span {counted['offset_span']} = records): not written transactionally")
+                self.record("write-eos", name, r)
+                self.delete_topics(f"{app}-")
+                shutil.rmtree(state, ignore_errors=True)
+
+    def write_eos_ratios(self, contenders, out):
+        """Prints and records the issue's targets: kstate-eos-out at least 2x
+        kafka-streams-eos-out, and at least 0.7 of kstate-alo-out (records/s, medians)."""
+        rps = {name: median_of(results, "records_per_sec") for name, results in contenders.items()}
+        ratios = {}
+        for other, target in (("kafka-streams-eos-out", 2.0), ("kstate-alo-out", 0.7)):
+            if rps.get("kstate-eos-out") and rps.get(other):
+                ratios[other] = rps["kstate-eos-out"] / rps[other]
+                print(f"kstate-eos-out / {other} (records/s, medians): {ratios[other]:.2f} (target >= {target})")
+        for o in out:
+            if o["scenario"] == "write-eos" and o["contender"] == "kstate-eos-out":
+                o["ratios"] = ratios
 
     # ---- failover --------------------------------------------------------
 
@@ -910,7 +978,8 @@ class Suite:
         return name
 
     def report(self):
-        baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer"}
+        baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
+                     "write-eos": "kafka-streams-eos-out"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -918,8 +987,11 @@ class Suite:
             base = median_of(contenders.get(baselines[scenario], []), "records_per_sec")
             base_secs = median_of(contenders.get(baselines[scenario], []), "seconds")
             print(f"\n## {scenario} ({self.a.records} records, {self.a.partitions} partitions, median of {self.a.reps})")
-            print(f"| contender | records | records/s | MB/s | seconds | peak RSS MiB | ratio to {baselines[scenario]} |")
-            print("|---|---:|---:|---:|---:|---:|---:|")
+            # write-eos: the output records a read_committed consumer counted, per rep.
+            counted = any("output_records" in r for rs in contenders.values() for r in rs)
+            print(f"| contender | records | records/s | MB/s | seconds | peak RSS MiB | ratio to {baselines[scenario]} |"
+                  + (" output records (read_committed) per rep |" if counted else ""))
+            print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""))
             for name, results in contenders.items():
                 rps = median_of(results, "records_per_sec")
                 secs = median_of(results, "seconds")
@@ -927,15 +999,21 @@ class Suite:
                 # records, so their MB/s follows from the scenario's record size.
                 per_record = next((r["bytes"] / r["records"] for rs in contenders.values() for r in rs
                                    if r.get("bytes") and r.get("records")), None)
-                mbs = median_of([dict(r, mb=(r.get("bytes") or r["records"] * (per_record or 0)) / r["seconds"] / 1e6)
-                                 for r in results if r.get("seconds")], "mb")
+                # (None when no contender of the scenario reports bytes, as in write-eos.)
+                mbs = median_of([dict(r, mb=(r.get("bytes") or r["records"] * per_record) / r["seconds"] / 1e6)
+                                 for r in results if r.get("seconds") and (r.get("bytes") or per_record)], "mb")
                 rss = median_of(results, "peak_rss_bytes")
                 ratio = (base_secs / secs) if scenario == "tail-restore" else (rps / base if base else None)
+                outs = [r.get("output_records") for r in results]
                 print(f"| {name} | {int(median_of(results, 'records'))} | {rps:,.0f} | "
-                      f"{mbs if mbs is None else f'{mbs:.1f}'} | {secs:.3f} | {rss / 2**20:.0f} | {ratio:.2f} |")
+                      f"{'-' if mbs is None else f'{mbs:.1f}'} | {secs:.3f} | {rss / 2**20:.0f} | {ratio:.2f} |"
+                      + (f" {', '.join('-' if o is None else str(o) for o in outs)} |" if counted else ""))
                 out.append({"scenario": scenario, "contender": name, "records_per_sec": rps, "mb_per_sec": mbs,
                             "seconds": secs, "peak_rss_bytes": rss, "ratio_to_baseline": ratio,
-                            "baseline": baselines[scenario], "runs": results})
+                            "baseline": baselines[scenario], "runs": results,
+                            **({"output_records": outs} if counted else {})})
+            if scenario == "write-eos":
+                self.write_eos_ratios(contenders, out)
         os.makedirs(os.path.join(ROOT, "target/bench"), exist_ok=True)
         with open(os.path.join(ROOT, "target/bench/results.json"), "w") as f:
             json.dump({"records": self.a.records, "partitions": self.a.partitions, "reps": self.a.reps,
@@ -952,8 +1030,8 @@ def main():
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "failover", "scaleout"], default=None,
-                   help="one scenario; failover and scaleout run only when asked for")
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout"], default=None,
+                   help="one scenario; write-eos, failover and scaleout run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
     p.add_argument("--failover-contenders", type=lambda s: s.split(","), default=None,
@@ -992,6 +1070,8 @@ def main():
             suite.restore()
         if a.only in (None, "write"):
             suite.write()
+        if a.only == "write-eos":
+            suite.write_eos()
         if a.only == "failover":
             suite.failover()
         if a.only == "scaleout":

@@ -17,7 +17,7 @@ public final class KStreamsBench {
         "               [--overwrite-fraction 0.2] [--delete-fraction 0.05] [--seed 42] [--compact true|false] [--append]",
         "  restore      COMMON [--threads 1] [--timeout-sec 1800]",
         "  tail-restore COMMON [--threads 1] [--timeout-sec 1800]",
-        "  write        COMMON --records N [--threads 1] [--timeout-sec 1800]",
+        "  write        COMMON --records N [--threads 1] [--timeout-sec 1800] [--output-topic T] [--eos]",
         "  consume      --bootstrap H:P --topic T [--timeout-sec 1800]",
         "  failover     --bootstrap H:P --app-id ID --input-topic T --state-dir DIR [--standbys 0]",
         "               [--session-timeout-ms 10000] [--heartbeat-ms 1000]   (event lines on stdout until stdin closes)",

@@ -4,7 +4,9 @@ import java.util.Properties;
 
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.kafka.common.serialization.BytesDeserializer;
+import org.apache.kafka.common.serialization.BytesSerializer;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.StreamsConfig;
@@ -19,6 +21,8 @@ import org.apache.kafka.streams.state.Stores;
  * The one topology shared by restore, tail-restore and write: source(input topic) -> processor
  * that puts each record into a persistent RocksDB key-value store (null value = delete). The
  * store is change-logged with Streams' default changelog, named `<app-id>-<store>-changelog`.
+ * With an output topic (write --output-topic), the processor also forwards every record
+ * unchanged to a sink on that topic (the Processor API's `.to(topic)`).
  */
 final class StoreApp {
     final String bootstrap;
@@ -28,6 +32,8 @@ final class StoreApp {
     final int partitions;
     final String stateDir;
     final int threads;
+    /** write only: the sink topic for one output record per input record; null = no sink. */
+    String outputTopic;
 
     StoreApp(Args a) {
         bootstrap = a.str("bootstrap");
@@ -60,7 +66,10 @@ final class StoreApp {
     Topology topology(ProcessedCounter counter) {
         Topology t = new Topology();
         t.addSource("source", new BytesDeserializer(), new ByteArrayDeserializer(), inputTopic);
-        t.addProcessor("put", () -> new PutProcessor(store, counter), "source");
+        boolean forward = outputTopic != null;
+        t.addProcessor("put", () -> new PutProcessor(store, counter, forward), "source");
+        // Default partitioner: murmur2 of the serialized key, as kstate's Output without a partition.
+        if (forward) t.addSink("out", outputTopic, new BytesSerializer(), new ByteArraySerializer(), "put");
         t.addStateStore(
             Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(store), Serdes.Bytes(), Serdes.ByteArray())
                 .withCachingDisabled()
@@ -69,19 +78,24 @@ final class StoreApp {
         return t;
     }
 
-    /** put(key, value) per record, delete for a null value; counts processed records. */
-    private static final class PutProcessor implements Processor<Bytes, byte[], Void, Void> {
+    /** put(key, value) per record, delete for a null value; with `forward`, then forwards the
+     *  record unchanged (to the sink); counts processed records. */
+    private static final class PutProcessor implements Processor<Bytes, byte[], Bytes, byte[]> {
         private final String storeName;
         private final ProcessedCounter counter;
+        private final boolean forward;
+        private ProcessorContext<Bytes, byte[]> context;
         private KeyValueStore<Bytes, byte[]> kv;
 
-        PutProcessor(String storeName, ProcessedCounter counter) {
+        PutProcessor(String storeName, ProcessedCounter counter, boolean forward) {
             this.storeName = storeName;
             this.counter = counter;
+            this.forward = forward;
         }
 
         @Override
-        public void init(ProcessorContext<Void, Void> context) {
+        public void init(ProcessorContext<Bytes, byte[]> context) {
+            this.context = context;
             kv = context.getStateStore(storeName);
         }
 
@@ -89,6 +103,7 @@ final class StoreApp {
         public void process(Record<Bytes, byte[]> r) {
             if (r.value() == null) kv.delete(r.key());
             else kv.put(r.key(), r.value());
+            if (forward) context.forward(r);
             counter.processed();
         }
     }

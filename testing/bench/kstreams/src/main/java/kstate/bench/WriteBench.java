@@ -10,6 +10,9 @@ import org.apache.kafka.streams.StreamsConfig;
 /**
  * `write`: process a pre-filled input topic with the put/delete topology and time the first to
  * the N-th processed record. Streams creates the changelog itself, so use a fresh --app-id.
+ * `--output-topic T` also sends every input record unchanged to T (which must exist with the
+ * input's partition count: the broker does not create topics); `--eos` runs with
+ * processing.guarantee=exactly_once_v2 instead of at_least_once.
  */
 final class WriteBench {
     private WriteBench() {}
@@ -18,6 +21,8 @@ final class WriteBench {
         StoreApp app = new StoreApp(a);
         long records = a.lng("records");
         long timeoutSec = a.lng("timeout-sec", 1800);
+        app.outputTopic = a.str("output-topic", null);
+        boolean eos = a.bool("eos", false);
         a.requireAllUsed();
 
         try (Admin admin = Topics.admin(app.bootstrap)) {
@@ -31,12 +36,22 @@ final class WriteBench {
             if (Topics.describe(admin, app.changelog()).isPresent()) {
                 throw new IllegalStateException("changelog " + app.changelog() + " already exists; use a fresh --app-id per write run");
             }
+            if (app.outputTopic != null) {
+                TopicDescription out = Topics.describe(admin, app.outputTopic).orElseThrow(() ->
+                    new IllegalStateException("output topic " + app.outputTopic + " does not exist; create it first"));
+                Topics.requirePartitions(out, app.partitions);
+            }
         }
 
         Properties cfg = app.config();
         cfg.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 100);
+        // exactly_once_v2: one transactional producer per stream thread; every commit (each
+        // commit.interval.ms, set explicitly to the same 100 ms as at-least-once) is a transaction.
+        if (eos) cfg.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
         ProcessedCounter counter = new ProcessedCounter(records);
-        Json out = new Json().put("contender", "kafka-streams").put("mode", "write");
+        Json out = new Json().put("contender", "kafka-streams").put("mode", "write")
+            .put("processing_guarantee", cfg.getProperty(StreamsConfig.PROCESSING_GUARANTEE_CONFIG))
+            .put("output_topic", app.outputTopic);
         long closeStart;
         try (StreamsRun run = new StreamsRun(app, cfg, counter, null)) {
             run.streams.cleanUp(); // fresh app-id: nothing to restore, no stale local state
@@ -51,7 +66,9 @@ final class WriteBench {
                 .put("threads", app.threads);
             closeStart = System.nanoTime();
         }
-        // close() flushes the producer and commits: the changelog is complete after it.
+        // close() flushes the producer and commits: the changelog is complete after it. Under
+        // exactly-once every committed transaction also left one marker per partition it wrote,
+        // so the span is larger than N there.
         out.put("close_seconds", (System.nanoTime() - closeStart) / 1e9);
         try (Admin admin = Topics.admin(app.bootstrap)) {
             Optional<TopicDescription> cl = Topics.describe(admin, app.changelog());

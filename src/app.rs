@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::assignment::AssignmentStrategy;
-use crate::config::{AppConfig, ProcessingDecision, StoreDefinition};
+use crate::config::{AppConfig, ProcessingDecision, ProcessingGuarantee, StoreDefinition};
 use crate::error::Result;
 use crate::restore::RestoreListener;
 use crate::record::Record;
@@ -139,6 +139,8 @@ impl Default for AppBuilder {
                 state_cleanup_delay: Duration::from_secs(600),
                 application_server: None,
                 client_tags: Default::default(),
+                processing_guarantee: ProcessingGuarantee::AtLeastOnce,
+                transaction_timeout: Duration::from_secs(10),
             },
         }
     }
@@ -288,6 +290,28 @@ impl AppBuilder {
     /// BENCHMARKS.md lists them all).
     pub fn kafka_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config.kafka_overrides.push((key.into(), value.into()));
+        self
+    }
+
+    /// At-least-once (the default) or exactly-once processing; see
+    /// [`ProcessingGuarantee`]. Under exactly-once every commit is a Kafka
+    /// transaction of kstate's producer, whose `transactional.id` is
+    /// `<application_id>-<process id>` (the process id kept in the state
+    /// directory, so a restarted instance fences its previous incarnation).
+    pub fn processing_guarantee(mut self, guarantee: ProcessingGuarantee) -> Self {
+        self.config.processing_guarantee = guarantee;
+        self
+    }
+
+    /// Exactly-once only: how long a transaction may stay open before the
+    /// brokers abort it (`transaction.timeout.ms`, default 10 s as in Kafka
+    /// Streams). It bounds how long a crashed or frozen instance's
+    /// unfinished commit holds back `read_committed` readers of its
+    /// changelogs and outputs: the next owner of its tasks waits up to this
+    /// long before it restores them. Longer than `commit_interval`, at most
+    /// the brokers' `transaction.max.timeout.ms` (15 min by default).
+    pub fn transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.config.transaction_timeout = timeout;
         self
     }
 

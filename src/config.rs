@@ -77,6 +77,31 @@ pub(crate) struct AppConfig {
     pub(crate) state_cleanup_delay: Duration,
     pub(crate) application_server: Option<String>,
     pub(crate) client_tags: std::collections::BTreeMap<String, String>,
+    pub(crate) processing_guarantee: ProcessingGuarantee,
+    /// `transaction.timeout.ms` of the transactional producer (exactly-once).
+    pub(crate) transaction_timeout: Duration,
+}
+
+/// What a crash can do to the effects of processing (Kafka Streams'
+/// `processing.guarantee`). See the README's "Guarantees" section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ProcessingGuarantee {
+    /// Each commit sends its changelog and output records, waits for their
+    /// acknowledgements, lands the stores, then commits the input offsets.
+    /// After a crash the records since the last commit are processed
+    /// again: stores end up exact (they restore to their checkpoint), but
+    /// output records may be duplicated. Never lost.
+    #[default]
+    AtLeastOnce,
+    /// Each commit is one Kafka transaction holding its changelog records,
+    /// its output records and its input offsets; the stores land only once
+    /// it committed. A crash or a zombie instance leaves nothing of an
+    /// unfinished commit visible to `read_committed` readers: every input
+    /// record's effect on the stores and on the outputs is there exactly
+    /// once. Consumers of the outputs must read with
+    /// `isolation.level=read_committed`.
+    ExactlyOnce,
 }
 
 /// The group membership's timing and identity, read from `kafka_config`
@@ -188,11 +213,29 @@ impl AppConfig {
                 self.probing_rebalance_interval
             )));
         }
+        if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce {
+            if self.transaction_timeout < Duration::from_secs(1) || self.transaction_timeout > Duration::from_secs(900) {
+                return Err(Error::Config(format!(
+                    "transaction_timeout must be between 1 s and 15 min (the brokers' default \
+                     transaction.max.timeout.ms), got {:?}",
+                    self.transaction_timeout
+                )));
+            }
+            if self.transaction_timeout <= self.commit_interval {
+                return Err(Error::Config(format!(
+                    "transaction_timeout ({:?}) must be longer than commit_interval ({:?}): every commit is one transaction",
+                    self.transaction_timeout, self.commit_interval
+                )));
+            }
+        }
         if self.max_uncommitted_bytes == 0 {
             return Err(Error::Config("max_uncommitted_bytes must be greater than zero".into()));
         }
         for (k, _) in &self.kafka_overrides {
-            if matches!(k.as_str(), "group.id" | "enable.auto.commit" | "enable.idempotence" | "bootstrap.servers") {
+            if matches!(
+                k.as_str(),
+                "group.id" | "enable.auto.commit" | "enable.idempotence" | "bootstrap.servers" | "transactional.id" | "transaction.timeout.ms"
+            ) {
                 return Err(Error::Config(format!("kafka config `{k}` is managed by kstate and cannot be overridden")));
             }
         }

@@ -238,6 +238,22 @@ pub enum Error {
         last: Box<Error>,
     },
 
+    /// Exactly-once: a transaction of kstate's producer failed in a way
+    /// kstate does not retry (the brokers refuse transactions, the producer
+    /// was fenced again and again by another process with the same
+    /// `transactional.id`, i.e. the same state directory). Nothing of the
+    /// unfinished transaction is visible to `read_committed` readers; local
+    /// state stays at its last committed checkpoint.
+    #[error("transaction of `{transactional_id}` failed during {operation}: {detail}")]
+    Transaction {
+        /// The producer's `transactional.id`.
+        transactional_id: String,
+        /// What kstate was doing (`init`, `begin`, `send offsets`, `commit`, `abort`).
+        operation: &'static str,
+        /// librdkafka's error.
+        detail: String,
+    },
+
     /// An error from the Kafka client.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),

@@ -77,7 +77,7 @@ mod topic_id;
 pub use app::{App, AppBuilder, ShutdownHandle};
 pub use assignment::AssignmentStrategy;
 pub use changelog::changelog_topic;
-pub use config::{ProcessingDecision, StoreDefinition};
+pub use config::{ProcessingDecision, ProcessingGuarantee, StoreDefinition};
 pub use error::{Error, Result};
 pub use output::Output;
 pub use record::{Headers, Record, TimestampType};

@@ -26,6 +26,7 @@
 //! | `kstate_group_generation` | gauge | the group generation of the current assignment (no store labels) |
 //! | `kstate_tasks` | gauge | tasks on this instance, label `role` (`active`, `standby`; no store labels) |
 //! | `kstate_commit_seconds` | histogram | duration of a commit (no store labels) |
+//! | `kstate_transactions_aborted_total` | counter | exactly-once: transactions aborted (a failed commit, a fenced producer, lost tasks; no store labels) |
 //! | `kstate_offset_commit_failures_total` | counter | offset commits refused or failed, label `kind` (`group_changed`, `retriable`, `fatal`) |
 //! | `kstate_task_reinitialisations_total` | counter | tasks closed and restored after a fault of their own, label `partition` |
 //! | `kstate_skipped_records_total` | counter | records skipped by the processing-exception handler, labels `topic`, `partition` |
@@ -76,6 +77,8 @@ pub const GROUP_GENERATION: &str = "kstate_group_generation";
 pub const TASKS: &str = "kstate_tasks";
 /// Commit latency histogram name.
 pub const COMMIT_SECONDS: &str = "kstate_commit_seconds";
+/// Exactly-once: transactions aborted.
+pub const TRANSACTIONS_ABORTED: &str = "kstate_transactions_aborted_total";
 /// Failed offset commits counter name.
 pub const OFFSET_COMMIT_FAILURES: &str = "kstate_offset_commit_failures_total";
 /// Task re-initialisations counter name.

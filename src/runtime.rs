@@ -17,7 +17,7 @@ use crate::assignment::AssignmentEvent;
 use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
 use crate::codec::Codec;
 use crate::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
-use crate::config::{AppConfig, ProcessingDecision};
+use crate::config::{AppConfig, ProcessingDecision, ProcessingGuarantee};
 use crate::engine::EngineResources;
 use crate::error::{Error, Result};
 use crate::fetch_wake::{self, FetchWaker};
@@ -307,7 +307,25 @@ where
     // One producer serves every changelog, so its batches must fit the
     // smallest max.message.bytes; that is also the per-record limit.
     let max_message_bytes = infos.values().map(|i| i.max_message_bytes).min().unwrap_or(1_000_000);
-    let producer = Arc::new(ChangelogProducer::new(base.clone(), max_message_bytes, config.commit_timeout)?);
+    let process_id = process_id(&config)?;
+    let new_producer: Box<dyn Fn() -> Result<ChangelogProducer> + Send> = {
+        let (base, config) = (base.clone(), config.clone());
+        let transactional_id = format!("{}-{process_id}", config.application_id);
+        Box::new(move || match config.processing_guarantee {
+            ProcessingGuarantee::AtLeastOnce => ChangelogProducer::new(base.clone(), max_message_bytes, config.commit_timeout),
+            ProcessingGuarantee::ExactlyOnce => ChangelogProducer::transactional(
+                base.clone(),
+                max_message_bytes,
+                config.commit_timeout,
+                transactional_id.clone(),
+                config.transaction_timeout,
+                config.startup_timeout,
+            ),
+        })
+    };
+    // Exactly-once: initialising the producer aborts what a previous
+    // incarnation of this instance left open, before anything restores.
+    let producer = Arc::new(new_producer()?);
 
     let mut restore_config = base.clone();
     restore_config.set("group.id", format!("{}-kstate-restore", config.application_id));
@@ -329,6 +347,8 @@ where
     let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
     warn_truncated_changelogs(&brokers, &specs, partitions);
     task_manager.committer = Some(Committer::start(brokers.clone(), config.application_id.clone())?);
+    task_manager.brokers = Some(brokers.clone());
+    task_manager.new_producer = Some(new_producer);
     let shared = Arc::new(Shared { tasks: Mutex::new(task_manager) });
 
     let mut consumer_config = base.clone();
@@ -370,7 +390,7 @@ where
         max_warmup_replicas: config.max_warmup_replicas,
         probing_rebalance_interval: config.probing_rebalance_interval,
         changelog_topics: config.stores.iter().map(|s| crate::changelog_topic(&config.application_id, s.name())).collect(),
-        process_id: process_id(&config)?,
+        process_id,
         endpoint: config.application_server.clone(),
         client_tags: config.client_tags.clone(),
         give_up_after: config.task_timeout,

@@ -129,20 +129,30 @@ impl SealedCommit {
         self.tracker.partition
     }
 
-    /// After the producer was flushed: checks that the records sent landed
-    /// right after the checkpoint, then writes the sealed data and the new
-    /// checkpoint in one RocksDB batch.
+    /// After the producer was flushed (and, under exactly-once, the
+    /// transaction committed): checks that the records sent landed right
+    /// after the checkpoint, then writes the sealed data and the new
+    /// checkpoint (the offset of the last record) in one RocksDB batch.
     pub(crate) fn write(&mut self) -> Result<()> {
         let acked = self.tracker.settle()?;
-        // Only this store writes its changelog partition, so our n records
-        // must be exactly the n offsets after the checkpoint. Anything else
-        // means a foreign writer interleaved records we never applied:
-        // committing would break "state == changelog prefix", so stop
-        // instead (a restart restores what is there).
         let sent = self.writes.len() as i64;
         let ours = self.tracker.take_acked_count() as i64;
         let expected = self.previous.unwrap_or(-1) + sent;
-        if ours != sent || acked != Some(expected) {
+        // At-least-once: only this store writes its changelog partition, so
+        // our n records must be exactly the n offsets after the checkpoint.
+        // Anything else means a foreign writer interleaved records we never
+        // applied: committing would break "state == changelog prefix", so
+        // stop instead (a restart restores what is there).
+        // Exactly-once: transaction markers sit between commits, and a
+        // fenced instance's aborted records may too; transactions (and the
+        // group generation its offsets were sent under) keep anyone else's
+        // records out of what `read_committed` restores, so ours only have
+        // to follow the checkpoint.
+        let landed_right = match self.producer.transactions() {
+            None => acked == Some(expected),
+            Some(_) => acked.is_some_and(|a| a >= expected),
+        };
+        if ours != sent || !landed_right {
             return Err(Error::ChangelogDiverged {
                 topic: self.tracker.topic.clone(),
                 partition: self.tracker.partition,
@@ -150,9 +160,10 @@ impl SealedCommit {
                 found: acked.unwrap_or(-1),
             });
         }
+        let checkpoint = acked.unwrap_or(expected);
         let batch = self.batch.take().expect("built while sending");
-        self.engine.commit_with_age_bound(batch, expected, self.sealed_at_ms)?;
-        self.landed_checkpoint.store(expected, Ordering::Release);
+        self.engine.commit_with_age_bound(batch, checkpoint, self.sealed_at_ms)?;
+        self.landed_checkpoint.store(checkpoint, Ordering::Release);
         Ok(())
     }
 }

@@ -28,6 +28,7 @@ use crate::fetch_wake::FetchWaker;
 use crate::error::{Error, Result};
 use crate::failure::{CommitFailure, RetryRun};
 use crate::group::member::{Generation, SessionClock};
+use crate::group::coordinator::Brokers;
 use crate::group::offsets::{CommitError, Committer};
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
 use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
@@ -164,7 +165,20 @@ pub(crate) struct TaskManager {
     pub(crate) session: Option<SessionClock>,
     /// Failures in a row per task, for the re-initialisation limit.
     failures: HashMap<i32, TaskFailures>,
+    /// kstate's own broker connections (set by the runtime): exactly-once
+    /// waits for stable committed offsets through them.
+    pub(crate) brokers: Option<Brokers>,
+    /// Exactly-once: makes a new transactional producer (same
+    /// `transactional.id`) after the current one was fenced.
+    pub(crate) new_producer: Option<Box<dyn Fn() -> Result<ChangelogProducer> + Send>>,
+    /// Exactly-once: producers fenced since the last committed transaction.
+    fenced_in_a_row: u32,
 }
+
+/// Exactly-once: a producer fenced this many times without a committed
+/// transaction in between ends `run` (another process with the same
+/// `transactional.id`, i.e. the same state directory, is running).
+const MAX_FENCED_IN_A_ROW: u32 = 3;
 
 /// Tasks whose stores open at the same time (each on a thread of its own;
 /// a large assignment opens in waves instead of thousands of threads and
@@ -267,7 +281,15 @@ impl TaskManager {
             generation: None,
             session: None,
             failures: HashMap::new(),
+            brokers: None,
+            new_producer: None,
+            fenced_in_a_row: 0,
         }
+    }
+
+    /// Whether commits are transactions (exactly-once).
+    fn exactly_once(&self) -> bool {
+        self.producer.transactions().is_some()
     }
 
     /// Applies an assignment event. Revocations commit and close at once (the
@@ -300,6 +322,8 @@ impl TaskManager {
         // RocksDB writes in flight must land before their stores close.
         let committed = if lost {
             self.forget_topics(&tps);
+            // Exactly-once: outputs of the lost tasks are in the open transaction.
+            self.abort_open_transaction();
             self.land_inflight(consumer, Offsets::HandBack)
         } else if closing.is_empty() {
             Ok(())
@@ -402,15 +426,24 @@ impl TaskManager {
             let mut task = Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now());
             // A standby promoted in place: its stores are open and nearly
             // up to date, so the restore replays only its lag.
+            let mut promoted = None;
             if self.standbys.remove(&p) == Some(Standby::Following) {
                 if let Some(job) = self.restorer.cancel(p) {
                     tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
                     task.open_at = None;
-                    task.state = TaskState::Restoring;
-                    self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false });
+                    if self.exactly_once() {
+                        // Its restore waits for stable offsets, as an opened task's does.
+                        promoted = Some(job.stores);
+                    } else {
+                        task.state = TaskState::Restoring;
+                        self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false });
+                    }
                 }
             }
             self.tasks.insert(p, task);
+            if let Some(stores) = promoted {
+                self.start_opening(p, incarnation, Some(stores))?;
+            }
         }
         let now = Instant::now();
         let free = MAX_OPENING.saturating_sub(self.opening);
@@ -425,7 +458,7 @@ impl TaskManager {
             })
             .collect();
         for (p, incarnation) in due {
-            self.start_opening(p, incarnation)?;
+            self.start_opening(p, incarnation, None)?;
         }
         for tpl in resume {
             resume_now(consumer, &tpl, self.fetch_waker.as_ref())?;
@@ -436,7 +469,18 @@ impl TaskManager {
     /// Opens a task's stores on a thread of its own: waiting for a
     /// directory lock still held by a previous owner, or a slow RocksDB
     /// open, never stalls the partitions this member is processing.
-    fn start_opening(&mut self, partition: i32, incarnation: u64) -> Result<()> {
+    /// `stores` already open (a promoted standby) are passed through.
+    /// Exactly-once: the thread then waits until the task's committed
+    /// input offsets are stable (no previous owner's transaction still
+    /// open), so that its restore sees everything committed with them.
+    fn start_opening(&mut self, partition: i32, incarnation: u64, stores: Option<Vec<KeyValueStore>>) -> Result<()> {
+        let stable = match (&self.brokers, self.exactly_once()) {
+            (Some(brokers), true) => Some((
+                brokers.clone(),
+                self.config.input_topics.iter().map(|t| (t.clone(), partition)).collect::<Vec<_>>(),
+            )),
+            _ => None,
+        };
         let config = self.config.clone();
         let producer = self.producer.clone();
         let resources = self.resources.clone();
@@ -446,7 +490,20 @@ impl TaskManager {
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
             .spawn(move || {
-                let open_all = || -> Result<Vec<KeyValueStore>> {
+                let open_all = move || -> Result<Vec<KeyValueStore>> {
+                    let wait_stable = |stores: Vec<KeyValueStore>| -> Result<Vec<KeyValueStore>> {
+                        if let Some((brokers, input)) = &stable {
+                            let waited = Instant::now();
+                            crate::group::offsets::fetch_stable(brokers, &config.application_id, input, config.task_timeout)?;
+                            if waited.elapsed() >= Duration::from_secs(1) {
+                                tracing::info!(partition, waited = ?waited.elapsed(), "committed offsets stable; restoring");
+                            }
+                        }
+                        Ok(stores)
+                    };
+                    if let Some(stores) = stores {
+                        return wait_stable(stores);
+                    }
                     let mut stores = Vec::with_capacity(config.stores.len());
                     for def in &config.stores {
                         let changelog_topic = crate::changelog_topic(&config.application_id, def.name());
@@ -462,7 +519,7 @@ impl TaskManager {
                             lock_timeout: config.lock_timeout,
                         })?);
                     }
-                    Ok(stores)
+                    wait_stable(stores)
                 };
                 // A reply on every path, so the opener count stays right.
                 let stores = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open_all)).unwrap_or_else(|_| {
@@ -535,7 +592,86 @@ impl TaskManager {
     /// in full), and processing restarts at its last committed offset. The
     /// other tasks go on. After [`MAX_TASK_FAILURES`] in a row, failing for
     /// at least `task_timeout`, it fails with [`Error::TaskFailed`].
+    ///
+    /// Exactly-once: a running task may have sent outputs into the open
+    /// transaction, beside every other running task's: the transaction is
+    /// aborted and every running task re-initialised.
     fn reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
+        let running = self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Running);
+        if running && self.producer.in_transaction() {
+            return self.abort_and_reinitialise(consumer, &cause, false);
+        }
+        self.reinitialise_one(consumer, partition, cause)
+    }
+
+    /// Exactly-once: the open transaction must not commit (it failed, or a
+    /// task in it did): aborts it, so nothing sent since the last commit
+    /// becomes visible, and re-initialises every running task (their
+    /// uncommitted writes and outputs are gone; they restore from their
+    /// checkpoints and process again from their committed offsets). A
+    /// `fatal` failure (the producer was fenced) replaces the producer
+    /// first; every task and standby is then reopened on the new one.
+    fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool) -> Result<()> {
+        metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        if !fatal {
+            if let Err(e) = self.producer.abort_transaction(self.config.commit_timeout) {
+                tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout");
+                fatal = true;
+            }
+        }
+        let id = self.producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
+        let partitions: Vec<i32> = if fatal {
+            self.fenced_in_a_row += 1;
+            if self.fenced_in_a_row >= MAX_FENCED_IN_A_ROW {
+                tracing::error!(transactional_id = %id, times = self.fenced_in_a_row, error = %cause,
+                    "the producer was fenced again and again: is another instance running on the same state directory?");
+                return Err(Error::Transaction {
+                    transactional_id: id,
+                    operation: "commit",
+                    detail: format!("fenced {} times in a row without a commit in between; last: {cause}", self.fenced_in_a_row),
+                });
+            }
+            tracing::warn!(transactional_id = %id, error = %cause,
+                "the transactional producer was fenced; replacing it and re-initialising every task (nothing of the open transaction is visible)");
+            let Some(new_producer) = &self.new_producer else {
+                return Err(Error::Transaction { transactional_id: id, operation: "commit", detail: cause.to_string() });
+            };
+            self.producer = Arc::new(new_producer()?);
+            self.outputs = OutputSink::new(self.producer.clone());
+            // Standby stores hold the old producer: reopen them (update_standbys does).
+            for (p, state) in std::mem::take(&mut self.standbys) {
+                if state == Standby::Following {
+                    if let Some(job) = self.restorer.cancel(p) {
+                        self.close_in_background(job.stores);
+                    }
+                }
+            }
+            self.tasks.keys().copied().collect()
+        } else {
+            tracing::warn!(transactional_id = %id, error = %cause,
+                "transaction aborted; re-initialising the running tasks from their checkpoints and committed offsets");
+            self.tasks.values().filter(|t| t.state == TaskState::Running).map(|t| t.partition).collect()
+        };
+        for p in partitions {
+            self.reinitialise_one(consumer, p, Error::Transaction { transactional_id: id.clone(), operation: "commit", detail: cause.to_string() })?;
+        }
+        Ok(())
+    }
+
+    /// Exactly-once: aborts the open transaction, if any, for tasks that
+    /// are all being closed without commit (lost, or at a failed shutdown).
+    fn abort_open_transaction(&mut self) {
+        if !self.producer.in_transaction() {
+            return;
+        }
+        metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        match self.producer.abort_transaction(self.config.commit_timeout) {
+            Ok(()) => tracing::info!("open transaction aborted"),
+            Err(e) => tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout"),
+        }
+    }
+
+    fn reinitialise_one<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
         let Some(mut task) = self.tasks.remove(&partition) else { return Ok(()) };
         let now = Instant::now();
         let failures = self.failures.entry(partition).or_default();
@@ -692,7 +828,7 @@ impl TaskManager {
             .take(free)
             .collect();
         for (p, incarnation) in due {
-            self.start_opening(p, incarnation)?;
+            self.start_opening(p, incarnation, None)?;
         }
         Ok(())
     }
@@ -782,9 +918,19 @@ impl TaskManager {
     /// away) nothing is sealed and `false` is returned: processing goes on
     /// and the next call retries; the runtime stops taking records once
     /// `max_uncommitted_bytes` is reached (see [`TaskManager::backpressure`]).
+    ///
+    /// Exactly-once: the commit is one transaction, written on this thread
+    /// (see [`TaskManager::commit_transaction`]).
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<bool> {
         if self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) || !self.session_alive() {
             return Ok(false);
+        }
+        if self.exactly_once() {
+            if self.session.as_ref().is_some_and(SessionClock::between_generations) {
+                return Ok(false); // right after the new assignment is applied
+            }
+            self.commit_transaction(consumer)?;
+            return Ok(true);
         }
         let (info, sealed) = self.seal_running(consumer, None)?;
         // Output records are waited for like changelog records.
@@ -1090,7 +1236,24 @@ impl TaskManager {
     /// the changelog and wait for every acknowledgement, write each store's
     /// writes and checkpoint in one RocksDB batch, then commit the input
     /// offsets once.
+    ///
+    /// Exactly-once: every running task commits (one transaction holds
+    /// them all), not only the closing ones.
     pub(crate) fn commit_closing<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
+        if self.exactly_once() {
+            if self.session_alive() {
+                return self.commit_transaction(consumer);
+            }
+            tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
+            if self.producer.in_transaction() {
+                let cause = Error::GroupMembership { group: self.config.application_id.clone(), detail: "session expired".into() };
+                return self.abort_and_reinitialise(consumer, &cause, false);
+            }
+            for task in self.tasks.values_mut().filter(|t| only.is_none_or(|o| o.contains(&t.partition))) {
+                task.stores.iter_mut().for_each(KeyValueStore::discard_uncommitted);
+            }
+            return Ok(());
+        }
         // A member the group may have dropped must not write.
         if !self.session_alive() {
             tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
@@ -1110,6 +1273,62 @@ impl TaskManager {
         let failed = write_sealed(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout)?;
         self.mark_landed(&info.partitions, &failed);
         self.finish_commit(consumer, info, failed, Offsets::CommitClosing, "committed")
+    }
+
+    /// The exactly-once commit, one transaction: seals every running task's
+    /// writes, sends them to the changelogs inside the open transaction
+    /// (the outputs went there as they were sent), waits for every
+    /// acknowledgement, adds the input offsets under the member's
+    /// generation, commits the transaction, and only then lands each
+    /// store's writes and checkpoint in RocksDB. On this thread: the next
+    /// period's outputs belong to the next transaction. A failure aborts
+    /// the transaction and re-initialises the running tasks; failures that
+    /// no retry mends (an output or changelog record refused) also end `run`.
+    fn commit_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        let (info, sealed) = self.seal_running(consumer, None)?;
+        let outputs = self.outputs.rotate();
+        if sealed.is_empty() && info.offsets.count() == 0 && !self.producer.in_transaction() {
+            return Ok(());
+        }
+        let Some(generation) = self.generation.clone() else {
+            let cause = Error::GroupMembership {
+                group: self.config.application_id.clone(),
+                detail: "no current generation to commit under".into(),
+            };
+            return self.abort_and_reinitialise(consumer, &cause, false);
+        };
+        let written = write_transaction(
+            sealed,
+            &self.producer,
+            outputs,
+            (&self.config.application_id, &generation, &offsets_of(&info.offsets)),
+            self.config.commit_timeout,
+            self.config.task_timeout,
+        );
+        match written {
+            Ok(failed) => {
+                self.fenced_in_a_row = 0;
+                self.mark_landed(&info.partitions, &failed);
+                self.committed(&info.offsets);
+                let seconds = info.started.elapsed().as_secs_f64();
+                metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
+                tracing::debug!(seconds, offsets = info.offsets.count(), "transaction committed");
+                // Their transaction committed: they restore it from the changelogs.
+                for (partition, e) in failed {
+                    self.reinitialise_one(consumer, partition, e)?;
+                }
+                self.refresh_engine_metrics();
+                Ok(())
+            }
+            Err(TxnFailure { error, fatal, ends_run }) => {
+                self.abort_and_reinitialise(consumer, &error, fatal)?;
+                if ends_run {
+                    Err(*error)
+                } else {
+                    Ok(())
+                }
+            }
+        }
     }
 
     /// The first step of every commit, for `only` these partitions or all
@@ -1178,6 +1397,7 @@ impl TaskManager {
     /// Drops every task's uncommitted writes (after a failure).
     pub(crate) fn discard_all(&mut self) {
         self.wait_inflight();
+        self.abort_open_transaction();
         for s in self.tasks.values_mut().flat_map(|t| &mut t.stores) {
             s.discard_uncommitted();
         }
@@ -1282,6 +1502,86 @@ fn write_sealed(
         }
     }
     Ok(failed)
+}
+
+/// Why an exactly-once commit failed: the transaction is aborted, and
+/// `run` ends if `ends_run` (a record the brokers refuse, acknowledgements
+/// that never came); `fatal` if the producer is unusable (fenced).
+struct TxnFailure {
+    error: Box<Error>,
+    fatal: bool,
+    ends_run: bool,
+}
+
+impl From<Error> for TxnFailure {
+    fn from(error: Error) -> Self {
+        // A transaction that could not even begin: replace the producer.
+        let fatal = matches!(error, Error::Transaction { .. });
+        let ends_run = match &error {
+            // Timed out while frozen or while the brokers were away, or the
+            // producer fenced: only this transaction is lost.
+            Error::ChangelogDelivery { source, .. } | Error::OutputDelivery { source, .. } => {
+                !crate::changelog::dooms_transaction_only(source)
+            }
+            Error::CommitTimeout(_) | Error::RecordTooLarge { .. } => true,
+            _ => false,
+        };
+        TxnFailure { error: Box::new(error), fatal, ends_run }
+    }
+}
+
+/// The exactly-once counterpart of [`write_sealed`]: sends the sealed
+/// writes inside the open transaction, waits for every acknowledgement
+/// (changelogs and outputs), commits the transaction with the input
+/// offsets (`group`, `generation`, `offsets`), then writes RocksDB. A store
+/// whose RocksDB write fails after the commit fails its task only (it
+/// restores the committed records).
+fn write_transaction(
+    sealed: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    outputs: Option<Arc<DeliveryTracker>>,
+    (group, generation, offsets): (&str, &Generation, &[(String, i32, i64)]),
+    timeout: Duration,
+    patience: Duration,
+) -> std::result::Result<FailedTasks, TxnFailure> {
+    let mut items = sealed;
+    for s in &mut items {
+        s.send_and_build()?;
+    }
+    producer.flush_patiently(timeout, patience)?;
+    let mut ours: Vec<&DeliveryTracker> = items.iter().map(SealedCommit::tracker).collect();
+    ours.extend(outputs.as_deref());
+    producer.settle_trackers(&ours, timeout, patience)?;
+    if let Some(outputs) = &outputs {
+        outputs.settle_outputs()?;
+        producer.release(outputs);
+    }
+    for s in &items {
+        s.tracker().settle()?;
+    }
+    let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
+    if producer.transaction_broken() {
+        let detail = "an output was refused with the transaction in a failed state".to_string();
+        let error = Box::new(Error::Transaction { transactional_id: id, operation: "send", detail });
+        return Err(TxnFailure { error, fatal: false, ends_run: false });
+    }
+    let started = Instant::now();
+    loop {
+        match producer.commit_transaction(group, generation, offsets, timeout) {
+            Ok(()) => break,
+            Err(e) if e.retriable && !e.abortable && !e.fatal && started.elapsed() < patience => {
+                tracing::warn!(error = %e, "committing the transaction failed; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                let fatal = e.fatal;
+                return Err(TxnFailure { error: Box::new(e.into_error(&id)), fatal, ends_run: false });
+            }
+        }
+    }
+    let mut items: Vec<(SealedCommit, Option<Error>)> = items.into_iter().map(|s| (s, None)).collect();
+    on_cores(&mut items, |(s, failure)| *failure = s.write().err());
+    Ok(items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect())
 }
 
 /// Runs `f` on every item, spread over the machine's cores.

@@ -226,6 +226,9 @@ offsets.topic.num.partitions=5
 transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=5
+# A crashed or frozen exactly-once instance's transaction is aborted within
+# about 1 s of its transaction.timeout.ms (default check: every 10 s).
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 share.coordinator.state.topic.num.partitions=5

@@ -108,6 +108,7 @@ fn unreachable_broker_fails_within_the_startup_timeout() {
 #[test]
 fn bad_configuration_is_rejected_before_connecting() {
     let base = || App::builder().application_id("a").bootstrap_servers("x:1").input_topic("t").state_dir("/tmp/x");
+    let eos = || base().processing_guarantee(kstate::ProcessingGuarantee::ExactlyOnce);
     let cases = [
         ("empty application id", base().application_id("")),
         ("bad application id", base().application_id("has space")),
@@ -125,11 +126,19 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("no warmups", base().max_warmup_replicas(0)),
         ("probing interval below 1 s", base().probing_rebalance_interval(Duration::from_millis(10))),
         ("state memory below 16 MiB", base().max_state_memory(1 << 20)),
+        ("transactional.id is kstate's", base().kafka_config("transactional.id", "mine")),
+        ("transaction.timeout.ms is a builder setting", base().kafka_config("transaction.timeout.ms", "5000")),
+        ("transaction timeout below 1 s", eos().transaction_timeout(Duration::from_millis(500))),
+        ("transaction timeout above 15 min", eos().transaction_timeout(Duration::from_secs(3600))),
+        ("transaction timeout not above the commit interval", eos().commit_interval(Duration::from_secs(20)).transaction_timeout(Duration::from_secs(10))),
     ];
     for (what, b) in cases {
         assert!(matches!(b.build(), Err(Error::Config(_))), "{what} must be Error::Config");
     }
     assert!(base().store(StoreDefinition::new("ok")).build().is_ok());
+    assert!(eos().store(StoreDefinition::new("ok")).build().is_ok());
+    // The transaction timeout matters only under exactly-once.
+    assert!(base().transaction_timeout(Duration::from_millis(1)).build().is_ok());
 }
 
 #[test]

@@ -184,6 +184,13 @@ impl Connection {
         Ok((self.send_version(request, version)?, version))
     }
 
+    /// Sends `request` in the negotiated version, but at most `max` (a
+    /// newer version changes the request's shape).
+    pub(crate) fn send_at_most<R: Request>(&mut self, request: &R, max: i16) -> Result<(R::Response, i16)> {
+        let version = self.version::<R>()?.min(max);
+        Ok((self.send_version(request, version)?, version))
+    }
+
     fn send_version<R: Request>(&mut self, request: &R, version: i16) -> Result<R::Response> {
         let mut body = self.roundtrip::<R>(request, version)?;
         R::Response::decode(&mut body, version).map_err(|e| self.protocol_error(R::KEY, e))

@@ -101,6 +101,10 @@ pub(crate) struct SessionClock {
     /// A JoinGroup is waiting at the coordinator, which does not expire
     /// members waiting to rejoin: the session holds meanwhile.
     joining: Arc<AtomicBool>,
+    /// A JoinGroup answered (the group moved to a new generation) and the
+    /// runtime has not applied its outcome yet: the current generation is
+    /// stale, commits under it would be refused.
+    between_generations: Arc<AtomicBool>,
 }
 
 impl SessionClock {
@@ -111,7 +115,16 @@ impl SessionClock {
             timeout,
             expired: Arc::new(AtomicBool::new(false)),
             joining: Arc::new(AtomicBool::new(false)),
+            between_generations: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Whether the group moved to a generation whose assignment the
+    /// runtime has not applied yet (exactly-once commits wait: a
+    /// transaction's offsets sent under the old generation would be
+    /// refused and the whole transaction aborted).
+    pub(crate) fn between_generations(&self) -> bool {
+        self.between_generations.load(Ordering::SeqCst)
     }
 
     fn confirmed(&self) {
@@ -593,7 +606,10 @@ impl Member {
         let mut found = None;
         loop {
             match self.commands.recv_timeout(self.settings.heartbeat_interval) {
-                Ok(Command::Applied) => return Ok(found),
+                Ok(Command::Applied) => {
+                    self.session.between_generations.store(false, Ordering::SeqCst);
+                    return Ok(found);
+                }
                 Ok(Command::Leave) | Err(RecvTimeoutError::Disconnected) => return Ok(None),
                 Err(RecvTimeoutError::Timeout) => {}
                 #[cfg(test)]
@@ -772,7 +788,7 @@ impl Member {
         self.session.joining.store(false, Ordering::SeqCst);
         let Some(response) = sent? else { return Ok(None) };
         match ResponseError::try_from_code(response.error_code) {
-            None => {}
+            None => self.session.between_generations.store(true, Ordering::SeqCst),
             Some(ResponseError::MemberIdRequired) => {
                 // Kafka 2.2+: the first JoinGroup only hands out the member id.
                 self.member_id = response.member_id.to_string();

@@ -65,6 +65,133 @@ pub(crate) fn commit(
     Ok(results)
 }
 
+/// Committed offsets by (topic, partition); `None`: nothing committed.
+pub(crate) type StableOffsets = BTreeMap<(String, i32), Option<i64>>;
+
+/// Waits until the committed offsets of `partitions` (topic, partition)
+/// in `group` are stable, i.e. no transaction that sent offsets for them is
+/// still open (OffsetFetch with `require_stable`, KIP-447), and returns
+/// them (`None`: nothing committed). Retried while UNSTABLE_OFFSET_COMMIT
+/// or the coordinator is away, up to `timeout`.
+///
+/// Exactly-once: a task's new owner restores its changelogs only after
+/// this, so that a previous owner's transaction that commits meanwhile
+/// cannot leave the restored state behind the committed offsets.
+pub(crate) fn fetch_stable(
+    brokers: &Brokers,
+    group: &str,
+    partitions: &[(String, i32)],
+    timeout: Duration,
+) -> Result<StableOffsets> {
+    use kafka_protocol::messages::offset_fetch_request::{OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics};
+    use kafka_protocol::messages::OffsetFetchRequest;
+    let started = std::time::Instant::now();
+    let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (topic, p) in partitions {
+        by_topic.entry(topic).or_default().push(*p);
+    }
+    let group_id = GroupId(StrBytes::from_string(group.to_string()));
+    let mut rotate = 0;
+    let mut last = String::new();
+    let mut logged = false;
+    loop {
+        if started.elapsed() >= timeout {
+            return Err(crate::error::Error::OffsetCommit(format!(
+                "committed offsets of {partitions:?} not stable after {timeout:?}: {last}"
+            )));
+        }
+        if !logged && started.elapsed() >= Duration::from_secs(2) {
+            logged = true;
+            tracing::info!(?partitions, reason = %last,
+                "waiting for a previous owner's open transaction to end before restoring (at most transaction_timeout)");
+        }
+        rotate += 1;
+        // Ok(Err(why)): the coordinator answered, but not yet stable.
+        let attempt = (|| -> Result<std::result::Result<StableOffsets, String>> {
+            let mut conn = brokers.coordinator(group, rotate)?;
+            let version = conn.version::<OffsetFetchRequest>()?;
+            if version < 7 {
+                return Err(crate::error::Error::UnsupportedBroker {
+                    broker: conn.broker().to_string(),
+                    detail: "exactly-once needs OffsetFetch v7 (require_stable, Kafka 2.5 or newer)".into(),
+                });
+            }
+            let mut request = OffsetFetchRequest::default();
+            request.require_stable = true;
+            if version >= 8 {
+                let mut g = OffsetFetchRequestGroup::default();
+                g.group_id = group_id.clone();
+                g.topics = Some(
+                    by_topic
+                        .iter()
+                        .map(|(t, ps)| {
+                            let mut x = OffsetFetchRequestTopics::default();
+                            x.name = TopicName(StrBytes::from_string(t.to_string()));
+                            x.partition_indexes = ps.clone();
+                            x
+                        })
+                        .collect(),
+                );
+                request.groups = vec![g];
+            } else {
+                request.group_id = group_id.clone();
+                request.topics = Some(
+                    by_topic
+                        .iter()
+                        .map(|(t, ps)| {
+                            let mut x = OffsetFetchRequestTopic::default();
+                            x.name = TopicName(StrBytes::from_string(t.to_string()));
+                            x.partition_indexes = ps.clone();
+                            x
+                        })
+                        .collect(),
+                );
+            }
+            let (response, version) = conn.send_at_most(&request, 8)?;
+            let mut found = BTreeMap::new();
+            let mut problem = None;
+            let mut note = |topic: &str, p: i32, offset: i64, code: i16| match ResponseError::try_from_code(code) {
+                None => {
+                    found.insert((topic.to_string(), p), (offset >= 0).then_some(offset));
+                }
+                Some(e) => problem = Some(format!("{topic} [{p}]: {e}")),
+            };
+            if version >= 8 {
+                for g in &response.groups {
+                    if let Some(e) = ResponseError::try_from_code(g.error_code) {
+                        return Ok(Err(format!("group {group}: {e}")));
+                    }
+                    for t in &g.topics {
+                        for p in &t.partitions {
+                            note(&t.name, p.partition_index, p.committed_offset, p.error_code);
+                        }
+                    }
+                }
+            } else {
+                if let Some(e) = ResponseError::try_from_code(response.error_code) {
+                    return Ok(Err(format!("group {group}: {e}")));
+                }
+                for t in &response.topics {
+                    for p in &t.partitions {
+                        note(&t.name, p.partition_index, p.committed_offset, p.error_code);
+                    }
+                }
+            }
+            Ok(match problem {
+                Some(p) => Err(p),
+                None => Ok(found),
+            })
+        })();
+        match attempt {
+            Ok(Ok(found)) => return Ok(found),
+            Ok(Err(why)) => last = why,
+            Err(e @ crate::error::Error::UnsupportedBroker { .. }) => return Err(e),
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Why an offset commit failed, and what that means (see [`CommitFailure`]).
 #[derive(Debug, Clone)]
 pub(crate) struct CommitError {

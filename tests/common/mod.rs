@@ -161,7 +161,15 @@ pub fn read_partition_at(bootstrap: &str, topic: &str, partition: i32) -> Vec<(i
     let deadline = Instant::now() + TIMEOUT;
     loop {
         if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-            let m = m.unwrap();
+            let m = match m {
+                Ok(m) => m,
+                // A connection dropped on a busy machine: librdkafka reconnects.
+                Err(e) => {
+                    eprintln!("reading {topic}[{partition}]: {e}; retrying");
+                    assert!(Instant::now() < deadline, "reading {topic}[{partition}] timed out");
+                    continue;
+                }
+            };
             out.push((m.offset(), m.key().unwrap_or_default().to_vec(), m.payload().map(<[u8]>::to_vec)));
             if m.offset() + 1 >= high {
                 return out;

@@ -153,6 +153,9 @@ fn apply_group_events(
             GroupEvent::Assigned { generation, active, standby, since } => {
                 let owned = tasks.partitions();
                 tasks.generation = Some(generation.clone());
+                // Exactly-once: a commit caught by this rebalance completes
+                // under the new generation, before anything is revoked.
+                let parked = tasks.complete_parked(consumer);
                 tasks.set_standby_target(standby.clone());
                 let revoked: Vec<i32> = owned.difference(&active).copied().collect();
                 let new: Vec<i32> = active.difference(&owned).copied().collect();
@@ -183,6 +186,7 @@ fn apply_group_events(
                     tasks.on_event(consumer, AssignmentEvent::Assigned(tps))?;
                 }
                 membership.applied();
+                parked?;
                 metrics::counter!(crate::metrics::REBALANCES).increment(1);
                 metrics::histogram!(crate::metrics::REBALANCE_SECONDS).record(since.elapsed().as_secs_f64());
                 metrics::gauge!(crate::metrics::GROUP_GENERATION).set(generation.id as f64);
@@ -582,6 +586,13 @@ where
                     if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
                         last_commit = Instant::now();
                     }
+                    if tasks.is_parked() {
+                        // Exactly-once: a commit waits for the group's new
+                        // generation; the rest of the batch must not add
+                        // outputs to its transaction. Read it again later.
+                        seek_back.extend(first_offsets(polled.iter().skip(i)));
+                        break;
+                    }
                 }
                 let (partition, offset) = (msg.partition(), msg.offset());
                 let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
@@ -611,9 +622,15 @@ where
                 };
                 process_one(&mut tasks, config, store_index, &record, processor)?;
             }
+            // The lowest offset per partition: nothing is skipped.
+            let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
             for (topic, partition, offset) in seek_back {
+                let o = lowest.entry((topic, partition)).or_insert(offset);
+                *o = (*o).min(offset);
+            }
+            for ((topic, partition), offset) in lowest {
                 if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
-                    tracing::warn!(error = %e, %topic, partition, offset, "seeking back after a consumer error failed");
+                    tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
                 }
             }
             if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
@@ -625,6 +642,18 @@ where
         }
     }
     Ok(())
+}
+
+/// The first offset of each (topic, partition) among `msgs`.
+fn first_offsets<'m>(msgs: impl Iterator<Item = crate::consumer_batch::PolledMessage<'m>>) -> Vec<(String, i32, i64)> {
+    let mut first: Vec<(String, i32, i64)> = Vec::new();
+    for m in msgs {
+        let Ok(topic) = std::str::from_utf8(m.topic()) else { continue };
+        if m.offset() >= 0 && !first.iter().any(|(t, p, _)| *p == m.partition() && t == topic) {
+            first.push((topic.to_string(), m.partition(), m.offset()));
+        }
+    }
+    first
 }
 
 /// Logs consumer errors without flooding: while brokers are down librdkafka

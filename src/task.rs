@@ -173,6 +173,17 @@ pub(crate) struct TaskManager {
     pub(crate) new_producer: Option<Box<dyn Fn() -> Result<ChangelogProducer> + Send>>,
     /// Exactly-once: producers fenced since the last committed transaction.
     fenced_in_a_row: u32,
+    /// Exactly-once: a commit whose records were all acknowledged when the
+    /// group moved to a new generation; its transaction stays open until
+    /// the runtime applies that generation ([`TaskManager::complete_parked`]).
+    /// No records are taken meanwhile.
+    parked: Option<ParkedCommit>,
+}
+
+/// See [`TaskManager::parked`].
+struct ParkedCommit {
+    info: CommitInfo,
+    items: Vec<SealedCommit>,
 }
 
 /// Exactly-once: a producer fenced this many times without a committed
@@ -284,6 +295,7 @@ impl TaskManager {
             brokers: None,
             new_producer: None,
             fenced_in_a_row: 0,
+            parked: None,
         }
     }
 
@@ -613,6 +625,7 @@ impl TaskManager {
     /// first; every task and standby is then reopened on the new one.
     fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool) -> Result<()> {
         metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        self.parked = None;
         if !fatal {
             if let Err(e) = self.producer.abort_transaction(self.config.commit_timeout) {
                 tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout");
@@ -661,6 +674,7 @@ impl TaskManager {
     /// Exactly-once: aborts the open transaction, if any, for tasks that
     /// are all being closed without commit (lost, or at a failed shutdown).
     fn abort_open_transaction(&mut self) {
+        self.parked = None;
         if !self.producer.in_transaction() {
             return;
         }
@@ -926,10 +940,10 @@ impl TaskManager {
             return Ok(false);
         }
         if self.exactly_once() {
-            if self.session.as_ref().is_some_and(SessionClock::between_generations) {
-                return Ok(false); // right after the new assignment is applied
+            if self.parked.is_some() || self.session.as_ref().is_some_and(|s| !s.generation_settled()) {
+                return Ok(false); // once the group's new assignment is applied
             }
-            self.commit_transaction(consumer)?;
+            self.commit_transaction(consumer, false)?;
             return Ok(true);
         }
         let (info, sealed) = self.seal_running(consumer, None)?;
@@ -960,6 +974,9 @@ impl TaskManager {
     /// reached `max_uncommitted_bytes` while a commit is still being
     /// written, so a new one cannot start.
     pub(crate) fn backpressure(&mut self) -> bool {
+        if self.parked.is_some() {
+            return true;
+        }
         let excess = self.resources.memtable_excess();
         if excess > 0 {
             self.relieve_memtables(excess);
@@ -1242,7 +1259,10 @@ impl TaskManager {
     pub(crate) fn commit_closing<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, only: Option<&[i32]>) -> Result<()> {
         if self.exactly_once() {
             if self.session_alive() {
-                return self.commit_transaction(consumer);
+                // Never parked: tasks close right after it, and a revoke
+                // runs under the new generation (the membership waits
+                // until it is applied before it joins again).
+                return self.commit_transaction(consumer, true);
             }
             tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
             if self.producer.in_transaction() {
@@ -1284,12 +1304,63 @@ impl TaskManager {
     /// period's outputs belong to the next transaction. A failure aborts
     /// the transaction and re-initialises the running tasks; failures that
     /// no retry mends (an output or changelog record refused) also end `run`.
-    fn commit_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+    ///
+    /// A commit `closing` tasks (a revoke while the new generation is
+    /// applied, or shutdown) completes at once; any other waits (is parked)
+    /// while the group moves to a new generation.
+    fn commit_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, closing: bool) -> Result<()> {
+        if self.parked.is_some() {
+            // Still no new generation to complete it under (shutdown while
+            // rebalancing): its input is processed again by whoever owns it.
+            let cause = Error::GroupMembership {
+                group: self.config.application_id.clone(),
+                detail: "the group moved to a new generation during the last commit".into(),
+            };
+            return self.abort_and_reinitialise(consumer, &cause, false);
+        }
         let (info, sealed) = self.seal_running(consumer, None)?;
         let outputs = self.outputs.rotate();
         if sealed.is_empty() && info.offsets.count() == 0 && !self.producer.in_transaction() {
             return Ok(());
         }
+        let sent = send_transaction(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout);
+        let items = match sent {
+            Ok(items) => items,
+            Err(failure) => return self.transaction_failed(consumer, failure),
+        };
+        let session = self.session.clone();
+        let _gate = session.as_ref().map(SessionClock::commit_gate);
+        if !closing && session.as_ref().is_some_and(|s| !s.generation_settled()) {
+            // The group is moving to a new generation: offsets under the
+            // old one could be refused and the whole transaction aborted.
+            // Complete it under the new one.
+            tracing::info!("the group is rebalancing; the commit completes under the new generation");
+            self.parked = Some(ParkedCommit { info, items });
+            return Ok(());
+        }
+        self.complete_transaction(consumer, info, items)
+    }
+
+    /// Exactly-once: whether a commit is parked (see [`TaskManager::parked`]).
+    pub(crate) fn is_parked(&self) -> bool {
+        self.parked.is_some()
+    }
+
+    /// Exactly-once: completes a commit parked while the group moved to a
+    /// new generation, under that generation (called when the runtime
+    /// applies it, before any task is revoked: no other member has
+    /// processed these tasks' input since).
+    pub(crate) fn complete_parked<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        match self.parked.take() {
+            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items),
+            None => Ok(()),
+        }
+    }
+
+    /// Exactly-once, after every record of the commit was acknowledged:
+    /// sends its offsets under the current generation, commits the
+    /// transaction, then lands the stores.
+    fn complete_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, info: CommitInfo, items: Vec<SealedCommit>) -> Result<()> {
         let Some(generation) = self.generation.clone() else {
             let cause = Error::GroupMembership {
                 group: self.config.application_id.clone(),
@@ -1297,10 +1368,9 @@ impl TaskManager {
             };
             return self.abort_and_reinitialise(consumer, &cause, false);
         };
-        let written = write_transaction(
-            sealed,
+        let written = finish_transaction(
+            items,
             &self.producer,
-            outputs,
             (&self.config.application_id, &generation, &offsets_of(&info.offsets)),
             self.config.commit_timeout,
             self.config.task_timeout,
@@ -1320,14 +1390,18 @@ impl TaskManager {
                 self.refresh_engine_metrics();
                 Ok(())
             }
-            Err(TxnFailure { error, fatal, ends_run }) => {
-                self.abort_and_reinitialise(consumer, &error, fatal)?;
-                if ends_run {
-                    Err(*error)
-                } else {
-                    Ok(())
-                }
-            }
+            Err(failure) => self.transaction_failed(consumer, failure),
+        }
+    }
+
+    /// Aborts after a failed exactly-once commit; `run` ends if the failure says so.
+    fn transaction_failed<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, failure: TxnFailure) -> Result<()> {
+        let TxnFailure { error, fatal, ends_run } = failure;
+        self.abort_and_reinitialise(consumer, &error, fatal)?;
+        if ends_run {
+            Err(*error)
+        } else {
+            Ok(())
         }
     }
 
@@ -1530,20 +1604,16 @@ impl From<Error> for TxnFailure {
     }
 }
 
-/// The exactly-once counterpart of [`write_sealed`]: sends the sealed
-/// writes inside the open transaction, waits for every acknowledgement
-/// (changelogs and outputs), commits the transaction with the input
-/// offsets (`group`, `generation`, `offsets`), then writes RocksDB. A store
-/// whose RocksDB write fails after the commit fails its task only (it
-/// restores the committed records).
-fn write_transaction(
+/// The exactly-once counterpart of [`write_sealed`], first half: sends the
+/// sealed writes inside the open transaction and waits for every
+/// acknowledgement (changelogs and outputs).
+fn send_transaction(
     sealed: Vec<SealedCommit>,
     producer: &ChangelogProducer,
     outputs: Option<Arc<DeliveryTracker>>,
-    (group, generation, offsets): (&str, &Generation, &[(String, i32, i64)]),
     timeout: Duration,
     patience: Duration,
-) -> std::result::Result<FailedTasks, TxnFailure> {
+) -> std::result::Result<Vec<SealedCommit>, TxnFailure> {
     let mut items = sealed;
     for s in &mut items {
         s.send_and_build()?;
@@ -1559,12 +1629,27 @@ fn write_transaction(
     for s in &items {
         s.tracker().settle()?;
     }
-    let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
     if producer.transaction_broken() {
+        let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
         let detail = "an output was refused with the transaction in a failed state".to_string();
         let error = Box::new(Error::Transaction { transactional_id: id, operation: "send", detail });
         return Err(TxnFailure { error, fatal: false, ends_run: false });
     }
+    Ok(items)
+}
+
+/// Second half: commits the transaction with the input offsets (`group`,
+/// `generation`, `offsets`), then writes RocksDB. A store whose RocksDB
+/// write fails after the commit fails its task only (it restores the
+/// committed records).
+fn finish_transaction(
+    items: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    (group, generation, offsets): (&str, &Generation, &[(String, i32, i64)]),
+    timeout: Duration,
+    patience: Duration,
+) -> std::result::Result<FailedTasks, TxnFailure> {
+    let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
     let started = Instant::now();
     loop {
         match producer.commit_transaction(group, generation, offsets, timeout) {

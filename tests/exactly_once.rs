@@ -342,3 +342,36 @@ fn strip_ansi(text: &str) -> String {
     }
     out
 }
+
+#[test]
+fn under_exactly_once_instances_joining_and_leaving_abort_no_transaction() {
+    let Fixture { input, app, state } = fixture("eos-rebalance", PARTITIONS);
+    let out_topic = unique("eos-rebalance-out");
+    create_topic(&out_topic, PARTITIONS, &[]);
+    let names = ["a", "b", "c"];
+    let logs: Vec<std::path::PathBuf> = names.iter().map(|n| state.path().join(format!("{n}.log"))).collect();
+    let feeder = Feeder::start(&bootstrap(), &input, PARTITIONS, KEYS, 400, 8_000);
+    let start = |i: usize| spawn(names[i], &app, &input, &out_topic, &state.path().join(names[i]), "eos", &logs[i]);
+    let running_here = |c: &ChildInstance| c.text().matches("task running").count();
+    let a = start(0);
+    wait_until("a to process", Duration::from_secs(60), || committed(&app, &input).iter().any(|&c| c > 0));
+    let b = start(1);
+    wait_until("b to run a task", Duration::from_secs(60), || running_here(&b) > 0);
+    std::thread::sleep(Duration::from_secs(2));
+    let c = start(2);
+    wait_until("c to run a task", Duration::from_secs(60), || running_here(&c) > 0);
+    std::thread::sleep(Duration::from_secs(2));
+    b.stop(); // leaves the group: its tasks move to a and c
+    std::thread::sleep(Duration::from_secs(3));
+    let fed = feeder.join(false);
+    wait_all_committed_at(&bootstrap(), &app, &input, PARTITIONS, Duration::from_secs(120));
+    a.stop();
+    c.stop();
+    assert_exact("after joins and a leave", &app, &input, &out_topic, &fed);
+    for (name, log) in names.iter().zip(&logs) {
+        let text = strip_ansi(&std::fs::read_to_string(log).unwrap_or_default());
+        let aborted: Vec<&str> = text.lines().filter(|l| l.contains("transaction aborted")).collect();
+        assert!(aborted.is_empty(), "instance {name} aborted a transaction at a rebalance:\n{}", aborted.join("\n"));
+        eprintln!("{name}: {} commits completed under a new generation", text.matches("completes under the new generation").count());
+    }
+}

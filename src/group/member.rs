@@ -105,6 +105,11 @@ pub(crate) struct SessionClock {
     /// runtime has not applied its outcome yet: the current generation is
     /// stale, commits under it would be refused.
     between_generations: Arc<AtomicBool>,
+    /// Held by an exactly-once commit while it sends offsets under the
+    /// current generation, and by the membership while it starts a
+    /// JoinGroup: no JoinGroup (which ends the generation once the group
+    /// completes it) overlaps a commit's offsets.
+    commit_gate: Arc<std::sync::Mutex<()>>,
 }
 
 impl SessionClock {
@@ -116,15 +121,21 @@ impl SessionClock {
             expired: Arc::new(AtomicBool::new(false)),
             joining: Arc::new(AtomicBool::new(false)),
             between_generations: Arc::new(AtomicBool::new(false)),
+            commit_gate: Arc::default(),
         }
     }
 
-    /// Whether the group moved to a generation whose assignment the
-    /// runtime has not applied yet (exactly-once commits wait: a
-    /// transaction's offsets sent under the old generation would be
-    /// refused and the whole transaction aborted).
-    pub(crate) fn between_generations(&self) -> bool {
-        self.between_generations.load(Ordering::SeqCst)
+    /// Exactly-once: whether the current generation is settled: no
+    /// JoinGroup is under way and the last one's assignment was applied.
+    /// Check it while holding [`SessionClock::commit_gate`].
+    pub(crate) fn generation_settled(&self) -> bool {
+        !self.joining.load(Ordering::SeqCst) && !self.between_generations.load(Ordering::SeqCst)
+    }
+
+    /// Exactly-once: held while a commit sends offsets under the current
+    /// generation (see [`SessionClock::generation_settled`]).
+    pub(crate) fn commit_gate(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.commit_gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn confirmed(&self) {
@@ -783,7 +794,11 @@ impl Member {
         // The coordinator answers once every member rejoined, or after the
         // rebalance timeout.
         let started = Instant::now();
-        self.session.joining.store(true, Ordering::SeqCst);
+        {
+            // After any commit sending offsets under the current generation.
+            let _gate = self.session.commit_gate();
+            self.session.joining.store(true, Ordering::SeqCst);
+        }
         let sent = self.send_group_request(&join);
         self.session.joining.store(false, Ordering::SeqCst);
         let Some(response) = sent? else { return Ok(None) };

@@ -250,6 +250,9 @@ enum Offsets {
 struct InFlightCommit {
     writer: std::thread::JoinHandle<Result<FailedTasks>>,
     info: CommitInfo,
+    /// Exactly-once: its transaction (with the input offsets) committed
+    /// already; only its RocksDB writes are in flight.
+    transactional: bool,
 }
 
 impl TaskManager {
@@ -686,6 +689,11 @@ impl TaskManager {
     }
 
     fn reinitialise_one<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
+        if self.inflight.as_ref().is_some_and(|c| c.transactional) {
+            // Its offsets are committed: the task must restart after them,
+            // or it would apply them again on top of the restored records.
+            self.land_inflight(consumer, Offsets::Commit)?;
+        }
         let Some(mut task) = self.tasks.remove(&partition) else { return Ok(()) };
         let now = Instant::now();
         let failures = self.failures.entry(partition).or_default();
@@ -966,7 +974,7 @@ impl TaskManager {
                 }
             })
             .map_err(|e| Error::io("kstate-commit thread", e))?;
-        self.inflight = Some(InFlightCommit { writer, info });
+        self.inflight = Some(InFlightCommit { writer, info, transactional: false });
         Ok(true)
     }
 
@@ -1037,14 +1045,18 @@ impl TaskManager {
     /// deals with its input offsets as `offsets` says and re-initialises
     /// the tasks whose part of it failed.
     fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, offsets: Offsets) -> Result<()> {
+        let transactional = self.inflight.as_ref().is_some_and(|c| c.transactional);
         let Some((info, written)) = self.join_inflight() else { return Ok(()) };
+        if transactional {
+            return self.transaction_landed(consumer, info, written?);
+        }
         self.finish_commit(consumer, info, written?, offsets, "pipelined commit landed")
     }
 
     /// Waits for the writer of the commit in flight, if any; the stores
     /// whose writes landed stop reading them from memory.
     fn join_inflight(&mut self) -> Option<(CommitInfo, Result<FailedTasks>)> {
-        let InFlightCommit { writer, info } = self.inflight.take()?;
+        let InFlightCommit { writer, info, .. } = self.inflight.take()?;
         let written = writer.join().unwrap_or_else(|_| {
             Err(Error::Restore { topic: String::new(), partition: -1, detail: "the commit writer thread panicked".into() })
         });
@@ -1338,7 +1350,7 @@ impl TaskManager {
             self.parked = Some(ParkedCommit { info, items });
             return Ok(());
         }
-        self.complete_transaction(consumer, info, items)
+        self.complete_transaction(consumer, info, items, !closing)
     }
 
     /// Exactly-once: whether a commit is parked (see [`TaskManager::parked`]).
@@ -1352,7 +1364,7 @@ impl TaskManager {
     /// processed these tasks' input since).
     pub(crate) fn complete_parked<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         match self.parked.take() {
-            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items),
+            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items, false),
             None => Ok(()),
         }
     }
@@ -1360,7 +1372,15 @@ impl TaskManager {
     /// Exactly-once, after every record of the commit was acknowledged:
     /// sends its offsets under the current generation, commits the
     /// transaction, then lands the stores.
-    fn complete_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, info: CommitInfo, items: Vec<SealedCommit>) -> Result<()> {
+    /// With `background`, the RocksDB writes land on a thread of their own
+    /// (see [`TaskManager::poll_inflight`]).
+    fn complete_transaction<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        info: CommitInfo,
+        items: Vec<SealedCommit>,
+        background: bool,
+    ) -> Result<()> {
         let Some(generation) = self.generation.clone() else {
             let cause = Error::GroupMembership {
                 group: self.config.application_id.clone(),
@@ -1368,30 +1388,50 @@ impl TaskManager {
             };
             return self.abort_and_reinitialise(consumer, &cause, false);
         };
-        let written = finish_transaction(
-            items,
+        let committed = finish_transaction(
             &self.producer,
             (&self.config.application_id, &generation, &offsets_of(&info.offsets)),
             self.config.commit_timeout,
             self.config.task_timeout,
         );
-        match written {
-            Ok(failed) => {
-                self.fenced_in_a_row = 0;
-                self.mark_landed(&info.partitions, &failed);
-                self.committed(&info.offsets);
-                let seconds = info.started.elapsed().as_secs_f64();
-                metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
-                tracing::debug!(seconds, offsets = info.offsets.count(), "transaction committed");
-                // Their transaction committed: they restore it from the changelogs.
-                for (partition, e) in failed {
-                    self.reinitialise_one(consumer, partition, e)?;
-                }
-                self.refresh_engine_metrics();
-                Ok(())
-            }
-            Err(failure) => self.transaction_failed(consumer, failure),
+        if let Err(failure) = committed {
+            return self.transaction_failed(consumer, failure);
         }
+        self.fenced_in_a_row = 0;
+        if background {
+            // Committed: landing the stores overlaps the next period's
+            // processing (reads see the sealed writes meanwhile); the next
+            // commit waits for it.
+            let retired = std::mem::take(&mut self.retired);
+            let writer = std::thread::Builder::new()
+                .name("kstate-commit".into())
+                .spawn(move || {
+                    let landed = land_stores(items);
+                    drop(retired);
+                    Ok(landed)
+                })
+                .map_err(|e| Error::io("kstate-commit thread", e))?;
+            self.inflight = Some(InFlightCommit { writer, info, transactional: true });
+            return Ok(());
+        }
+        let failed = land_stores(items);
+        self.mark_landed(&info.partitions, &failed);
+        self.transaction_landed(consumer, info, failed)
+    }
+
+    /// Exactly-once: a committed transaction's stores landed (except the
+    /// `failed` ones): its offsets are where the tasks restart from; the
+    /// failed tasks restore the committed records from the changelogs.
+    fn transaction_landed<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, info: CommitInfo, failed: FailedTasks) -> Result<()> {
+        self.committed(&info.offsets);
+        let seconds = info.started.elapsed().as_secs_f64();
+        metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
+        tracing::debug!(seconds, offsets = info.offsets.count(), "transaction committed and landed");
+        for (partition, e) in failed {
+            self.reinitialise_one(consumer, partition, e)?;
+        }
+        self.refresh_engine_metrics();
+        Ok(())
     }
 
     /// Aborts after a failed exactly-once commit; `run` ends if the failure says so.
@@ -1639,16 +1679,13 @@ fn send_transaction(
 }
 
 /// Second half: commits the transaction with the input offsets (`group`,
-/// `generation`, `offsets`), then writes RocksDB. A store whose RocksDB
-/// write fails after the commit fails its task only (it restores the
-/// committed records).
+/// `generation`, `offsets`); [`land_stores`] then writes RocksDB.
 fn finish_transaction(
-    items: Vec<SealedCommit>,
     producer: &ChangelogProducer,
     (group, generation, offsets): (&str, &Generation, &[(String, i32, i64)]),
     timeout: Duration,
     patience: Duration,
-) -> std::result::Result<FailedTasks, TxnFailure> {
+) -> std::result::Result<(), TxnFailure> {
     let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
     let started = Instant::now();
     loop {
@@ -1664,9 +1701,16 @@ fn finish_transaction(
             }
         }
     }
+    Ok(())
+}
+
+/// After the transaction committed: writes each store's data and
+/// checkpoint to RocksDB, spread over the cores. A store whose write fails
+/// fails its task only (it restores the committed records).
+fn land_stores(items: Vec<SealedCommit>) -> FailedTasks {
     let mut items: Vec<(SealedCommit, Option<Error>)> = items.into_iter().map(|s| (s, None)).collect();
     on_cores(&mut items, |(s, failure)| *failure = s.write().err());
-    Ok(items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect())
+    items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect()
 }
 
 /// Runs `f` on every item, spread over the machine's cores.

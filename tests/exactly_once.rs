@@ -60,8 +60,11 @@ fn exactly_once_child() {
     let [app, input, out, state, guarantee, name, txn_timeout]: [&str; 7] =
         settings.split('\t').collect::<Vec<_>>().try_into().unwrap();
     init_tracing();
-    let guarantee = if guarantee == "eos" { ProcessingGuarantee::ExactlyOnce } else { ProcessingGuarantee::AtLeastOnce };
+    // `eos+standby`: exactly-once with one standby replica.
+    let standbys = usize::from(guarantee.ends_with("+standby"));
+    let guarantee = if guarantee.starts_with("eos") { ProcessingGuarantee::ExactlyOnce } else { ProcessingGuarantee::AtLeastOnce };
     let app = count_builder(app, input, Path::new(state), guarantee)
+        .num_standby_replicas(standbys)
         .kafka_config("group.instance.id", format!("{app}-{name}"))
         .transaction_timeout(Duration::from_secs(txn_timeout.parse().unwrap()))
         .build()
@@ -271,16 +274,31 @@ fn under_at_least_once_the_same_loop_loses_no_output() {
 }
 
 #[test]
-fn under_exactly_once_a_zombie_commits_nothing_and_the_result_is_exact() {
-    let Fixture { input, app, state } = fixture("eos-zombie", PARTITIONS);
-    let out_topic = unique("eos-zombie-out");
+fn under_exactly_once_a_zombie_is_fenced_by_the_group_generation() {
+    // a's transactions outlive its freeze: woken, its open transaction
+    // would still commit, were it not fenced by the group generation.
+    zombie("eos-zombie", 30, Duration::from_secs(1));
+}
+
+#[test]
+fn under_exactly_once_a_zombie_whose_transaction_timed_out_rejoins() {
+    // a stays frozen past its transaction timeout: the brokers abort its
+    // transaction and fence its producer epoch; woken, it must replace
+    // its producer and go on.
+    zombie("eos-zombie-timeout", 3, Duration::from_secs(6));
+}
+
+/// SIGSTOPs instance a (transaction timeout `txn_timeout_secs`) past its
+/// session timeout, lets b take every task, wakes a `after_takeover`
+/// later; then both run on, and the result must be exact.
+fn zombie(name: &str, txn_timeout_secs: u64, after_takeover: Duration) {
+    let Fixture { input, app, state } = fixture(name, PARTITIONS);
+    let out_topic = unique(&format!("{name}-out"));
     create_topic(&out_topic, PARTITIONS, &[]);
     let (dir_a, dir_b) = (state.path().join("a"), state.path().join("b"));
     let (log_a, log_b) = (state.path().join("a.log"), state.path().join("b.log"));
     let feeder = Feeder::start(&bootstrap(), &input, PARTITIONS, KEYS, 400, 12_000);
-    // a's transactions outlive its session: woken, its open transaction
-    // would still commit, were it not fenced by the group generation.
-    let mut a = spawn_with("a", &app, &input, &out_topic, &dir_a, "eos", &log_a, 30);
+    let mut a = spawn_with("a", &app, &input, &out_topic, &dir_a, "eos", &log_a, txn_timeout_secs);
     wait_until("a to process", Duration::from_secs(60), || committed(&app, &input).iter().any(|&c| c > 0));
     let mut b = spawn("b", &app, &input, &out_topic, &dir_b, "eos", &log_b);
     wait_until("b to get tasks", Duration::from_secs(60), || b.text().contains("task running"));
@@ -292,10 +310,14 @@ fn under_exactly_once_a_zombie_commits_nothing_and_the_result_is_exact() {
         b.text().lines().rfind(|l| l.contains("applying the group's assignment")).is_some_and(|l| l.contains("active={0, 1, 2}"))
     });
     eprintln!("b owns every task {:?} after a froze", frozen.elapsed());
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(after_takeover);
     a.signal("-CONT");
-    assert!(frozen.elapsed() < Duration::from_secs(20), "a woke {:?} after it froze: its transaction may have timed out", frozen.elapsed());
-    std::thread::sleep(Duration::from_secs(8));
+    let woke = frozen.elapsed();
+    let timed_out = woke > Duration::from_secs(txn_timeout_secs + 2);
+    assert_eq!(timed_out, txn_timeout_secs < 10, "a woke {woke:?} after it froze, transaction timeout {txn_timeout_secs} s");
+    // a rejoins and gets tasks again.
+    wait_until("a to run a task again", Duration::from_secs(60), || a.text()[a.text().find("kstate started").unwrap_or(0)..].matches("task running").count() > 3);
+    std::thread::sleep(Duration::from_secs(3));
     a.assert_running();
     b.assert_running();
     let fed = feeder.join(false);
@@ -308,12 +330,14 @@ fn under_exactly_once_a_zombie_commits_nothing_and_the_result_is_exact() {
     }
     let committed = assert_exact("after the zombie", &app, &input, &out_topic, &fed);
     assert_eq!(committed.iter().sum::<i64>(), fed.len() as i64);
-    let text_a = a_text(&log_a);
+    let text_a = strip_ansi(&a_text(&log_a));
     assert!(
         text_a.contains("transaction aborted") || text_a.contains("was fenced") || text_a.contains("closing without commit") || text_a.contains("tasks lost"),
         "the zombie logs how it found out; its log ends with:\n{}",
         tail(&text_a)
     );
+    let found_out: Vec<&str> = text_a.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).take(6).collect();
+    eprintln!("a found out:\n{}", found_out.join("\n"));
 }
 
 fn a_text(log: &Path) -> String {
@@ -374,4 +398,38 @@ fn under_exactly_once_instances_joining_and_leaving_abort_no_transaction() {
         assert!(aborted.is_empty(), "instance {name} aborted a transaction at a rebalance:\n{}", aborted.join("\n"));
         eprintln!("{name}: {} commits completed under a new generation", text.matches("completes under the new generation").count());
     }
+}
+
+#[test]
+fn under_exactly_once_a_standby_takes_over_a_crashed_instance_with_a_short_restore() {
+    let Fixture { input, app, state } = fixture("eos-standby", PARTITIONS);
+    let out_topic = unique("eos-standby-out");
+    create_topic(&out_topic, PARTITIONS, &[]);
+    let (log_a, log_b) = (state.path().join("a.log"), state.path().join("b.log"));
+    let feeder = Feeder::start(&bootstrap(), &input, PARTITIONS, KEYS, 400, 8_000);
+    let a = spawn("a", &app, &input, &out_topic, &state.path().join("a"), "eos+standby", &log_a);
+    wait_until("a to process", Duration::from_secs(60), || committed(&app, &input).iter().any(|&c| c > 0));
+    let b = spawn("b", &app, &input, &out_topic, &state.path().join("b"), "eos+standby", &log_b);
+    // b runs some tasks and follows the others as standbys.
+    wait_until("b to follow a standby", Duration::from_secs(60), || b.text().contains("standby task opened"));
+    std::thread::sleep(Duration::from_secs(4));
+    let before = b.text().len();
+    a.kill(); // its open transaction stays until the brokers abort it (3 s)
+    wait_until("b to run every task", Duration::from_secs(60), || {
+        b.text().lines().rfind(|l| l.contains("applying the group's assignment")).is_some_and(|l| l.contains("active={0, 1, 2}"))
+    });
+    wait_until("b's promoted tasks to run", Duration::from_secs(60), || b.text()[before..].matches("task running").count() >= 1);
+    let fed = feeder.join(false);
+    wait_all_committed_at(&bootstrap(), &app, &input, PARTITIONS, Duration::from_secs(120));
+    b.stop();
+    assert_exact("after the failover", &app, &input, &out_topic, &fed);
+    let text = strip_ansi(&std::fs::read_to_string(&log_b).unwrap_or_default());
+    let after = &text[text.find("standby promoted to active").expect("b promoted a standby")..];
+    // A promoted standby restores only its lag: what a wrote in the last
+    // moments, up to its last committed transaction.
+    for line in after.lines().filter(|l| l.contains("restore finished")) {
+        let records: u64 = line.split("records=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|r| r.parse().ok()).unwrap_or(0);
+        assert!(records < 1000, "a promoted standby replayed {records} records: {line}");
+    }
+    eprintln!("{}", after.lines().filter(|l| l.contains("restore finished") || l.contains("stable")).collect::<Vec<_>>().join("\n"));
 }

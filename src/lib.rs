@@ -21,12 +21,21 @@
 //!   RocksDB writes skip its write-ahead log (the changelog is the log): a
 //!   crash at any point leaves RocksDB at some committed checkpoint (its
 //!   last flush), and restart replays only the changelog tail past it.
-//! * **At-least-once processing.** Records processed after the last commit
-//!   are processed again after a crash; their writes may then appear twice in
-//!   the changelog, which is harmless for idempotent updates (`put` of a
-//!   computed value). A crash in the middle of a commit can leave part of
-//!   its records (the first keys in key order) in the changelog; a restart
-//!   replays them, then reprocesses the commit's input. The data-loss
+//! * **At-least-once processing** (the default). Records processed after
+//!   the last commit are processed again after a crash; their writes may
+//!   then appear twice in the changelog, which is harmless for idempotent
+//!   updates (`put` of a computed value). A crash in the middle of a commit
+//!   can leave part of its records (the first keys in key order) in the
+//!   changelog; a restart replays them, then reprocesses the commit's input.
+//!   Output records ([`ProcessorContext::send`]) are never lost, may be
+//!   duplicated.
+//! * **Exactly-once processing**
+//!   ([`ProcessingGuarantee::ExactlyOnce`]): each commit is one Kafka
+//!   transaction of its changelog records, output records and input offsets
+//!   (sent under the member's group generation); the stores land in RocksDB
+//!   only after it committed. After a crash, a rebalance or a zombie
+//!   instance, every input's effect is in the stores and in the outputs
+//!   exactly once for `read_committed` readers. The data-loss
 //!   boundary is the changelog itself: what the brokers acknowledged
 //!   (`acks=all`) survives; a changelog topic deleted or truncated behind
 //!   kstate's back is detected (by its offsets or its new topic id) and

@@ -562,57 +562,67 @@ impl ChangelogProducer {
     }
 
     /// Exactly-once: adds `offsets` (topic, partition, next offset) of
-    /// `group` under `generation` to the open transaction and commits it.
-    /// Every record sent must have been acknowledged (see
-    /// [`ChangelogProducer::settle_trackers`]). A transaction with nothing
-    /// sent and no offsets is a no-op.
-    pub(crate) fn commit_transaction(
+    /// `group` under `generation` to the open transaction (opening one if
+    /// nothing was sent). Every record sent must have been acknowledged
+    /// (see [`ChangelogProducer::settle_trackers`]). Then
+    /// [`ChangelogProducer::commit_transaction`]; the generation matters only
+    /// up to here.
+    pub(crate) fn send_offsets(
         &self,
         group: &str,
         generation: &crate::group::member::Generation,
         offsets: &[(String, i32, i64)],
         timeout: Duration,
     ) -> std::result::Result<(), TxnError> {
-        let Some(txn) = &self.txn else { return Ok(()) };
-        if offsets.is_empty() && !txn.open.load(Ordering::Acquire) {
+        if self.txn.is_none() || offsets.is_empty() {
             return Ok(());
         }
         self.begin_if_needed()?;
         let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
-        if !offsets.is_empty() {
-            let mut tpl = rdkafka::TopicPartitionList::new();
-            for (topic, partition, offset) in offsets {
-                tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*offset)).map_err(|e| TxnError {
-                    operation: "send offsets",
-                    code: RDKafkaErrorCode::InvalidArgument,
-                    detail: e.to_string(),
-                    fatal: false,
-                    abortable: true,
-                    retriable: false,
-                })?;
-            }
-            let cstr = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
-            let (group, member) = (cstr(group), cstr(&generation.member_id));
-            let instance = generation.instance_id.as_deref().map(cstr);
-            // SAFETY: valid C strings for the call; the metadata is destroyed below.
-            let cgm = unsafe {
-                rdsys::rd_kafka_consumer_group_metadata_new_with_genid(
-                    group.as_ptr(),
-                    generation.id,
-                    member.as_ptr(),
-                    instance.as_ref().map_or(std::ptr::null(), |i| i.as_ptr()),
-                )
-            };
-            // SAFETY: live producer, list and metadata handles.
-            let sent = unsafe {
-                let e = rdsys::rd_kafka_send_offsets_to_transaction(self.native(), tpl.ptr(), cgm, ms);
-                rdsys::rd_kafka_consumer_group_metadata_destroy(cgm);
-                TxnError::take("send offsets", e)
-            };
-            if let Some(e) = sent {
-                return Err(e);
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for (topic, partition, offset) in offsets {
+            tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*offset)).map_err(|e| TxnError {
+                operation: "send offsets",
+                code: RDKafkaErrorCode::InvalidArgument,
+                detail: e.to_string(),
+                fatal: false,
+                abortable: true,
+                retriable: false,
+            })?;
+        }
+        let cstr = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
+        let (group, member) = (cstr(group), cstr(&generation.member_id));
+        let instance = generation.instance_id.as_deref().map(cstr);
+        // SAFETY: valid C strings for the call; librdkafka copies them; the
+        // metadata is destroyed below.
+        let cgm = unsafe {
+            rdsys::rd_kafka_consumer_group_metadata_new_with_genid(
+                group.as_ptr(),
+                generation.id,
+                member.as_ptr(),
+                instance.as_ref().map_or(std::ptr::null(), |i| i.as_ptr()),
+            )
+        };
+        // SAFETY: live producer, list and metadata handles.
+        unsafe {
+            let e = rdsys::rd_kafka_send_offsets_to_transaction(self.native(), tpl.ptr(), cgm, ms);
+            rdsys::rd_kafka_consumer_group_metadata_destroy(cgm);
+            match TxnError::take("send offsets", e) {
+                None => Ok(()),
+                Some(e) => Err(e),
             }
         }
+    }
+
+    /// Exactly-once: commits the open transaction (no-op without one). A
+    /// retriable failure (timed out) may be retried with this call alone:
+    /// librdkafka resumes the commit it started.
+    pub(crate) fn commit_transaction(&self, timeout: Duration) -> std::result::Result<(), TxnError> {
+        let Some(txn) = &self.txn else { return Ok(()) };
+        if !txn.open.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
         // Not rust-rdkafka's commit_transaction: it flushes first, which with
         // a ThreadedProducer waits at least 100 ms (see `flush`).
         // SAFETY: a live producer handle.
@@ -797,7 +807,16 @@ impl ChangelogProducer {
     pub(crate) fn send_output(&self, tracker: &DeliveryTracker, out: &crate::output::Output<'_>, default_timestamp: Option<i64>) -> Result<()> {
         use rdkafka::message::{Header, OwnedHeaders};
         use rdkafka::producer::BaseRecord;
-        self.begin_or_error()?;
+        if let Err(e) = self.begin_if_needed() {
+            // As a refused output below: the next commit aborts (and
+            // replaces a fatal producer); the processor need not know.
+            if let Some(txn) = &self.txn {
+                if !txn.broken.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(error = %e, "no transaction could begin; the next commit aborts and retries");
+                }
+            }
+            return Ok(());
+        }
         let context = self.producer.context();
         let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(out.topic, tracker.slot);
         if let Some(k) = out.key {

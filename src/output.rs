@@ -109,5 +109,17 @@ impl OutputSink {
     }
 }
 
+impl OutputSink {
+    /// Exactly-once, after an abort: later outputs go to a fresh tracker,
+    /// so that the aborted outputs' failures (purged from the queue) do
+    /// not fail the next commit. The old tracker's slot is freed once its
+    /// deliveries are all reported (else it stays registered: they need it).
+    pub(crate) fn reset(&mut self) {
+        let fresh = self.producer.tracker(OUTPUTS.into(), -1);
+        let old = std::mem::replace(&mut self.current, fresh);
+        self.producer.release(&old);
+    }
+}
+
 /// The outputs' trackers' name in logs.
 const OUTPUTS: &str = "(output records)";

@@ -364,6 +364,11 @@ where
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
     crate::config::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
+    if config.processing_guarantee == ProcessingGuarantee::ExactlyOnce {
+        // Committed offsets read stable (a previous owner's open transaction
+        // ends first) and no aborted input records.
+        consumer_config.set("isolation.level", "read_committed");
+    }
     // As for restores: librdkafka otherwise pauses fetching for up to 1 s
     // whenever 100k messages per partition are queued, starving a busy loop,
     // and with no pause at all its fetch thread spins on a full queue (2M
@@ -529,9 +534,24 @@ where
         // The consumer queue: errors and logs (served by rust-rdkafka, one
         // per call), and records of partitions that could not be forwarded
         // to the record queue.
+        // Partitions sought back in this pass (see the parked check below).
+        let mut sought: Vec<(String, i32)> = Vec::new();
         serve_consumer_queue(consumer, |event| {
             match event {
                 Some(Ok(msg)) => {
+                    let mut tasks = shared.tasks.lock().expect("task lock");
+                    if tasks.is_parked() {
+                        // Exactly-once: a commit waits for the group's new
+                        // generation; read this record again later.
+                        let key = (msg.topic().to_string(), msg.partition());
+                        if !sought.contains(&key) {
+                            if let Err(e) = consumer.seek(msg.topic(), msg.partition(), Offset::Offset(msg.offset()), Duration::from_secs(10)) {
+                                tracing::warn!(error = %e, topic = msg.topic(), partition = msg.partition(), "seeking back to a record not processed failed");
+                            }
+                            sought.push(key);
+                        }
+                        return Ok(());
+                    }
                     let timestamp_type = match msg.timestamp() {
                         rdkafka::Timestamp::CreateTime(_) => TimestampType::CreateTime,
                         rdkafka::Timestamp::LogAppendTime(_) => TimestampType::LogAppendTime,
@@ -548,7 +568,7 @@ where
                         // SAFETY: the message outlives the record (this closure).
                         headers: unsafe { Headers::of_message(msg.ptr()) },
                     };
-                    process_one(&mut shared.tasks.lock().expect("task lock"), config, store_index, &record, processor)?;
+                    process_one(&mut tasks, config, store_index, &record, processor)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 // librdkafka's fatal errors leave the consumer unusable.

@@ -213,6 +213,9 @@ struct Opened {
     partition: i32,
     incarnation: u64,
     stores: Result<Vec<KeyValueStore>>,
+    /// Exactly-once, an active task: its committed input offsets, read
+    /// stable before the restore (where its restored state stands).
+    stable: Option<crate::group::offsets::StableOffsets>,
 }
 
 /// One commit after its seal (see `seal_running`), apart from the sealed
@@ -489,7 +492,7 @@ impl TaskManager {
     /// input offsets are stable (no previous owner's transaction still
     /// open), so that its restore sees everything committed with them.
     fn start_opening(&mut self, partition: i32, incarnation: u64, stores: Option<Vec<KeyValueStore>>) -> Result<()> {
-        let stable = match (&self.brokers, self.exactly_once()) {
+        let stable = match (&self.brokers, self.exactly_once() && self.tasks.contains_key(&partition)) {
             (Some(brokers), true) => Some((
                 brokers.clone(),
                 self.config.input_topics.iter().map(|t| (t.clone(), partition)).collect::<Vec<_>>(),
@@ -505,16 +508,16 @@ impl TaskManager {
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
             .spawn(move || {
-                let open_all = move || -> Result<Vec<KeyValueStore>> {
-                    let wait_stable = |stores: Vec<KeyValueStore>| -> Result<Vec<KeyValueStore>> {
-                        if let Some((brokers, input)) = &stable {
-                            let waited = Instant::now();
-                            crate::group::offsets::fetch_stable(brokers, &config.application_id, input, config.task_timeout)?;
-                            if waited.elapsed() >= Duration::from_secs(1) {
-                                tracing::info!(partition, waited = ?waited.elapsed(), "committed offsets stable; restoring");
-                            }
+                type OpenedStores = (Vec<KeyValueStore>, Option<crate::group::offsets::StableOffsets>);
+                let open_all = move || -> Result<OpenedStores> {
+                    let wait_stable = |stores: Vec<KeyValueStore>| -> Result<OpenedStores> {
+                        let Some((brokers, input)) = &stable else { return Ok((stores, None)) };
+                        let waited = Instant::now();
+                        let offsets = crate::group::offsets::fetch_stable(brokers, &config.application_id, input, config.task_timeout)?;
+                        if waited.elapsed() >= Duration::from_secs(1) {
+                            tracing::info!(partition, waited = ?waited.elapsed(), "committed offsets stable; restoring");
                         }
-                        Ok(stores)
+                        Ok((stores, Some(offsets)))
                     };
                     if let Some(stores) = stores {
                         return wait_stable(stores);
@@ -537,15 +540,19 @@ impl TaskManager {
                     wait_stable(stores)
                 };
                 // A reply on every path, so the opener count stays right.
-                let stores = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open_all)).unwrap_or_else(|_| {
+                let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open_all)).unwrap_or_else(|_| {
                     Err(Error::Restore {
                         topic: String::new(),
                         partition,
                         detail: "opening the task's stores panicked".into(),
                     })
                 });
+                let (stores, stable) = match opened {
+                    Ok((stores, stable)) => (Ok(stores), stable),
+                    Err(e) => (Err(e), None),
+                };
                 // The receiver is gone once the runtime stopped: the stores close here.
-                let _ = done.send(Opened { partition, incarnation, stores });
+                let _ = done.send(Opened { partition, incarnation, stores, stable });
             })
             .map_err(|e| Error::io("kstate-open thread", e))?;
         self.opening += 1;
@@ -554,7 +561,7 @@ impl TaskManager {
 
     /// Hands tasks whose stores were opened to the restore thread.
     fn collect_opened<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
-        while let Ok(Opened { partition, incarnation, stores }) = self.opened_rx.try_recv() {
+        while let Ok(Opened { partition, incarnation, stores, stable }) = self.opened_rx.try_recv() {
             self.opening -= 1;
             if let Some(Standby::Opening { incarnation: wanted, .. }) = self.standbys.get(&partition) {
                 if *wanted == incarnation {
@@ -590,6 +597,15 @@ impl TaskManager {
             }
             match stores {
                 Ok(stores) => {
+                    // Exactly-once: the restored state stands exactly at the
+                    // committed offsets; restart there, whatever this member
+                    // remembered (a commit whose outcome it never learned).
+                    for ((topic, _), offset) in stable.into_iter().flatten() {
+                        if let (Some(o), true) = (offset, task.topics.contains(&topic)) {
+                            task.rewind.insert(topic.clone(), o);
+                            task.restart_from.insert(topic, o);
+                        }
+                    }
                     task.state = TaskState::Restoring;
                     tracing::info!(partition, "task assigned; restoring its stores");
                     self.restorer.submit(RestoreJob { partition, stores, standby: false });
@@ -635,6 +651,7 @@ impl TaskManager {
                 fatal = true;
             }
         }
+        self.outputs.reset();
         let id = self.producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
         let partitions: Vec<i32> = if fatal {
             self.fenced_in_a_row += 1;
@@ -668,8 +685,10 @@ impl TaskManager {
                 "transaction aborted; re-initialising the running tasks from their checkpoints and committed offsets");
             self.tasks.values().filter(|t| t.state == TaskState::Running).map(|t| t.partition).collect()
         };
+        // Not counted as the tasks' own failures (a run of aborts from a long
+        // rebalance or a broker restart must not end `run` with TaskFailed).
         for p in partitions {
-            self.reinitialise_one(consumer, p, Error::Transaction { transactional_id: id.clone(), operation: "commit", detail: cause.to_string() })?;
+            self.reinitialise_counted(consumer, p, Error::Transaction { transactional_id: id.clone(), operation: "commit", detail: cause.to_string() }, false)?;
         }
         Ok(())
     }
@@ -682,6 +701,7 @@ impl TaskManager {
             return;
         }
         metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        self.outputs.reset();
         match self.producer.abort_transaction(self.config.commit_timeout) {
             Ok(()) => tracing::info!("open transaction aborted"),
             Err(e) => tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout"),
@@ -689,6 +709,12 @@ impl TaskManager {
     }
 
     fn reinitialise_one<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
+        self.reinitialise_counted(consumer, partition, cause, true)
+    }
+
+    /// [`TaskManager::reinitialise_one`]; `count`: whether the failure
+    /// counts toward [`MAX_TASK_FAILURES`].
+    fn reinitialise_counted<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error, count: bool) -> Result<()> {
         if self.inflight.as_ref().is_some_and(|c| c.transactional) {
             // Its offsets are committed: the task must restart after them,
             // or it would apply them again on top of the restored records.
@@ -700,27 +726,33 @@ impl TaskManager {
         if failures.last.is_some_and(|t| now - t >= TASK_FAILURES_FORGOTTEN_AFTER) {
             failures.count = 0;
         }
-        if failures.count == 0 {
-            failures.first = Some(now);
+        if count {
+            if failures.count == 0 {
+                failures.first = Some(now);
+            }
+            failures.count += 1;
+            failures.last = Some(now);
         }
-        failures.count += 1;
-        failures.last = Some(now);
-        let attempts = failures.count;
+        let attempts = failures.count.max(1);
         let failing_for = failures.first.map_or(Duration::ZERO, |t| now - t);
         metrics::counter!(crate::metrics::TASK_REINITIALISATIONS, "partition" => partition.to_string()).increment(1);
-        if attempts >= MAX_TASK_FAILURES && failing_for >= self.config.task_timeout {
+        if count && attempts >= MAX_TASK_FAILURES && failing_for >= self.config.task_timeout {
             tracing::error!(partition, attempts, error = %cause, "task failed again; giving up");
             self.tasks.insert(partition, task); // closed with the others
             return Err(Error::TaskFailed { partition, attempts, last: Box::new(cause) });
         }
         // The first retry at once, then 0.5 s, 1 s, 2 s, ... up to 30 s.
-        let backoff = if attempts == 1 {
+        let backoff = if attempts == 1 || !count {
             Duration::ZERO
         } else {
             (Duration::from_millis(500) * (1 << (attempts - 2).min(6))).min(Duration::from_secs(30))
         };
-        tracing::error!(partition, attempt = attempts, ?backoff, error = %cause,
-            "task failed; closing it without commit and restoring its stores from their changelogs");
+        if count {
+            tracing::error!(partition, attempt = attempts, ?backoff, error = %cause,
+                "task failed; closing it without commit and restoring its stores from their changelogs");
+        } else {
+            tracing::warn!(partition, ?backoff, "task re-initialised after the transaction was aborted");
+        }
         if let Err(e) = consumer.pause(&task.input()) {
             tracing::warn!(partition, error = %e, "pausing the input of a failed task failed");
         }
@@ -990,8 +1022,10 @@ impl TaskManager {
             self.relieve_memtables(excess);
             return true;
         }
-        (self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) || !self.session_alive())
-            && self.uncommitted_bytes() >= self.config.max_uncommitted_bytes
+        let no_commit_now = self.inflight.as_ref().is_some_and(|c| !c.writer.is_finished())
+            || !self.session_alive()
+            || (self.exactly_once() && self.session.as_ref().is_some_and(|s| !s.generation_settled()));
+        no_commit_now && self.uncommitted_bytes() >= self.config.max_uncommitted_bytes
     }
 
     /// Over `max_state_memory`'s memtable share: schedules flushes of the
@@ -1340,17 +1374,7 @@ impl TaskManager {
             Ok(items) => items,
             Err(failure) => return self.transaction_failed(consumer, failure),
         };
-        let session = self.session.clone();
-        let _gate = session.as_ref().map(SessionClock::commit_gate);
-        if !closing && session.as_ref().is_some_and(|s| !s.generation_settled()) {
-            // The group is moving to a new generation: offsets under the
-            // old one could be refused and the whole transaction aborted.
-            // Complete it under the new one.
-            tracing::info!("the group is rebalancing; the commit completes under the new generation");
-            self.parked = Some(ParkedCommit { info, items });
-            return Ok(());
-        }
-        self.complete_transaction(consumer, info, items, !closing)
+        self.complete_transaction(consumer, info, items, (!closing, !closing))
     }
 
     /// Exactly-once: whether a commit is parked (see [`TaskManager::parked`]).
@@ -1364,7 +1388,7 @@ impl TaskManager {
     /// processed these tasks' input since).
     pub(crate) fn complete_parked<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         match self.parked.take() {
-            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items, false),
+            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items, (false, false)),
             None => Ok(()),
         }
     }
@@ -1373,13 +1397,14 @@ impl TaskManager {
     /// sends its offsets under the current generation, commits the
     /// transaction, then lands the stores.
     /// With `background`, the RocksDB writes land on a thread of their own
-    /// (see [`TaskManager::poll_inflight`]).
+    /// (see [`TaskManager::poll_inflight`]). A commit that `may_park` is
+    /// parked if the group is moving to a new generation.
     fn complete_transaction<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
         info: CommitInfo,
         items: Vec<SealedCommit>,
-        background: bool,
+        (background, may_park): (bool, bool),
     ) -> Result<()> {
         let Some(generation) = self.generation.clone() else {
             let cause = Error::GroupMembership {
@@ -1388,14 +1413,24 @@ impl TaskManager {
             };
             return self.abort_and_reinitialise(consumer, &cause, false);
         };
-        let committed = finish_transaction(
+        let session = self.session.clone();
+        let finished = finish_transaction(
             &self.producer,
             (&self.config.application_id, &generation, &offsets_of(&info.offsets)),
+            (session.as_ref(), may_park),
             self.config.commit_timeout,
             self.config.task_timeout,
         );
-        if let Err(failure) = committed {
-            return self.transaction_failed(consumer, failure);
+        match finished {
+            Err(failure) => return self.transaction_failed(consumer, failure),
+            Ok(Finished::NotSettled) => {
+                // Offsets under the old generation could be refused and the
+                // whole transaction aborted: complete it under the new one.
+                tracing::info!("the group is rebalancing; the commit completes under the new generation");
+                self.parked = Some(ParkedCommit { info, items });
+                return Ok(());
+            }
+            Ok(Finished::Committed) => {}
         }
         self.fenced_in_a_row = 0;
         if background {
@@ -1428,7 +1463,9 @@ impl TaskManager {
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
         tracing::debug!(seconds, offsets = info.offsets.count(), "transaction committed and landed");
         for (partition, e) in failed {
-            self.reinitialise_one(consumer, partition, e)?;
+            // Through `reinitialise`: the task may have sent outputs into
+            // the transaction opened since.
+            self.reinitialise(consumer, partition, e)?;
         }
         self.refresh_engine_metrics();
         Ok(())
@@ -1654,17 +1691,30 @@ fn send_transaction(
     timeout: Duration,
     patience: Duration,
 ) -> std::result::Result<Vec<SealedCommit>, TxnFailure> {
+    let sent = send_transaction_records(sealed, producer, outputs.as_ref(), timeout, patience);
+    if let Some(outputs) = &outputs {
+        producer.release(outputs);
+    }
+    sent
+}
+
+fn send_transaction_records(
+    sealed: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    outputs: Option<&Arc<DeliveryTracker>>,
+    timeout: Duration,
+    patience: Duration,
+) -> std::result::Result<Vec<SealedCommit>, TxnFailure> {
     let mut items = sealed;
     for s in &mut items {
         s.send_and_build()?;
     }
     producer.flush_patiently(timeout, patience)?;
     let mut ours: Vec<&DeliveryTracker> = items.iter().map(SealedCommit::tracker).collect();
-    ours.extend(outputs.as_deref());
+    ours.extend(outputs.map(|o| &**o));
     producer.settle_trackers(&ours, timeout, patience)?;
-    if let Some(outputs) = &outputs {
+    if let Some(outputs) = outputs {
         outputs.settle_outputs()?;
-        producer.release(outputs);
     }
     for s in &items {
         s.tracker().settle()?;
@@ -1678,30 +1728,60 @@ fn send_transaction(
     Ok(items)
 }
 
-/// Second half: commits the transaction with the input offsets (`group`,
-/// `generation`, `offsets`); [`land_stores`] then writes RocksDB.
+/// How [`finish_transaction`] ended.
+enum Finished {
+    Committed,
+    /// The group is moving to a new generation: nothing was sent; park.
+    NotSettled,
+}
+
+/// Second half: sends the input offsets (`group`, `generation`, `offsets`)
+/// under the commit gate, unless the generation is not settled and the
+/// commit `may_park`; then commits the transaction (retrying only the
+/// commit: librdkafka resumes it; sending the offsets again would conflict
+/// with it). [`land_stores`] then writes RocksDB.
 fn finish_transaction(
     producer: &ChangelogProducer,
     (group, generation, offsets): (&str, &Generation, &[(String, i32, i64)]),
+    (session, may_park): (Option<&SessionClock>, bool),
     timeout: Duration,
     patience: Duration,
-) -> std::result::Result<(), TxnFailure> {
+) -> std::result::Result<Finished, TxnFailure> {
     let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
+    let failed = |e: crate::changelog::TxnError| {
+        let fatal = e.fatal;
+        TxnFailure { error: Box::new(e.into_error(&id)), fatal, ends_run: false }
+    };
+    {
+        // Held only while the offsets go out: the membership cannot start a
+        // JoinGroup (which ends this generation) meanwhile.
+        let _gate = session.map(SessionClock::commit_gate);
+        if may_park && session.is_some_and(|s| !s.generation_settled()) {
+            return Ok(Finished::NotSettled);
+        }
+        let started = Instant::now();
+        loop {
+            match producer.send_offsets(group, generation, offsets, timeout) {
+                Ok(()) => break,
+                Err(e) if e.retriable && !e.abortable && !e.fatal && started.elapsed() < timeout => {
+                    tracing::warn!(error = %e, "sending the offsets to the transaction failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(failed(e)),
+            }
+        }
+    }
     let started = Instant::now();
     loop {
-        match producer.commit_transaction(group, generation, offsets, timeout) {
-            Ok(()) => break,
+        match producer.commit_transaction(timeout) {
+            Ok(()) => return Ok(Finished::Committed),
             Err(e) if e.retriable && !e.abortable && !e.fatal && started.elapsed() < patience => {
                 tracing::warn!(error = %e, "committing the transaction failed; retrying");
                 std::thread::sleep(Duration::from_millis(100));
             }
-            Err(e) => {
-                let fatal = e.fatal;
-                return Err(TxnFailure { error: Box::new(e.into_error(&id)), fatal, ends_run: false });
-            }
+            Err(e) => return Err(failed(e)),
         }
     }
-    Ok(())
 }
 
 /// After the transaction committed: writes each store's data and

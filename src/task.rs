@@ -598,11 +598,17 @@ impl TaskManager {
             match stores {
                 Ok(stores) => {
                     // Exactly-once: the restored state stands exactly at the
-                    // committed offsets; restart there, whatever this member
-                    // remembered (a commit whose outcome it never learned).
+                    // committed offsets; a re-initialised task restarts
+                    // there, whatever this member remembered (a commit
+                    // whose outcome it never learned). A new task needs no
+                    // seek: the consumer fetches the same offsets, stable
+                    // (read_committed), and seeking a partition whose
+                    // offset fetch is under way fails (`__STATE`).
                     for ((topic, _), offset) in stable.into_iter().flatten() {
                         if let (Some(o), true) = (offset, task.topics.contains(&topic)) {
-                            task.rewind.insert(topic.clone(), o);
+                            if let Some(r) = task.rewind.get_mut(&topic) {
+                                *r = o;
+                            }
                             task.restart_from.insert(topic, o);
                         }
                     }

@@ -618,34 +618,31 @@ impl ChangelogProducer {
     /// retriable failure (timed out) may be retried with this call alone:
     /// librdkafka resumes the commit it started.
     pub(crate) fn commit_transaction(&self, timeout: Duration) -> std::result::Result<(), TxnError> {
-        let Some(txn) = &self.txn else { return Ok(()) };
-        if !txn.open.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
         // Not rust-rdkafka's commit_transaction: it flushes first, which with
         // a ThreadedProducer waits at least 100 ms (see `flush`).
-        // SAFETY: a live producer handle.
-        match unsafe { TxnError::take("commit", rdsys::rd_kafka_commit_transaction(self.native(), ms)) } {
-            None => {
-                txn.open.store(false, Ordering::Release);
-                txn.broken.store(false, Ordering::Release);
-                Ok(())
-            }
-            Some(e) => Err(e),
-        }
+        self.end_transaction("commit", rdsys::rd_kafka_commit_transaction, timeout)
     }
 
     /// Exactly-once: aborts the open transaction, if any (its records stay
     /// invisible to `read_committed` readers).
     pub(crate) fn abort_transaction(&self, timeout: Duration) -> std::result::Result<(), TxnError> {
+        self.end_transaction("abort", rdsys::rd_kafka_abort_transaction, timeout)
+    }
+
+    /// Commits or aborts (`end`) the open transaction, if any.
+    fn end_transaction(
+        &self,
+        operation: &'static str,
+        end: unsafe extern "C" fn(*mut rdsys::rd_kafka_t, c_int) -> *mut rdsys::rd_kafka_error_t,
+        timeout: Duration,
+    ) -> std::result::Result<(), TxnError> {
         let Some(txn) = &self.txn else { return Ok(()) };
         if !txn.open.load(Ordering::Acquire) {
             return Ok(());
         }
         let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
-        // SAFETY: a live producer handle.
-        match unsafe { TxnError::take("abort", rdsys::rd_kafka_abort_transaction(self.native(), ms)) } {
+        // SAFETY: a live producer handle; `end` is librdkafka's commit or abort.
+        match unsafe { TxnError::take(operation, end(self.native(), ms)) } {
             None => {
                 txn.open.store(false, Ordering::Release);
                 txn.broken.store(false, Ordering::Release);

@@ -349,24 +349,6 @@ fn tail(text: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// `text` without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[test]
 fn under_exactly_once_instances_joining_and_leaving_abort_no_transaction() {
     let Fixture { input, app, state } = fixture("eos-rebalance", PARTITIONS);

@@ -514,21 +514,7 @@ impl ChildInstance {
 
     /// Its output so far, without terminal colour codes.
     pub fn text(&self) -> String {
-        let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let mut out = String::with_capacity(raw.len());
-        let mut chars = raw.chars();
-        while let Some(c) = chars.next() {
-            if c == '\u{1b}' {
-                for c in chars.by_ref() {
-                    if c.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        out
+        strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 
     /// The last 40 lines of its output.
@@ -582,4 +568,22 @@ impl Drop for ChildInstance {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `text` without terminal colour codes.
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

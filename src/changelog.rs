@@ -450,6 +450,12 @@ impl TxnError {
         Some(e)
     }
 
+    /// Whether the failed call may simply be made again (it timed out;
+    /// librdkafka resumes what it started).
+    pub(crate) fn resumable(&self) -> bool {
+        self.retriable && !self.abortable && !self.fatal
+    }
+
     /// As the error `run` ends with.
     pub(crate) fn into_error(self, transactional_id: &str) -> Error {
         Error::Transaction { transactional_id: transactional_id.to_string(), operation: self.operation, detail: self.detail }
@@ -528,6 +534,11 @@ impl ChangelogProducer {
         self.txn.as_ref()
     }
 
+    /// The exactly-once producer's `transactional.id` (empty: at-least-once).
+    pub(crate) fn transactional_id(&self) -> &str {
+        self.txn.as_ref().map_or("", |t| t.id.as_str())
+    }
+
     /// Whether a send of the open transaction was refused in a way that
     /// dooms it (it must be aborted, not committed).
     pub(crate) fn transaction_broken(&self) -> bool {
@@ -558,7 +569,7 @@ impl ChangelogProducer {
     }
 
     fn begin_or_error(&self) -> Result<()> {
-        self.begin_if_needed().map_err(|e| e.into_error(self.txn.as_ref().map_or("", |t| t.id.as_str())))
+        self.begin_if_needed().map_err(|e| e.into_error(self.transactional_id()))
     }
 
     /// Exactly-once: adds `offsets` (topic, partition, next offset) of

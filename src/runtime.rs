@@ -534,8 +534,8 @@ where
         // The consumer queue: errors and logs (served by rust-rdkafka, one
         // per call), and records of partitions that could not be forwarded
         // to the record queue.
-        // Partitions sought back in this pass (see the parked check below).
-        let mut sought: Vec<(String, i32)> = Vec::new();
+        // Records not processed in this pass (see the parked check below).
+        let mut not_processed = Vec::new();
         serve_consumer_queue(consumer, |event| {
             match event {
                 Some(Ok(msg)) => {
@@ -543,13 +543,7 @@ where
                     if tasks.is_parked() {
                         // Exactly-once: a commit waits for the group's new
                         // generation; read this record again later.
-                        let key = (msg.topic().to_string(), msg.partition());
-                        if !sought.contains(&key) {
-                            if let Err(e) = consumer.seek(msg.topic(), msg.partition(), Offset::Offset(msg.offset()), Duration::from_secs(10)) {
-                                tracing::warn!(error = %e, topic = msg.topic(), partition = msg.partition(), "seeking back to a record not processed failed");
-                            }
-                            sought.push(key);
-                        }
+                        not_processed.push((msg.topic().to_string(), msg.partition(), msg.offset()));
                         return Ok(());
                     }
                     let timestamp_type = match msg.timestamp() {
@@ -580,6 +574,7 @@ where
             }
             Ok(())
         })?;
+        seek_back_to(consumer, not_processed);
         // At the bound on uncommitted writes, with a commit still being
         // written (brokers slow or away): take no records until it lands,
         // but keep serving the group (rebalances, heartbeats, max.poll.interval).
@@ -610,7 +605,9 @@ where
                         // Exactly-once: a commit waits for the group's new
                         // generation; the rest of the batch must not add
                         // outputs to its transaction. Read it again later.
-                        seek_back.extend(first_offsets(polled.iter().skip(i)));
+                        seek_back.extend(polled.iter().skip(i).filter_map(|m| {
+                            Some((std::str::from_utf8(m.topic()).ok()?.to_string(), m.partition(), m.offset()))
+                        }));
                         break;
                     }
                 }
@@ -642,17 +639,7 @@ where
                 };
                 process_one(&mut tasks, config, store_index, &record, processor)?;
             }
-            // The lowest offset per partition: nothing is skipped.
-            let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
-            for (topic, partition, offset) in seek_back {
-                let o = lowest.entry((topic, partition)).or_insert(offset);
-                *o = (*o).min(offset);
-            }
-            for ((topic, partition), offset) in lowest {
-                if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
-                    tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
-                }
-            }
+            seek_back_to(consumer, seek_back);
             if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
                 last_commit = Instant::now();
             }
@@ -664,16 +651,20 @@ where
     Ok(())
 }
 
-/// The first offset of each (topic, partition) among `msgs`.
-fn first_offsets<'m>(msgs: impl Iterator<Item = crate::consumer_batch::PolledMessage<'m>>) -> Vec<(String, i32, i64)> {
-    let mut first: Vec<(String, i32, i64)> = Vec::new();
-    for m in msgs {
-        let Ok(topic) = std::str::from_utf8(m.topic()) else { continue };
-        if m.offset() >= 0 && !first.iter().any(|(t, p, _)| *p == m.partition() && t == topic) {
-            first.push((topic.to_string(), m.partition(), m.offset()));
+/// Seeks each partition among `records` (topic, partition, offset) back to
+/// the lowest of its offsets, so that no record that was not processed is
+/// skipped. Negative offsets (none known) are ignored.
+fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i32, i64)>) {
+    let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
+    for (topic, partition, offset) in records.into_iter().filter(|r| r.2 >= 0) {
+        let o = lowest.entry((topic, partition)).or_insert(offset);
+        *o = (*o).min(offset);
+    }
+    for ((topic, partition), offset) in lowest {
+        if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
+            tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
         }
     }
-    first
 }
 
 /// Logs consumer errors without flooding: while brokers are down librdkafka

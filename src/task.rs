@@ -649,16 +649,13 @@ impl TaskManager {
     /// `fatal` failure (the producer was fenced) replaces the producer
     /// first; every task and standby is then reopened on the new one.
     fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool) -> Result<()> {
-        metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
         self.parked = None;
-        if !fatal {
-            if let Err(e) = self.producer.abort_transaction(self.config.commit_timeout) {
-                tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout");
-                fatal = true;
-            }
+        if fatal {
+            metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        } else if !self.abort_now() {
+            fatal = true;
         }
-        self.outputs.reset();
-        let id = self.producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
+        let id = self.producer.transactional_id().to_string();
         let partitions: Vec<i32> = if fatal {
             self.fenced_in_a_row += 1;
             if self.fenced_in_a_row >= MAX_FENCED_IN_A_ROW {
@@ -703,14 +700,23 @@ impl TaskManager {
     /// are all being closed without commit (lost, or at a failed shutdown).
     fn abort_open_transaction(&mut self) {
         self.parked = None;
-        if !self.producer.in_transaction() {
-            return;
+        if self.producer.in_transaction() && self.abort_now() {
+            tracing::info!("open transaction aborted");
         }
+    }
+
+    /// Aborts the open transaction (counted); later outputs get a fresh
+    /// tracker. Whether the abort went through (else the brokers abort it
+    /// after `transaction_timeout`, and the producer is unusable).
+    fn abort_now(&mut self) -> bool {
         metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
         self.outputs.reset();
         match self.producer.abort_transaction(self.config.commit_timeout) {
-            Ok(()) => tracing::info!("open transaction aborted"),
-            Err(e) => tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout"),
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout");
+                false
+            }
         }
     }
 
@@ -1630,14 +1636,10 @@ fn write_sealed(
             *failure = Some(e);
         }
     }
-    producer.flush_patiently(timeout, patience)?;
-    let mut ours: Vec<&DeliveryTracker> = items.iter().map(|(s, _)| s.tracker()).collect();
-    ours.extend(outputs.as_deref());
-    producer.settle_trackers(&ours, timeout, patience)?;
+    // An output the brokers refused ends `run` before anything of this
+    // commit lands: its input offsets stay uncommitted.
+    await_acknowledgements(producer, items.iter().map(|(s, _)| s.tracker()), outputs.as_deref(), timeout, patience)?;
     if let Some(outputs) = &outputs {
-        // An output the brokers refused ends `run` before anything of this
-        // commit lands: its input offsets stay uncommitted.
-        outputs.settle_outputs()?;
         producer.release(outputs);
     }
     on_cores(&mut items, |(s, failure)| {
@@ -1715,18 +1717,12 @@ fn send_transaction_records(
     for s in &mut items {
         s.send_and_build()?;
     }
-    producer.flush_patiently(timeout, patience)?;
-    let mut ours: Vec<&DeliveryTracker> = items.iter().map(SealedCommit::tracker).collect();
-    ours.extend(outputs.map(|o| &**o));
-    producer.settle_trackers(&ours, timeout, patience)?;
-    if let Some(outputs) = outputs {
-        outputs.settle_outputs()?;
-    }
+    await_acknowledgements(producer, items.iter().map(SealedCommit::tracker), outputs.map(|o| &**o), timeout, patience)?;
     for s in &items {
         s.tracker().settle()?;
     }
     if producer.transaction_broken() {
-        let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
+        let id = producer.transactional_id().to_string();
         let detail = "an output was refused with the transaction in a failed state".to_string();
         let error = Box::new(Error::Transaction { transactional_id: id, operation: "send", detail });
         return Err(TxnFailure { error, fatal: false, ends_run: false });
@@ -1753,10 +1749,9 @@ fn finish_transaction(
     timeout: Duration,
     patience: Duration,
 ) -> std::result::Result<Finished, TxnFailure> {
-    let id = producer.transactions().map(|t| t.id.clone()).unwrap_or_default();
     let failed = |e: crate::changelog::TxnError| {
         let fatal = e.fatal;
-        TxnFailure { error: Box::new(e.into_error(&id)), fatal, ends_run: false }
+        TxnFailure { error: Box::new(e.into_error(producer.transactional_id())), fatal, ends_run: false }
     };
     {
         // Held only while the offsets go out: the membership cannot start a
@@ -1765,29 +1760,11 @@ fn finish_transaction(
         if may_park && session.is_some_and(|s| !s.generation_settled()) {
             return Ok(Finished::NotSettled);
         }
-        let started = Instant::now();
-        loop {
-            match producer.send_offsets(group, generation, offsets, timeout) {
-                Ok(()) => break,
-                Err(e) if e.retriable && !e.abortable && !e.fatal && started.elapsed() < timeout => {
-                    tracing::warn!(error = %e, "sending the offsets to the transaction failed; retrying");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => return Err(failed(e)),
-            }
-        }
+        retry_resumable("sending the offsets to the transaction", timeout, || producer.send_offsets(group, generation, offsets, timeout))
+            .map_err(failed)?;
     }
-    let started = Instant::now();
-    loop {
-        match producer.commit_transaction(timeout) {
-            Ok(()) => return Ok(Finished::Committed),
-            Err(e) if e.retriable && !e.abortable && !e.fatal && started.elapsed() < patience => {
-                tracing::warn!(error = %e, "committing the transaction failed; retrying");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(failed(e)),
-        }
-    }
+    retry_resumable("committing the transaction", patience, || producer.commit_transaction(timeout)).map_err(failed)?;
+    Ok(Finished::Committed)
 }
 
 /// After the transaction committed: writes each store's data and
@@ -1797,6 +1774,38 @@ fn land_stores(items: Vec<SealedCommit>) -> FailedTasks {
     let mut items: Vec<(SealedCommit, Option<Error>)> = items.into_iter().map(|s| (s, None)).collect();
     on_cores(&mut items, |(s, failure)| *failure = s.write().err());
     items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect()
+}
+
+/// Flushes the producer and waits until every record of `stores`' trackers
+/// and of the `outputs` tracker was acknowledged or failed; an output the
+/// brokers refused is [`Error::OutputDelivery`]. The flush waits `timeout`,
+/// and while records are still queued (brokers away) up to `patience`.
+fn await_acknowledgements<'t>(
+    producer: &ChangelogProducer,
+    stores: impl Iterator<Item = &'t DeliveryTracker>,
+    outputs: Option<&'t DeliveryTracker>,
+    timeout: Duration,
+    patience: Duration,
+) -> Result<()> {
+    producer.flush_patiently(timeout, patience)?;
+    let ours: Vec<&DeliveryTracker> = stores.chain(outputs).collect();
+    producer.settle_trackers(&ours, timeout, patience)?;
+    outputs.map_or(Ok(()), DeliveryTracker::settle_outputs)
+}
+
+/// Calls `f` until it succeeds or fails in a way that is not
+/// [`TxnError::resumable`], for at most `bound`.
+fn retry_resumable(what: &str, bound: Duration, mut f: impl FnMut() -> std::result::Result<(), crate::changelog::TxnError>) -> std::result::Result<(), crate::changelog::TxnError> {
+    let started = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.resumable() && started.elapsed() < bound => {
+                tracing::warn!(error = %e, "{what} failed; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Runs `f` on every item, spread over the machine's cores.

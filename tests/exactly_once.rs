@@ -175,6 +175,13 @@ fn assert_exact(what: &str, app: &str, input: &str, out_topic: &str, records: &[
     committed
 }
 
+/// A fixture named `name` and a fresh output topic with as many partitions.
+fn with_output(name: &str) -> (Fixture, String) {
+    let out_topic = unique(&format!("{name}-out"));
+    create_topic(&out_topic, PARTITIONS, &[]);
+    (fixture(name, PARTITIONS), out_topic)
+}
+
 /// A child instance; its transactions time out after 3 s.
 fn spawn(name: &str, app: &str, input: &str, out: &str, state: &Path, guarantee: &str, log: &Path) -> ChildInstance {
     spawn_with(name, app, input, out, state, guarantee, log, 3)
@@ -193,9 +200,7 @@ fn spawn_with(name: &str, app: &str, input: &str, out: &str, state: &Path, guara
 #[test]
 fn under_exactly_once_a_crash_loop_leaves_stores_and_outputs_exact() {
     const ROUNDS: usize = 8;
-    let Fixture { input, app, state } = fixture("eos-crash", PARTITIONS);
-    let out_topic = unique("eos-crash-out");
-    create_topic(&out_topic, PARTITIONS, &[]);
+    let (Fixture { input, app, state }, out_topic) = with_output("eos-crash");
     let records = input_records(9000);
     produce(&input, &records);
     let log = state.path().join("child.log");
@@ -247,9 +252,7 @@ fn under_exactly_once_a_crash_loop_leaves_stores_and_outputs_exact() {
 #[test]
 fn under_at_least_once_the_same_loop_loses_no_output() {
     const ROUNDS: usize = 5;
-    let Fixture { input, app, state } = fixture("alo-crash", PARTITIONS);
-    let out_topic = unique("alo-crash-out");
-    create_topic(&out_topic, PARTITIONS, &[]);
+    let (Fixture { input, app, state }, out_topic) = with_output("alo-crash");
     let records = input_records(6000);
     produce(&input, &records);
     let log = state.path().join("child.log");
@@ -292,9 +295,7 @@ fn under_exactly_once_a_zombie_whose_transaction_timed_out_rejoins() {
 /// session timeout, lets b take every task, wakes a `after_takeover`
 /// later; then both run on, and the result must be exact.
 fn zombie(name: &str, txn_timeout_secs: u64, after_takeover: Duration) {
-    let Fixture { input, app, state } = fixture(name, PARTITIONS);
-    let out_topic = unique(&format!("{name}-out"));
-    create_topic(&out_topic, PARTITIONS, &[]);
+    let (Fixture { input, app, state }, out_topic) = with_output(name);
     let (dir_a, dir_b) = (state.path().join("a"), state.path().join("b"));
     let (log_a, log_b) = (state.path().join("a.log"), state.path().join("b.log"));
     let feeder = Feeder::start(&bootstrap(), &input, PARTITIONS, KEYS, 400, 12_000);
@@ -351,9 +352,7 @@ fn tail(text: &str) -> String {
 
 #[test]
 fn under_exactly_once_instances_joining_and_leaving_abort_no_transaction() {
-    let Fixture { input, app, state } = fixture("eos-rebalance", PARTITIONS);
-    let out_topic = unique("eos-rebalance-out");
-    create_topic(&out_topic, PARTITIONS, &[]);
+    let (Fixture { input, app, state }, out_topic) = with_output("eos-rebalance");
     let names = ["a", "b", "c"];
     let logs: Vec<std::path::PathBuf> = names.iter().map(|n| state.path().join(format!("{n}.log"))).collect();
     let feeder = Feeder::start(&bootstrap(), &input, PARTITIONS, KEYS, 400, 8_000);
@@ -384,9 +383,7 @@ fn under_exactly_once_instances_joining_and_leaving_abort_no_transaction() {
 
 #[test]
 fn under_exactly_once_a_standby_takes_over_a_crashed_instance_with_a_short_restore() {
-    let Fixture { input, app, state } = fixture("eos-standby", PARTITIONS);
-    let out_topic = unique("eos-standby-out");
-    create_topic(&out_topic, PARTITIONS, &[]);
+    let (Fixture { input, app, state }, out_topic) = with_output("eos-standby");
     let (log_a, log_b) = (state.path().join("a.log"), state.path().join("b.log"));
     let feeder = Feeder::start(&bootstrap(), &input, PARTITIONS, KEYS, 400, 8_000);
     let a = spawn("a", &app, &input, &out_topic, &state.path().join("a"), "eos+standby", &log_a);

@@ -49,6 +49,28 @@ pub(crate) enum Checkpoint {
     Corrupt(String),
 }
 
+fn meta_cf(db: &DB) -> &rocksdb::ColumnFamily {
+    db.cf_handle(META_CF).expect("opened with the meta column family")
+}
+
+fn appended_after_in(db: &DB) -> Result<Option<i64>> {
+    Ok(db.get_cf(meta_cf(db), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
+}
+
+fn topic_id_in(db: &DB) -> Result<Option<String>> {
+    Ok(db.get_cf(meta_cf(db), TOPIC_ID_KEY)?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
+fn decode_checkpoint(value: Option<Vec<u8>>) -> Checkpoint {
+    match value {
+        None => Checkpoint::None,
+        Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
+            Ok(b) if i64::from_be_bytes(b) >= 0 => Checkpoint::At(i64::from_be_bytes(b)),
+            _ => Checkpoint::Corrupt(format!("checkpoint value {v:02x?} is not an offset")),
+        },
+    }
+}
+
 /// Tuning shared by every engine of one runtime.
 #[derive(Clone)]
 pub(crate) struct EngineResources {
@@ -212,13 +234,7 @@ impl Engine {
 
     /// Reads the changelog checkpoint.
     pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
-        Ok(match self.db().get_cf(self.meta(), CHECKPOINT_KEY)? {
-            None => Checkpoint::None,
-            Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
-                Ok(b) if i64::from_be_bytes(b) >= 0 => Checkpoint::At(i64::from_be_bytes(b)),
-                _ => Checkpoint::Corrupt(format!("checkpoint value {v:02x?} is not an offset")),
-            },
-        })
+        Ok(decode_checkpoint(self.db().get_cf(self.meta(), CHECKPOINT_KEY)?))
     }
 
     /// Reads one key from the data.
@@ -299,12 +315,12 @@ impl Engine {
 
     /// The bound recorded by [`Engine::commit_with_age_bound`], if any.
     pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
-        Ok(self.db().get_cf(self.meta(), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
+        appended_after_in(self.db())
     }
 
     /// The changelog topic id recorded by [`Engine::set_changelog_topic_id`].
     pub(crate) fn changelog_topic_id(&self) -> Result<Option<String>> {
-        Ok(self.db().get_cf(self.meta(), TOPIC_ID_KEY)?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+        topic_id_in(self.db())
     }
 
     /// Records the id of the changelog topic the state comes from. Like
@@ -400,6 +416,113 @@ impl Engine {
     /// An integer RocksDB property of the data column family, e.g. `rocksdb.estimate-num-keys`.
     pub(crate) fn property(&self, name: &str) -> Option<u64> {
         self.db().property_int_value(name).ok().flatten()
+    }
+
+    /// Sizes and compaction state of the data (RocksDB properties, no scan).
+    pub(crate) fn data_stats(&self) -> DataStats {
+        DataStats::of(self.db())
+    }
+
+    /// Writes a RocksDB checkpoint (hard links of the SST files where the
+    /// file system allows) of both column families to `dest`, which must
+    /// not exist. Flushes first: the data skips the WAL.
+    pub(crate) fn create_checkpoint(&self, dest: &Path) -> Result<()> {
+        self.flush()?;
+        rocksdb::checkpoint::Checkpoint::new(self.db())?.create_checkpoint(dest)?;
+        Ok(())
+    }
+}
+
+/// Sizes of one store partition's data from RocksDB's properties (no scan).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct DataStats {
+    /// `rocksdb.estimate-num-keys`.
+    pub(crate) keys: u64,
+    /// Key + value bytes: the raw sizes of every SST entry plus the
+    /// memtables. An estimate from above: overwritten and deleted entries
+    /// count until compaction drops them.
+    pub(crate) logical_bytes: u64,
+    /// SST files plus memtables.
+    pub(crate) physical_bytes: u64,
+    /// `rocksdb.estimate-pending-compaction-bytes`.
+    pub(crate) pending_compaction_bytes: u64,
+    /// Writes RocksDB delayed or stopped (`total-delays` + `total-stops` of
+    /// `rocksdb.cf-write-stall-stats`) since the database was opened.
+    pub(crate) write_stalls: u64,
+}
+
+impl DataStats {
+    fn of(db: &DB) -> DataStats {
+        let int = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
+        let text = |name: &str| db.property_value(name).ok().flatten().unwrap_or_default();
+        let table = text("rocksdb.aggregated-table-properties");
+        let memtables = int("rocksdb.cur-size-all-mem-tables");
+        let stalls = text("rocksdb.cf-write-stall-stats");
+        DataStats {
+            keys: int("rocksdb.estimate-num-keys"),
+            logical_bytes: stat_field(&table, "raw key size", ';') + stat_field(&table, "raw value size", ';') + memtables,
+            physical_bytes: int("rocksdb.live-sst-files-size") + memtables,
+            pending_compaction_bytes: int("rocksdb.estimate-pending-compaction-bytes"),
+            write_stalls: stat_field(&stalls, "total-delays", ',') + stat_field(&stalls, "total-stops", ','),
+        }
+    }
+}
+
+/// The integer after `name` in a RocksDB property text of the form
+/// `a=1; b=2` or `a: 1, b: 2` (0 if absent).
+fn stat_field(text: &str, name: &str, separator: char) -> u64 {
+    text.split(separator)
+        .filter_map(|part| part.trim().split_once(['=', ':']))
+        .find(|(k, _)| k.trim().ends_with(name))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A store partition's database opened as a RocksDB *secondary* instance:
+/// it takes no lock and writes nothing under the store's directory (only
+/// under its own scratch directory), so it can read a store a live
+/// instance holds. It sees the state as of the primary's last flush, which
+/// is a committed prefix with its own checkpoint (commits skip the WAL).
+pub(crate) struct ReadOnlyDb {
+    db: DB,
+}
+
+impl ReadOnlyDb {
+    /// Opens the database at `db_path` for reading; `scratch` receives the
+    /// secondary instance's own info log.
+    pub(crate) fn open(db_path: &Path, scratch: &Path) -> Result<ReadOnlyDb> {
+        let mut opts = Options::default();
+        opts.create_if_missing(false);
+        // Required by secondary instances: keep every file it opened open.
+        opts.set_max_open_files(-1);
+        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF];
+        let db = DB::open_cf_as_secondary(&opts, db_path, scratch, cfs)?;
+        Ok(ReadOnlyDb { db })
+    }
+
+    /// The changelog checkpoint.
+    pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
+        Ok(decode_checkpoint(self.db.get_cf(meta_cf(&self.db), CHECKPOINT_KEY)?))
+    }
+
+    /// The id of the changelog topic the state came from, if recorded.
+    pub(crate) fn changelog_topic_id(&self) -> Result<Option<String>> {
+        topic_id_in(&self.db)
+    }
+
+    /// See [`Engine::appended_after_ms`].
+    pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
+        appended_after_in(&self.db)
+    }
+
+    /// Sizes from RocksDB's properties.
+    pub(crate) fn data_stats(&self) -> DataStats {
+        DataStats::of(&self.db)
+    }
+
+    /// Every key and value of the data, in key order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>)>> + '_ {
+        self.db.iterator(IteratorMode::Start).map(|r| r.map_err(Error::from))
     }
 }
 

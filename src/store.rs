@@ -231,6 +231,12 @@ impl KeyValueStore {
         })
     }
 
+    /// `<state_dir>/<application_id>`, the directory above the store's.
+    pub(crate) fn app_dir(&self) -> Option<&Path> {
+        // db_dir = <state_dir>/<application_id>/<store>/<partition>/db
+        self.db_dir.ancestors().nth(3)
+    }
+
     fn reopen_empty(db_dir: &Path, res: &EngineResources) -> Result<Engine> {
         Engine::wipe(db_dir)?;
         Engine::open(db_dir, res)

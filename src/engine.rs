@@ -544,7 +544,7 @@ impl Drop for Engine {
 /// The file beside a database that tells its checkpoint as of its last
 /// clean close, so the group subscription can report how caught up every
 /// local copy is without opening each RocksDB instance.
-const CHECKPOINT_HINT: &str = "kstate.checkpoint";
+pub(crate) const CHECKPOINT_HINT: &str = "kstate.checkpoint";
 
 fn checkpoint_hint_path(db_path: &Path) -> Option<std::path::PathBuf> {
     Some(db_path.parent()?.join(CHECKPOINT_HINT))

@@ -55,11 +55,13 @@
 //! | [`KeyValueStore`], [`TypedStore`], [`codec`] | stores and typed access |
 //! | [`restore`] | restore listener and events |
 //! | [`metrics`] | metric names |
+//! | [`admin`] | operator tooling behind the `kstate` CLI: inspect, sample, verify, estimate restores, snapshot, import, wipe |
 //!
 //! See `examples/` for a word counter and a crash/restore demo.
 
 #![warn(missing_docs)]
 
+pub mod admin;
 mod app;
 mod assignment;
 mod changelog;

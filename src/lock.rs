@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
-const LOCK_FILE: &str = ".kstate.lock";
+pub(crate) const LOCK_FILE: &str = ".kstate.lock";
 
 /// A held directory lock; dropping it releases the lock.
 #[derive(Debug)]

@@ -1,0 +1,175 @@
+//! `estimate-restore`: how much a restart would replay, and how long it
+//! would take.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{app_dir, partitions_of, stores_of, Kafka, ReadOnly};
+use crate::error::{Error, Result};
+
+/// The restore rate assumed when none is given and none was measured on
+/// the state directory (records per second).
+pub const DEFAULT_RESTORE_RATE: f64 = 100_000.0;
+/// Records read per partition to estimate the tail's bytes.
+const SAMPLE_RECORDS: u64 = 1000;
+
+/// What else to estimate beyond the local store directories.
+#[derive(Debug, Clone, Default)]
+pub struct EstimateOptions {
+    /// Stores to include even without a local directory.
+    pub stores: Vec<String>,
+    /// The partitions to estimate; empty: every partition of each store's
+    /// changelog (those without local state from the changelog's start).
+    pub partitions: Vec<i32>,
+    /// Records per second; `None`: the rate measured on this state
+    /// directory, else [`DEFAULT_RESTORE_RATE`].
+    pub rate: Option<f64>,
+}
+
+/// Where the rate of an estimate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateSource {
+    /// Given by the caller.
+    Given,
+    /// The last restore of at least 10,000 records on this state directory.
+    Measured,
+    /// [`DEFAULT_RESTORE_RATE`].
+    Assumed,
+}
+
+/// One store partition's restore.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionEstimate {
+    /// The store.
+    pub store: String,
+    /// The partition.
+    pub partition: i32,
+    /// Whether local state exists (else the restore starts at the changelog's start).
+    pub local: bool,
+    /// The local checkpoint, if any.
+    pub checkpoint: Option<i64>,
+    /// The first offset the restore would replay.
+    pub from_offset: i64,
+    /// The changelog's end offset.
+    pub end_offset: i64,
+    /// Records to replay (`end - from`; counts aborted records and
+    /// transaction markers of an exactly-once changelog too).
+    pub records: u64,
+    /// Key + value bytes to replay: the average of a sample of up to 1000
+    /// records of the tail times `records` (an estimate).
+    pub estimated_bytes: u64,
+    /// Records sampled for the byte estimate.
+    pub sampled_records: u64,
+    /// Why the restore starts at the changelog's start, when it does
+    /// although local state exists.
+    pub note: Option<String>,
+}
+
+/// The outcome of [`estimate_restore()`].
+#[derive(Debug, Clone, Serialize)]
+pub struct RestoreEstimate {
+    /// The application.
+    pub application_id: String,
+    /// Records per second used.
+    pub rate_records_per_sec: f64,
+    /// Where the rate comes from.
+    pub rate_source: RateSource,
+    /// Per store partition.
+    pub partitions: Vec<PartitionEstimate>,
+    /// Records to replay in all.
+    pub total_records: u64,
+    /// Estimated bytes to replay in all.
+    pub total_estimated_bytes: u64,
+    /// `total_records / rate` (the restore thread replays every store
+    /// partition of an instance, so the rate is for all of them together).
+    pub estimated_seconds: f64,
+}
+
+/// Estimates what a restart of `app` on this state directory would replay:
+/// per store partition the changelog records past the local checkpoint
+/// (all of them without local state), their bytes from a sample, and the
+/// time at the given, measured or assumed rate. Works while the
+/// application runs (its stores' last flushes are what a crash would
+/// restart from).
+pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &EstimateOptions) -> Result<RestoreEstimate> {
+    if let Some(rate) = options.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(Error::Admin(format!("the restore rate must be a positive number of records per second, not {rate}")));
+        }
+    }
+    let app_dir = app_dir(state_dir, app)?;
+    let (rate, rate_source) = match options.rate {
+        Some(r) => (r, RateSource::Given),
+        None => match crate::restore::RestoreRate::load(&app_dir) {
+            Some(m) => (m.records_per_sec(), RateSource::Measured),
+            None => (DEFAULT_RESTORE_RATE, RateSource::Assumed),
+        },
+    };
+    let stores: BTreeSet<String> = stores_of(&app_dir).into_iter().chain(options.stores.iter().cloned()).collect();
+    let consumer = kafka.consumer()?;
+    let mut partitions = Vec::new();
+    for store in &stores {
+        let topic = crate::changelog::changelog_topic(app, store);
+        let Some(count) = kafka.partitions(&consumer, &topic)? else {
+            return Err(Error::Changelog { topic, detail: format!("topic does not exist (store `{store}`)") });
+        };
+        let wanted: Vec<i32> = if options.partitions.is_empty() { (0..count).collect() } else { options.partitions.clone() };
+        let local = partitions_of(&app_dir.join(store));
+        for p in wanted {
+            if p >= count || p < 0 {
+                return Err(Error::Changelog { topic, detail: format!("has {count} partitions, no partition {p}") });
+            }
+            let dir = app_dir.join(store).join(p.to_string());
+            let is_local = local.contains(&p) && dir.join("db").is_dir();
+            let checkpoint = if is_local { ReadOnly::open(&dir)?.checkpoint(&dir)? } else { None };
+            let (low, high) = kafka.watermarks(&consumer, &topic, p)?;
+            let mut note = None;
+            let from = match checkpoint {
+                Some(c) if c >= high => {
+                    note = Some(format!("checkpoint {c} is past the changelog's end {high}: full restore"));
+                    low
+                }
+                Some(c) if c + 1 < low => {
+                    note = Some(format!("checkpoint {c} is before the changelog's start {low}: full restore"));
+                    low
+                }
+                Some(c) => c + 1,
+                None => low,
+            };
+            let records = (high - from).max(0) as u64;
+            let (mut sampled, mut sample_bytes) = (0u64, 0u64);
+            let sample_end = from + records.min(SAMPLE_RECORDS) as i64;
+            kafka.read(&consumer, &topic, p, from, sample_end, |_, k, v| {
+                sampled += 1;
+                sample_bytes += (k.len() + v.map_or(0, <[u8]>::len)) as u64;
+                sampled < SAMPLE_RECORDS
+            })?;
+            let estimated_bytes = if sampled == 0 { 0 } else { (sample_bytes as f64 / sampled as f64 * records as f64) as u64 };
+            partitions.push(PartitionEstimate {
+                store: store.clone(),
+                partition: p,
+                local: is_local,
+                checkpoint,
+                from_offset: from,
+                end_offset: high,
+                records,
+                estimated_bytes,
+                sampled_records: sampled,
+                note,
+            });
+        }
+    }
+    let total_records = partitions.iter().map(|p| p.records).sum::<u64>();
+    Ok(RestoreEstimate {
+        application_id: app.to_string(),
+        rate_records_per_sec: rate,
+        rate_source,
+        total_estimated_bytes: partitions.iter().map(|p| p.estimated_bytes).sum(),
+        total_records,
+        estimated_seconds: total_records as f64 / rate,
+        partitions,
+    })
+}

@@ -1,0 +1,392 @@
+//! Operator tooling: what the `kstate` command line tool (`cli/`) does,
+//! as a library.
+//!
+//! Every function works on a state directory laid out as kstate writes it,
+//! `<state_dir>/<application_id>/<store>/<partition>/` with `.kstate.lock`,
+//! `db/` (RocksDB) and `kstate.checkpoint`. Reading functions
+//! ([`inspect()`], [`sample()`], [`verify()`], [`estimate_restore()`]) open
+//! the databases as RocksDB secondary instances: they take no lock and
+//! write nothing in the store directories, so they work while an
+//! application runs (they see its last flush, a committed prefix).
+//! Writing functions ([`snapshot()`], [`import_snapshot()`], [`wipe()`])
+//! take the store partitions' locks without waiting and refuse to touch a
+//! store a live instance holds ([`crate::Error::StateDirLocked`]).
+//!
+//! Every report is a plain [`serde::Serialize`] struct (the CLI's `--json`).
+
+mod estimate;
+mod import;
+mod inspect;
+mod sample;
+mod snapshot;
+mod verify;
+mod wipe;
+
+pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSource, RestoreEstimate, DEFAULT_RESTORE_RATE};
+pub use import::{import_snapshot, ImportReport};
+pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, StorePartitionReport};
+pub use sample::{sample, PrefixRule, PrefixStats, SampleReport, SampledEntry};
+pub use snapshot::{snapshot, SnapshotManifest, SnapshotReport, SNAPSHOT_MANIFEST};
+pub use verify::{verify, KeyDifference, VerifyReport, MAX_LISTED};
+pub use wipe::{wipe, WipeReport, WipedStore};
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use crate::engine::{Checkpoint, ReadOnlyDb};
+use crate::error::{Error, Result};
+
+/// How to reach the Kafka cluster.
+#[derive(Debug, Clone)]
+pub struct Kafka {
+    /// `bootstrap.servers`.
+    pub bootstrap: String,
+    /// Further librdkafka properties (TLS, SASL, ...), applied after the
+    /// bootstrap servers.
+    pub properties: Vec<(String, String)>,
+    /// Bound on each metadata or offsets request (an unreachable broker
+    /// fails after this long).
+    pub timeout: Duration,
+    /// Bound on reading a changelog partition (`verify`, the size sample of
+    /// `estimate_restore`).
+    pub read_timeout: Duration,
+}
+
+impl Kafka {
+    /// The cluster at `bootstrap`, no further properties, 5 s request
+    /// timeout, 120 s read timeout.
+    pub fn new(bootstrap: impl Into<String>) -> Kafka {
+        Kafka {
+            bootstrap: bootstrap.into(),
+            properties: Vec::new(),
+            timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// A consumer reading `read_committed` (changelogs written in
+    /// transactions carry aborted records and markers), assign-only.
+    pub(crate) fn consumer(&self) -> Result<BaseConsumer> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", "kstate-admin")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest");
+        for (k, v) in &self.properties {
+            config.set(k, v);
+        }
+        config.create().map_err(|e| match e {
+            KafkaError::ClientCreation(msg) => Error::Config(format!("Kafka client properties: {msg}")),
+            other => Error::Kafka(other),
+        })
+    }
+
+    fn unreachable(&self, detail: impl ToString) -> Error {
+        Error::BrokerUnreachable { bootstrap: self.bootstrap.clone(), timeout: self.timeout, detail: detail.to_string() }
+    }
+
+    /// The partition count of `topic`, `None` if it does not exist.
+    pub(crate) fn partitions(&self, consumer: &BaseConsumer, topic: &str) -> Result<Option<i32>> {
+        let md = consumer.fetch_metadata(Some(topic), self.timeout).map_err(|e| self.unreachable(e))?;
+        if md.brokers().is_empty() {
+            return Err(self.unreachable("the cluster reported no brokers"));
+        }
+        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+        match t.error() {
+            None => Ok(Some(t.partitions().len() as i32)),
+            Some(e) if rdkafka::types::RDKafkaErrorCode::from(e) == rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition => {
+                Ok(None)
+            }
+            Some(e) => Err(Error::Changelog {
+                topic: topic.to_string(),
+                detail: format!("metadata error {:?}", rdkafka::types::RDKafkaErrorCode::from(e)),
+            }),
+        }
+    }
+
+    /// Checks that `topic` exists with `partition`; returns its (low, high)
+    /// watermarks.
+    pub(crate) fn watermarks(&self, consumer: &BaseConsumer, topic: &str, partition: i32) -> Result<(i64, i64)> {
+        match self.partitions(consumer, topic)? {
+            None => Err(Error::Changelog { topic: topic.to_string(), detail: "topic does not exist".into() }),
+            Some(n) if partition >= n => Err(Error::Changelog {
+                topic: topic.to_string(),
+                detail: format!("has {n} partitions, no partition {partition}"),
+            }),
+            Some(_) => consumer.fetch_watermarks(topic, partition, self.timeout).map_err(|e| self.unreachable(e)),
+        }
+    }
+
+    /// Reads `topic[partition]` from `from` up to `high` (exclusive) or its
+    /// end for a `read_committed` reader, calling `f(offset, key, value)`;
+    /// `f` returning `false` stops the read. Bounded by `read_timeout`.
+    pub(crate) fn read(
+        &self,
+        consumer: &BaseConsumer,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        high: i64,
+        mut f: impl FnMut(i64, &[u8], Option<&[u8]>) -> bool,
+    ) -> Result<()> {
+        if from >= high {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
+        consumer.assign(&tpl)?;
+        let started = Instant::now();
+        let mut last = from - 1;
+        let result = loop {
+            if started.elapsed() > self.read_timeout {
+                break Err(Error::Changelog {
+                    topic: topic.to_string(),
+                    detail: format!(
+                        "reading partition {partition} timed out after {:?} at offset {} of [{from}, {high})",
+                        self.read_timeout,
+                        last + 1
+                    ),
+                });
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    last = m.offset();
+                    if !f(m.offset(), m.key().unwrap_or_default(), m.payload()) || m.offset() + 1 >= high {
+                        break Ok(());
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => break Ok(()),
+                Some(Err(e)) if started.elapsed() < self.read_timeout => {
+                    // Connections drop and come back; librdkafka retries.
+                    tracing::debug!(topic, partition, error = %e, "changelog read error; retrying");
+                }
+                Some(Err(e)) => break Err(e.into()),
+                None => {
+                    if let Ok(pos) = consumer.position() {
+                        if let Some(Offset::Offset(o)) = pos.find_partition(topic, partition).map(|e| e.offset()) {
+                            if o >= high {
+                                break Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let _ = consumer.unassign();
+        result
+    }
+}
+
+/// `<state_dir>/<app>`, checked to exist.
+pub(crate) fn app_dir(state_dir: &Path, app: &str) -> Result<PathBuf> {
+    if !state_dir.is_dir() {
+        return Err(Error::StateDirMissing(state_dir.to_path_buf()));
+    }
+    let dir = state_dir.join(app);
+    if app.is_empty() || app.contains('/') || !dir.is_dir() {
+        return Err(Error::StateNotFound {
+            what: format!("application `{app}`"),
+            path: dir,
+            available: subdirs(state_dir),
+        });
+    }
+    Ok(dir)
+}
+
+/// `<state_dir>/<app>/<store>/<partition>`, checked to exist.
+pub(crate) fn store_partition_dir(state_dir: &Path, app: &str, store: &str, partition: i32) -> Result<PathBuf> {
+    let app_dir = app_dir(state_dir, app)?;
+    let store_dir = app_dir.join(store);
+    if store.is_empty() || store.contains('/') || !store_dir.is_dir() {
+        return Err(Error::StateNotFound {
+            what: format!("store `{store}` of application `{app}`"),
+            path: store_dir,
+            available: stores_of(&app_dir),
+        });
+    }
+    let dir = store_dir.join(partition.to_string());
+    if !dir.is_dir() {
+        return Err(Error::StateNotFound {
+            what: format!("partition {partition} of store `{store}`"),
+            path: dir,
+            available: partitions_of(&store_dir).iter().map(i32::to_string).collect(),
+        });
+    }
+    Ok(dir)
+}
+
+/// Names of the directories in `dir`, sorted.
+pub(crate) fn subdirs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The store directories of an application directory.
+pub(crate) fn stores_of(app_dir: &Path) -> Vec<String> {
+    subdirs(app_dir)
+}
+
+/// The partition directories (numeric names) of a store directory, sorted.
+pub(crate) fn partitions_of(store_dir: &Path) -> Vec<i32> {
+    let mut ps: Vec<i32> = subdirs(store_dir).iter().filter_map(|n| n.parse().ok()).filter(|p| *p >= 0).collect();
+    ps.sort_unstable();
+    ps
+}
+
+/// Whether a live instance holds the lock of a store partition directory.
+/// Opens the lock file without creating it and releases it at once.
+pub(crate) fn is_locked(dir: &Path) -> Result<bool> {
+    let path = dir.join(crate::lock::LOCK_FILE);
+    let file: File = match OpenOptions::new().read(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(false),
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(Error::io(path, e)),
+    }
+}
+
+/// A directory of our own under the system's temporary directory, removed
+/// on drop.
+pub(crate) struct Scratch(PathBuf);
+
+impl Scratch {
+    pub(crate) fn new(what: &str) -> Result<Scratch> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "kstate-{what}-{}-{}-{}",
+            std::process::id(),
+            crate::engine::now_ms(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        Ok(Scratch(path))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A store partition's database opened read-only (a RocksDB secondary
+/// instance with a scratch directory of its own).
+pub(crate) struct ReadOnly {
+    // Declared first: dropped before its scratch directory goes.
+    pub(crate) db: ReadOnlyDb,
+    _scratch: Scratch,
+}
+
+impl ReadOnly {
+    /// Opens `<store_partition_dir>/db`.
+    pub(crate) fn open(store_partition_dir: &Path) -> Result<ReadOnly> {
+        Self::open_db(&store_partition_dir.join("db"))
+    }
+
+    /// Opens the database at `db_path`.
+    pub(crate) fn open_db(db_path: &Path) -> Result<ReadOnly> {
+        if !db_path.join("CURRENT").is_file() {
+            return Err(Error::Admin(format!("`{}` holds no RocksDB database", db_path.display())));
+        }
+        let scratch = Scratch::new("secondary")?;
+        let db = ReadOnlyDb::open(db_path, scratch.path())?;
+        Ok(ReadOnly { db, _scratch: scratch })
+    }
+
+    /// The checkpoint, `None` if nothing was committed; a corrupt one is an error.
+    pub(crate) fn checkpoint(&self, what: &Path) -> Result<Option<i64>> {
+        match self.db.checkpoint()? {
+            Checkpoint::None => Ok(None),
+            Checkpoint::At(c) => Ok(Some(c)),
+            Checkpoint::Corrupt(why) => Err(Error::Admin(format!("`{}`: {why}", what.display()))),
+        }
+    }
+}
+
+/// Bytes of the files under `path` (0 if missing).
+pub(crate) fn dir_bytes(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.len();
+    }
+    std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| dir_bytes(&e.path())).sum()
+}
+
+/// A key or value for display: printable ASCII as is, `\\` and other bytes
+/// as `\xNN`.
+pub fn escape_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
+
+/// [`escape_bytes`] of at most `max` bytes, with `…` when cut.
+pub(crate) fn escape_cut(bytes: &[u8], max: usize) -> String {
+    if bytes.len() <= max {
+        escape_bytes(bytes)
+    } else {
+        format!("{}…", escape_bytes(&bytes[..max]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_shows_printable_bytes_and_hex_for_the_rest() {
+        assert_eq!(escape_bytes(b"ab c"), "ab c");
+        assert_eq!(escape_bytes(b"a\x00\xff\\"), "a\\x00\\xff\\\\");
+        assert_eq!(escape_cut(b"abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn missing_state_dir_and_unknown_names_are_typed_errors() {
+        let dir = std::env::temp_dir().join("kstate-admin-test-does-not-exist");
+        assert!(matches!(app_dir(&dir, "a"), Err(Error::StateDirMissing(_))));
+        let scratch = Scratch::new("test").unwrap();
+        std::fs::create_dir_all(scratch.path().join("app/s/0")).unwrap();
+        assert!(matches!(app_dir(scratch.path(), "b"), Err(Error::StateNotFound { .. })));
+        assert!(matches!(store_partition_dir(scratch.path(), "app", "t", 0), Err(Error::StateNotFound { .. })));
+        let e = store_partition_dir(scratch.path(), "app", "s", 1).unwrap_err();
+        assert!(e.to_string().contains("found: 0"), "{e}");
+        assert!(store_partition_dir(scratch.path(), "app", "s", 0).is_ok());
+        assert!(!is_locked(&scratch.path().join("app/s/0")).unwrap());
+        let lock = crate::lock::DirLock::acquire(&scratch.path().join("app/s/0"), Duration::ZERO).unwrap();
+        assert!(is_locked(&scratch.path().join("app/s/0")).unwrap());
+        drop(lock);
+        assert!(!is_locked(&scratch.path().join("app/s/0")).unwrap());
+    }
+}

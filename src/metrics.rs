@@ -1,11 +1,27 @@
 //! Metric names and handles, published through the [`metrics`] facade.
 //!
 //! kstate records; your application picks the exporter (Prometheus, StatsD,
-//! ...) by installing a `metrics` recorder. Every store metric carries the
-//! labels `store` and `partition`.
+//! ...) by installing a `metrics` recorder (`examples/prometheus.rs`, and a
+//! Grafana dashboard over these names in `dashboards/`). Every store metric
+//! carries the labels `store` and `partition`; a task is an input
+//! partition, so per-task series carry `partition`, and skew across tasks
+//! is the spread of a series over that label. RocksDB figures are refreshed
+//! every 10 s.
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
+//! | `kstate_store_logical_bytes` | gauge | key + value bytes of the store partition, from RocksDB's table properties plus its memtables (an estimate from above: overwritten and deleted entries count until compaction drops them) |
+//! | `kstate_store_physical_bytes` | gauge | SST files + memtables of the store partition |
+//! | `kstate_rocksdb_write_stalls_total` | counter | writes RocksDB delayed or stopped (`rocksdb.cf-write-stall-stats` total delays + stops) |
+//! | `kstate_rocksdb_write_stall_micros_total` | counter | microseconds writes spent stalled (RocksDB ticker `rocksdb.stall.micros`) |
+//! | `kstate_rocksdb_block_cache_hits_total` | counter | block-cache hits of the store partition's reads; hit rate = hits / (hits + misses) |
+//! | `kstate_rocksdb_block_cache_misses_total` | counter | block-cache misses |
+//! | `kstate_state_dir_used_bytes` | gauge | bytes of every file under `state_dir/<application_id>` (no store labels) |
+//! | `kstate_state_dir_free_bytes` | gauge | bytes available to this process on the file system holding the state dir (no store labels) |
+//! | `kstate_records_processed_total` | counter | input records handed to the processor, label `partition` only (per task) |
+//! | `kstate_input_lag_records` | gauge | records of an input partition past the next offset to commit (librdkafka's last seen end offset), labels `topic`, `partition` (per task) |
+//! | `kstate_restore_remaining_bytes` | gauge | bytes left to restore, estimated: remaining records × average key + value size restored so far |
+//! | `kstate_standby_lag_bytes` | gauge | bytes a standby is behind, estimated: lag in records × its average record size |
 //! | `kstate_store_puts_total` | counter | puts |
 //! | `kstate_store_deletes_total` | counter | deletes |
 //! | `kstate_store_gets_total` | counter | point reads |
@@ -94,6 +110,31 @@ pub const ROCKSDB_PENDING_COMPACTION: &str = "kstate_rocksdb_pending_compaction_
 /// RocksDB block cache usage gauge name.
 pub const ROCKSDB_BLOCK_CACHE: &str = "kstate_rocksdb_block_cache_bytes";
 
+/// See the table above.
+pub const STORE_LOGICAL_BYTES: &str = "kstate_store_logical_bytes";
+/// See the table above.
+pub const STORE_PHYSICAL_BYTES: &str = "kstate_store_physical_bytes";
+/// See the table above.
+pub const ROCKSDB_WRITE_STALLS: &str = "kstate_rocksdb_write_stalls_total";
+/// See the table above.
+pub const ROCKSDB_WRITE_STALL_MICROS: &str = "kstate_rocksdb_write_stall_micros_total";
+/// See the table above.
+pub const ROCKSDB_BLOCK_CACHE_HITS: &str = "kstate_rocksdb_block_cache_hits_total";
+/// See the table above.
+pub const ROCKSDB_BLOCK_CACHE_MISSES: &str = "kstate_rocksdb_block_cache_misses_total";
+/// See the table above.
+pub const STATE_DIR_USED_BYTES: &str = "kstate_state_dir_used_bytes";
+/// See the table above.
+pub const STATE_DIR_FREE_BYTES: &str = "kstate_state_dir_free_bytes";
+/// See the table above.
+pub const RECORDS_PROCESSED: &str = "kstate_records_processed_total";
+/// See the table above.
+pub const INPUT_LAG: &str = "kstate_input_lag_records";
+/// See the table above.
+pub const RESTORE_REMAINING_BYTES: &str = "kstate_restore_remaining_bytes";
+/// See the table above.
+pub const STANDBY_LAG_BYTES: &str = "kstate_standby_lag_bytes";
+
 /// Handles for one store partition, resolved once so the hot path only
 /// touches atomics.
 #[derive(Clone)]
@@ -112,6 +153,14 @@ pub(crate) struct StoreMetrics {
     pub(crate) rocksdb_live_sst: Gauge,
     pub(crate) rocksdb_pending_compaction: Gauge,
     pub(crate) rocksdb_block_cache: Gauge,
+    pub(crate) logical_bytes: Gauge,
+    pub(crate) physical_bytes: Gauge,
+    pub(crate) write_stalls: Counter,
+    pub(crate) write_stall_micros: Counter,
+    pub(crate) block_cache_hits: Counter,
+    pub(crate) block_cache_misses: Counter,
+    pub(crate) restore_remaining_bytes: Gauge,
+    pub(crate) standby_lag_bytes: Gauge,
     store: String,
     partition: String,
 }
@@ -136,6 +185,14 @@ impl StoreMetrics {
             rocksdb_live_sst: gauge!(ROCKSDB_LIVE_SST, &labels),
             rocksdb_pending_compaction: gauge!(ROCKSDB_PENDING_COMPACTION, &labels),
             rocksdb_block_cache: gauge!(ROCKSDB_BLOCK_CACHE, &labels),
+            logical_bytes: gauge!(STORE_LOGICAL_BYTES, &labels),
+            physical_bytes: gauge!(STORE_PHYSICAL_BYTES, &labels),
+            write_stalls: counter!(ROCKSDB_WRITE_STALLS, &labels),
+            write_stall_micros: counter!(ROCKSDB_WRITE_STALL_MICROS, &labels),
+            block_cache_hits: counter!(ROCKSDB_BLOCK_CACHE_HITS, &labels),
+            block_cache_misses: counter!(ROCKSDB_BLOCK_CACHE_MISSES, &labels),
+            restore_remaining_bytes: gauge!(RESTORE_REMAINING_BYTES, &labels),
+            standby_lag_bytes: gauge!(STANDBY_LAG_BYTES, &labels),
             store: s,
             partition: p,
         }

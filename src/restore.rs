@@ -338,6 +338,17 @@ struct Active {
     seen_end: (i64, i64),
 }
 
+impl Active {
+    /// Bytes of `records` records at the average key + value size replayed
+    /// so far (0 before the first record).
+    fn estimated_bytes(&self, records: u64) -> u64 {
+        if self.records == 0 {
+            return 0;
+        }
+        (records as f64 * self.bytes as f64 / self.records as f64) as u64
+    }
+}
+
 struct RestoreLoop {
     /// Every changelog partition is forwarded here and read in batches.
     /// Declared before the consumer: dropped first.
@@ -755,7 +766,9 @@ impl RestoreLoop {
             Ok(()) => {
                 store.set_checkpoint(Some(last));
                 store.metrics.restore_records.increment(records);
-                store.metrics.restore_remaining.set((a.end - last - 1).max(0) as f64);
+                let remaining = (a.end - last - 1).max(0) as u64;
+                store.metrics.restore_remaining.set(remaining as f64);
+                store.metrics.restore_remaining_bytes.set(a.estimated_bytes(remaining) as f64);
                 listener.on_batch_restored(&RestoreBatch {
                     store: store.name().to_string(),
                     partition: key.1,
@@ -794,6 +807,7 @@ impl RestoreLoop {
         let duration = a.started.elapsed();
         let store = &self.jobs[&a.partition].stores[a.store_index];
         store.metrics.restore_remaining.set(0.0);
+        store.metrics.restore_remaining_bytes.set(0.0);
         if a.records > 0 {
             store.metrics.restore_bytes.increment(a.bytes);
             store.metrics.restore_rate.set(a.records as f64 / duration.as_secs_f64().max(1e-9));
@@ -924,8 +938,9 @@ impl RestoreLoop {
         }
         self.refresh_standby_age(&positions);
         for (key, lag) in lags {
-            if let Some((_, store)) = self.store_of(&key) {
+            if let Some((a, store)) = self.store_of(&key) {
                 store.metrics.standby_lag.set(lag as f64);
+                store.metrics.standby_lag_bytes.set(a.estimated_bytes(lag as u64) as f64);
             }
         }
         for key in done {
@@ -1025,7 +1040,7 @@ fn leader_moving(e: &rdkafka::error::KafkaError) -> bool {
     matches!(e.rdkafka_error_code(), Some(C::NotLeaderForPartition | C::LeaderNotAvailable | C::UnknownTopicOrPartition))
 }
 
-fn cached_high(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+pub(crate) fn cached_high<C: rdkafka::consumer::ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, partition: i32) -> Option<i64> {
     let topic = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
     // SAFETY: live consumer handle, valid C string and out pointers.

@@ -2,6 +2,7 @@
 //! the restore thread; feeds records to the processor and commits.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -519,6 +520,7 @@ where
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
+    let mut disk = DiskGauges::new(config.state_dir.join(&config.application_id));
     while !shutdown.is_shutdown() {
         membership.polled();
         {
@@ -530,7 +532,9 @@ where
             tasks.collect_restored(consumer)?;
             tasks.poll_inflight(consumer)?;
             tasks.poll_offset_commit()?;
+            tasks.refresh_metrics(consumer);
         }
+        disk.refresh();
         // The consumer queue: errors and logs (served by rust-rdkafka, one
         // per call), and records of partitions that could not be forwarded
         // to the record queue.
@@ -713,6 +717,54 @@ impl ErrorLog {
     }
 }
 
+/// `kstate_state_dir_used_bytes` and `kstate_state_dir_free_bytes`, every 10 s.
+struct DiskGauges {
+    dir: PathBuf,
+    last: Option<Instant>,
+}
+
+impl DiskGauges {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn new(dir: PathBuf) -> DiskGauges {
+        DiskGauges { dir, last: None }
+    }
+
+    fn refresh(&mut self) {
+        if self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(dir_bytes(&self.dir) as f64);
+        if let Some(free) = free_bytes(&self.dir) {
+            metrics::gauge!(crate::metrics::STATE_DIR_FREE_BYTES).set(free as f64);
+        }
+    }
+}
+
+/// Bytes of every file under `dir` (files that vanish meanwhile are skipped).
+pub(crate) fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Bytes available to this process on the file system holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: valid C string and a zeroed out struct for statvfs to fill.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    (rc == 0).then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
 fn process_one<F, E>(
     tasks: &mut TaskManager,
     config: &AppConfig,
@@ -757,6 +809,7 @@ where
         metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
             .increment(1);
     }
+    task.processed.increment(1);
     // No String allocation per record: the topic's entry exists after its first record.
     match task.offsets.get_mut(topic) {
         Some(next) => *next = offset + 1,

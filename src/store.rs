@@ -433,19 +433,26 @@ impl KeyValueStore {
         self.metrics.overlay_bytes.set(0.0);
     }
 
-    /// Publishes RocksDB's size and compaction properties as gauges.
+    /// Publishes RocksDB's sizes, compaction and cache figures.
     pub(crate) fn record_engine_metrics(&self) {
         let e = self.engine();
         let m = &self.metrics;
-        let set = |g: &metrics::Gauge, p: &str| {
-            if let Some(v) = e.property(p) {
-                g.set(v as f64)
-            }
-        };
-        set(&m.rocksdb_keys, "rocksdb.estimate-num-keys");
-        set(&m.rocksdb_live_sst, "rocksdb.live-sst-files-size");
-        set(&m.rocksdb_pending_compaction, "rocksdb.estimate-pending-compaction-bytes");
-        set(&m.rocksdb_block_cache, "rocksdb.block-cache-usage");
+        let stats = e.data_stats();
+        let tickers = e.tickers();
+        m.rocksdb_keys.set(stats.keys as f64);
+        m.logical_bytes.set(stats.logical_bytes as f64);
+        m.physical_bytes.set(stats.physical_bytes as f64);
+        m.rocksdb_pending_compaction.set(stats.pending_compaction_bytes as f64);
+        if let Some(v) = e.property("rocksdb.live-sst-files-size") {
+            m.rocksdb_live_sst.set(v as f64);
+        }
+        if let Some(v) = e.property("rocksdb.block-cache-usage") {
+            m.rocksdb_block_cache.set(v as f64);
+        }
+        m.write_stalls.absolute(tickers.write_stalls);
+        m.write_stall_micros.absolute(tickers.stall_micros);
+        m.block_cache_hits.absolute(tickers.block_cache_hits);
+        m.block_cache_misses.absolute(tickers.block_cache_misses);
     }
 }
 

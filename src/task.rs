@@ -64,6 +64,8 @@ pub(crate) struct Task {
     pub(crate) restart_from: HashMap<String, i64>,
     /// Tells this incarnation's store opening apart from an earlier one's.
     incarnation: u64,
+    /// Input records handed to the processor (`kstate_records_processed_total`).
+    pub(crate) processed: metrics::Counter,
     /// When to start opening the stores (`None` once started).
     open_at: Option<Instant>,
 }
@@ -85,6 +87,7 @@ impl Task {
             restart_from: rewind.clone(),
             rewind,
             incarnation,
+            processed: metrics::counter!(crate::metrics::RECORDS_PROCESSED, "partition" => partition.to_string()),
             open_at: Some(open_at),
         }
     }
@@ -377,6 +380,8 @@ impl TaskManager {
                 task.restart_from.remove(topic);
                 task.offsets.remove(topic);
             }
+            // Another member reports it from now on.
+            metrics::gauge!(crate::metrics::INPUT_LAG, "topic" => topic.clone(), "partition" => p.to_string()).set(0.0);
         }
     }
 
@@ -1141,7 +1146,6 @@ impl TaskManager {
         for (partition, e) in failed {
             self.reinitialise(consumer, partition, e)?;
         }
-        self.refresh_engine_metrics();
         Ok(())
     }
 
@@ -1479,7 +1483,6 @@ impl TaskManager {
             // the transaction opened since.
             self.reinitialise(consumer, partition, e)?;
         }
-        self.refresh_engine_metrics();
         Ok(())
     }
 
@@ -1535,12 +1538,26 @@ impl TaskManager {
         }
     }
 
-    /// Publishes RocksDB gauges every 10 s (called after commits).
-    fn refresh_engine_metrics(&mut self) {
-        if self.last_engine_metrics.elapsed() >= Duration::from_secs(10) {
-            self.last_engine_metrics = Instant::now();
-            for s in self.tasks.values().flat_map(|t| &t.stores) {
+    /// Publishes RocksDB figures and input lags every 10 s.
+    pub(crate) fn refresh_metrics<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) {
+        if self.last_engine_metrics.elapsed() < Duration::from_secs(10) {
+            return;
+        }
+        self.last_engine_metrics = Instant::now();
+        for task in self.tasks.values() {
+            for s in &task.stores {
                 s.record_engine_metrics();
+            }
+            if task.state != TaskState::Running {
+                continue;
+            }
+            for topic in &task.topics {
+                // The next record to process: after the last one processed, else the committed offset.
+                let next = task.offsets.get(topic).or_else(|| task.restart_from.get(topic));
+                if let (Some(next), Some(high)) = (next, crate::restore::cached_high(consumer, topic, task.partition)) {
+                    metrics::gauge!(crate::metrics::INPUT_LAG, "topic" => topic.clone(), "partition" => task.partition.to_string())
+                        .set((high - next).max(0) as f64);
+                }
             }
         }
     }

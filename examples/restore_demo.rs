@@ -13,6 +13,7 @@
 //!
 //! ```text
 //! bash testing/demo.sh                      # starts a broker and runs this
+//! KSTATE_DEMO_KEEP=1 bash testing/demo.sh   # ... and keeps the state dirs for `kstate inspect`
 //! cargo run --release --example restore_demo   # against KSTATE_BOOTSTRAP
 //! ```
 
@@ -69,8 +70,14 @@ fn main() -> Result<(), BoxError> {
     );
     let full = restore(&bootstrap, &app_id, &std::env::temp_dir().join(format!("{app_id}-fresh")))?;
     report("new instance (empty state dir)     ", &full);
-    let _ = std::fs::remove_dir_all(&state);
-    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("{app_id}-fresh")));
+    if std::env::var_os("KSTATE_DEMO_KEEP").is_some() {
+        println!("state kept (KSTATE_DEMO_KEEP): look at it with");
+        println!("  cargo run -p kstate-cli -- --state-dir {} inspect", state.display());
+        println!("  cargo run -p kstate-cli -- --state-dir {} estimate-restore --app {app_id}", state.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&state);
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("{app_id}-fresh")));
+    }
     Ok(())
 }
 

@@ -123,7 +123,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             counts.put(&word.to_string(), &n)?;
         }
         processed += 1;
-        if processed % 10_000 == 0 {
+        if processed.is_multiple_of(10_000) {
             println!("processed {processed} lines");
         }
         Ok::<(), kstate::Error>(())

@@ -9,7 +9,8 @@
 #    otherwise prints the apt-get command and exits 1);
 # 2. unless KSTATE_BOOTSTRAP is set, starts a broker with testing/kafka.sh
 #    (stopped again on exit) and exports KSTATE_BOOTSTRAP;
-# 3. runs `cargo test --all-targets "$@"`, then `cargo test --doc`.
+# 3. runs `cargo test --workspace --all-targets "$@"` (the library and the
+#    operator CLI in cli/), then `cargo test --workspace --doc`.
 # The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
 set -euo pipefail
 # shellcheck source=testing/lib.sh
@@ -24,13 +25,13 @@ results=$(mktemp "${TMPDIR:-/tmp}/kstate-test.XXXXXX")
 KSTATE_TMPFILES+=("$results")
 
 rc=0
-kstate_log "cargo test --all-targets $*"
-cargo test --all-targets "$@" | tee -a "$results" || rc=$?
+kstate_log "cargo test --workspace --all-targets $*"
+cargo test --workspace --all-targets "$@" | tee -a "$results" || rc=$?
 if ((rc == 0)); then
-    kstate_log "cargo test --doc"
-    cargo test --doc | tee -a "$results" || rc=$?
+    kstate_log "cargo test --workspace --doc"
+    cargo test --workspace --doc | tee -a "$results" || rc=$?
 else
-    kstate_log "skipping the doc tests: cargo test --all-targets failed (exit $rc)"
+    kstate_log "skipping the doc tests: cargo test --workspace --all-targets failed (exit $rc)"
 fi
 
 # Sum of all "test result:" lines, e.g. "total: 42 passed, 0 failed, 1 skipped".

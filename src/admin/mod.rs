@@ -87,6 +87,7 @@ impl Kafka {
         }
         config.create().map_err(|e| match e {
             KafkaError::ClientCreation(msg) => Error::Config(format!("Kafka client properties: {msg}")),
+            KafkaError::ClientConfig(_, msg, _, _) => Error::Config(format!("Kafka client properties: {msg}")),
             other => Error::Kafka(other),
         })
     }

@@ -442,4 +442,10 @@ fn errors_are_clear_and_never_panics() {
     kstate_fails(1, "not a kstate snapshot description", &["--state-dir", &s, "import-snapshot", &dest_s]);
     let r = kstate_json(0, &["--state-dir", &s, "inspect"]);
     assert_eq!(r["applications"][0]["partitions"][0]["keys"], 1, "the store is untouched: {r}");
+
+    // A changelog that is behind the store's checkpoint (recreated, empty).
+    create_topic(&kstate::changelog_topic(&app, "s"), 1, &[]);
+    kstate_fails(1, "past the changelog's end offset 0", &[&["--state-dir", &s, "--bootstrap", &bootstrap, "verify"][..], &sp].concat());
+    let r = kstate_json(0, &["--state-dir", &s, "--bootstrap", &bootstrap, "estimate-restore", "--app", &app]);
+    assert!(r["partitions"][0]["note"].as_str().is_some_and(|n| n.contains("full restore")), "{r}");
 }

@@ -126,6 +126,28 @@ fn verify_passes_a_good_store_and_reports_an_injected_divergence() {
     assert_eq!(code, 0);
     assert!(out.contains("OK: the store holds exactly the changelog"), "{out}");
 
+    // The same over the broker's SASL SCRAM listener, its settings given with -X.
+    let sasl_env = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: run the tests with `bash testing/test.sh`"));
+    let (sasl_bootstrap, user, password) = (sasl_env("KSTATE_SASL_BOOTSTRAP"), sasl_env("KSTATE_SASL_USER"), sasl_env("KSTATE_SASL_PASSWORD"));
+    let sasl = |password: &str| -> Vec<String> {
+        [
+            "--state-dir", &s, "--bootstrap", &sasl_bootstrap, "--timeout", "5",
+            "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=SCRAM-SHA-256",
+            "-X", &format!("sasl.username={user}"), "-X", &format!("sasl.password={password}"),
+            "verify", "--app", &app, "--store", "s", "--partition", "0",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    };
+    let args_sasl = sasl(&password);
+    let r = kstate_json(0, &args_sasl.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(r["matching"], data.len() as u64);
+    let wrong = sasl("not-the-password");
+    let (code, _, err) = kstate(&wrong.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.starts_with("error: ") && err.to_lowercase().contains("authentication"), "{err}");
+
     // A changelog record past the checkpoint (as a new owner would write):
     // its key is unverifiable, not a difference.
     let changelog = kstate::changelog_topic(&app, "s");

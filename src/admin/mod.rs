@@ -35,12 +35,48 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer as RdConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::engine::{Checkpoint, ReadOnlyDb};
 use crate::error::{Error, Result};
+
+/// The admin consumer: librdkafka's errors (authentication, TLS, refused
+/// connections) arrive through the context's callback, not with the
+/// request that failed; the last one is kept to say why.
+pub(crate) type BaseConsumer = RdConsumer<AdminContext>;
+
+/// Keeps the (first few distinct) errors librdkafka reported.
+#[derive(Default)]
+pub(crate) struct AdminContext {
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl ClientContext for AdminContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let text = if reason.is_empty() { error.to_string() } else { reason.to_string() };
+        self.note(text);
+    }
+
+    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _log_message: &str) {}
+}
+
+impl ConsumerContext for AdminContext {}
+
+impl AdminContext {
+    fn note(&self, text: String) {
+        let mut errors = self.errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if errors.len() < 3 && !errors.contains(&text) {
+            errors.push(text);
+        }
+    }
+
+    fn errors(&self) -> Vec<String> {
+        self.errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
 
 /// How to reach the Kafka cluster.
 #[derive(Debug, Clone)]
@@ -85,22 +121,35 @@ impl Kafka {
         for (k, v) in &self.properties {
             config.set(k, v);
         }
-        config.create().map_err(|e| match e {
+        config.create_with_context(AdminContext::default()).map_err(|e| match e {
             KafkaError::ClientCreation(msg) => Error::Config(format!("Kafka client properties: {msg}")),
             KafkaError::ClientConfig(_, msg, _, _) => Error::Config(format!("Kafka client properties: {msg}")),
             other => Error::Kafka(other),
         })
     }
 
-    fn unreachable(&self, detail: impl ToString) -> Error {
-        Error::BrokerUnreachable { bootstrap: self.bootstrap.clone(), timeout: self.timeout, detail: detail.to_string() }
+    fn unreachable(&self, consumer: &BaseConsumer, detail: impl ToString) -> Error {
+        let mut detail = detail.to_string();
+        // Errors are served by polling (to the context, or as results).
+        for _ in 0..10 {
+            match consumer.poll(Duration::from_millis(20)) {
+                Some(Err(e)) => consumer.context().note(e.to_string()),
+                Some(Ok(_)) => {}
+                None => break,
+            }
+        }
+        let errors = consumer.context().errors();
+        if !errors.is_empty() {
+            detail = format!("{detail}; the client reported: {}", errors.join("; "));
+        }
+        Error::BrokerUnreachable { bootstrap: self.bootstrap.clone(), timeout: self.timeout, detail }
     }
 
     /// The partition count of `topic`, `None` if it does not exist.
     pub(crate) fn partitions(&self, consumer: &BaseConsumer, topic: &str) -> Result<Option<i32>> {
-        let md = consumer.fetch_metadata(Some(topic), self.timeout).map_err(|e| self.unreachable(e))?;
+        let md = consumer.fetch_metadata(Some(topic), self.timeout).map_err(|e| self.unreachable(consumer, e))?;
         if md.brokers().is_empty() {
-            return Err(self.unreachable("the cluster reported no brokers"));
+            return Err(self.unreachable(consumer, "the cluster reported no brokers"));
         }
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
         match t.error() {
@@ -124,7 +173,7 @@ impl Kafka {
                 topic: topic.to_string(),
                 detail: format!("has {n} partitions, no partition {partition}"),
             }),
-            Some(_) => consumer.fetch_watermarks(topic, partition, self.timeout).map_err(|e| self.unreachable(e)),
+            Some(_) => consumer.fetch_watermarks(topic, partition, self.timeout).map_err(|e| self.unreachable(consumer, e)),
         }
     }
 

@@ -22,6 +22,7 @@
 //! to active: the restore that follows replays only its lag; or dropped).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -96,7 +97,8 @@ pub struct RestoreEnd {
     pub duration: Duration,
 }
 
-/// The rate of this state directory's last sizeable restore, kept in
+/// The rate of this state directory's last sizeable restore (the restore
+/// thread's: restores that overlapped count together), kept in
 /// `<state_dir>/<application_id>/kstate.restore-rate.json` so that the
 /// operator CLI's `estimate-restore` can use a rate measured on this
 /// machine.
@@ -363,6 +365,15 @@ struct RestoreLoop {
     active: HashMap<(String, i32), Active>,
     /// Standby checkpoints by (partition, store index), read by the group.
     standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
+    /// Restores finished since the last time none was running.
+    busy: Option<Busy>,
+}
+
+/// Restores that overlapped in time, for [`RestoreRate`].
+struct Busy {
+    since: Instant,
+    records: u64,
+    bytes: u64,
 }
 
 impl RestoreLoop {
@@ -384,6 +395,7 @@ impl RestoreLoop {
             outcomes,
             jobs: HashMap::new(),
             failed_fetches: HashMap::new(),
+            busy: None,
             active: HashMap::new(),
             standby_offsets,
         }
@@ -691,6 +703,10 @@ impl RestoreLoop {
             tracing::info!(store = %event.store, partition, start, end = high, "restore starting");
             self.listener.on_restore_start(&event);
         }
+        if !standby && !self.active.values().any(|other| !other.standby) {
+            // Nothing restoring: what failed or was cancelled before is not part of this period.
+            self.busy = None;
+        }
         let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
         let mut active = Active {
             partition,
@@ -821,12 +837,21 @@ impl RestoreLoop {
         };
         tracing::info!(store = %event.store, partition = a.partition, records = a.records, bytes = a.bytes,
             seconds = duration.as_secs_f64(), "restore finished");
-        if a.records >= RestoreRate::MIN_RECORDS {
-            if let Some(app_dir) = store.app_dir() {
-                RestoreRate::measured(a.records, a.bytes, duration).save(app_dir);
+        let app_dir = store.app_dir().map(Path::to_path_buf);
+        self.listener.on_restore_end(&event);
+        // Restores run side by side on this one thread: the rate that
+        // predicts the next restore is the thread's, from the first start to
+        // the last end of restores that overlapped.
+        let busy = self.busy.get_or_insert(Busy { since: a.started, records: 0, bytes: 0 });
+        busy.since = busy.since.min(a.started);
+        busy.records += a.records;
+        busy.bytes += a.bytes;
+        if !self.active.values().any(|other| !other.standby) {
+            let busy = self.busy.take().expect("set above");
+            if let (true, Some(dir)) = (busy.records >= RestoreRate::MIN_RECORDS, app_dir) {
+                RestoreRate::measured(busy.records, busy.bytes, busy.since.elapsed()).save(&dir);
             }
         }
-        self.listener.on_restore_end(&event);
         self.complete_if_done(a.partition);
     }
 

@@ -145,6 +145,10 @@ fn seconds(s: f64, what: &str) -> Duration {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, which turns a closed pipe (`kstate inspect |
+    // head`) into a panic in `println!`; a command line tool should just end.
+    // SAFETY: setting a signal disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let Some(state_dir) = cli.state_dir.clone() else {
         Cli::command()
@@ -313,7 +317,7 @@ fn print_inspect(r: &admin::InspectReport) {
         };
         println!("application {}  process id {}  restore rate {}", a.application_id, a.process_id.as_deref().unwrap_or("-"), rate);
         let mut t = Table::new(&[
-            "STORE", "PART", "LOCK", "CHECKPOINT", "HINT", "KEYS", "LOGICAL", "PHYSICAL", "ON DISK", "LAST FLUSH", "PROBLEM",
+            "STORE", "PART", "LOCK", "CHECKPOINT", "HINT", "KEYS (EST.)", "LOGICAL", "PHYSICAL", "ON DISK", "LAST FLUSH", "PROBLEM",
         ]);
         for p in &a.partitions {
             t.row(vec![

@@ -336,7 +336,8 @@ fn a_transactional_changelog_restores_committed_records_only() {
 /// A compacted changelog never loses its first offsets to compaction: a
 /// start offset above 0 means records were deleted (DeleteRecords), and a
 /// fresh restore would miss keys. Startup reports it (a warning and the
-/// `kstate_changelog_truncated_partitions` gauge).
+/// `kstate_changelog_truncated_partitions` gauge), and `kstate::admin::verify`
+/// lists the keys only the local store has.
 #[test]
 fn a_changelog_truncated_from_its_start_is_reported_at_startup() {
     // The only test in this binary that records metrics: a process-wide recorder.
@@ -380,4 +381,10 @@ fn a_changelog_truncated_from_its_start_is_reported_at_startup() {
     set_policy("compact");
     run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
     assert_eq!(truncated_partitions(), Some(1.0), "one truncated partition");
+    // What `kstate verify` reports: the five keys only the local store still has.
+    let report = kstate::admin::verify(state.path(), &app, "s", 0, &kstate::admin::Kafka::new(bootstrap())).unwrap();
+    assert!(report.changelog_truncated && report.changelog_start_offset == 5, "{report:?}");
+    assert_eq!((report.only_in_store, report.matching, report.different_values, report.only_in_changelog), (5, 5, 0, 0), "{report:?}");
+    let lost: Vec<&str> = report.differences.iter().filter(|d| d.changelog_value.is_none()).map(|d| d.key.as_str()).collect();
+    assert_eq!(lost.len(), 5, "{lost:?}");
 }

@@ -105,7 +105,7 @@ fn child(bootstrap: &str, app_id: &str, state: &Path, total: u64) -> Result<(), 
         // crash lands between commits whatever the machine's speed (the
         // first commit on a broker just started can take a few hundred ms:
         // its changelog topic was just created).
-        if n % 200 == 0 {
+        if n.is_multiple_of(200) {
             std::thread::sleep(Duration::from_millis(1));
         }
         if n == total {

@@ -530,6 +530,9 @@ fn stat_field(text: &str, name: &str, separator: char) -> u64 {
         .unwrap_or(0)
 }
 
+/// A key and its value as RocksDB's iterator returns them.
+pub(crate) type KeyValue = (Box<[u8]>, Box<[u8]>);
+
 /// A store partition's database opened as a RocksDB *secondary* instance:
 /// it takes no lock and writes nothing under the store's directory (only
 /// under its own scratch directory), so it can read a store a live
@@ -573,7 +576,7 @@ impl ReadOnlyDb {
     }
 
     /// Every key and value of the data, in key order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = Result<(Box<[u8]>, Box<[u8]>)>> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Result<KeyValue>> + '_ {
         self.db.iterator(IteratorMode::Start).map(|r| r.map_err(Error::from))
     }
 }

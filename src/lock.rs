@@ -24,20 +24,23 @@ pub(crate) struct DirLock {
 impl DirLock {
     /// Locks `dir` (created if missing), retrying for up to `wait`.
     pub(crate) fn acquire(dir: &Path, wait: Duration) -> Result<DirLock> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let path = dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
+        let open = || {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| Error::io(&path, e))
+        };
+        let mut file = open()?;
         let started = Instant::now();
         let mut backoff = Duration::from_millis(20);
         let mut warned = false;
         loop {
             match file.try_lock() {
-                Ok(()) => return Ok(DirLock { _file: file, path }),
+                // The holder we waited for may have deleted the directory
+                // (the cleanup of an unowned task, `kstate wipe`): a lock on
+                // that unlinked file locks nothing. Only the file at `path`
+                // counts; otherwise open it again and retry.
+                Ok(()) if still_at(&file, &path) => return Ok(DirLock { _file: file, path }),
+                Ok(()) => file = open()?,
                 Err(TryLockError::WouldBlock) => {
                     let waited = started.elapsed();
                     if waited >= wait {
@@ -63,6 +66,15 @@ impl DirLock {
     }
 }
 
+/// Whether `file` is (still) the file at `path`.
+fn still_at(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(held), Ok(now)) => held.dev() == now.dev() && held.ino() == now.ino(),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +89,26 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(200));
         drop(first);
         DirLock::acquire(dir.path(), Duration::ZERO).unwrap();
+    }
+
+    /// A waiter whose holder deletes the directory (as the cleanup of an
+    /// unowned task and `kstate wipe` do) must not end up holding a lock on
+    /// the deleted file: it takes the lock of the directory as it is now.
+    #[test]
+    fn a_lock_whose_file_was_deleted_by_its_holder_is_taken_again_on_the_new_file() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("store/0");
+        let holder = DirLock::acquire(&dir, Duration::ZERO).unwrap();
+        let waiter = {
+            let dir = dir.clone();
+            std::thread::spawn(move || DirLock::acquire(&dir, Duration::from_secs(10)).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(200)); // the waiter has opened the old file
+        std::fs::remove_dir_all(&dir).unwrap();
+        drop(holder);
+        let held = waiter.join().unwrap();
+        assert!(still_at(&held._file, &dir.join(LOCK_FILE)), "the waiter locks the file that is there now");
+        let err = DirLock::acquire(&dir, Duration::ZERO).unwrap_err();
+        assert!(matches!(err, Error::StateDirLocked { .. }), "a third party sees it locked: {err}");
     }
 }

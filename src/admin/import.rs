@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{dir_bytes, ReadOnly, SnapshotManifest, SNAPSHOT_MANIFEST};
+use super::{dir_bytes, valid_name, ReadOnly, SnapshotManifest, SNAPSHOT_MANIFEST};
 use crate::error::{Error, Result};
 use crate::lock::DirLock;
 
@@ -46,7 +46,6 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
     let text = std::fs::read(&manifest_path).map_err(|e| mismatch(format!("cannot read {SNAPSHOT_MANIFEST}: {e}")))?;
     let manifest: SnapshotManifest =
         serde_json::from_slice(&text).map_err(|e| mismatch(format!("{SNAPSHOT_MANIFEST} is not a kstate snapshot description: {e}")))?;
-    let valid_name = |s: &str| !s.is_empty() && !s.contains('/') && s != "." && s != "..";
     if !valid_name(&manifest.application_id) || !valid_name(&manifest.store) || manifest.partition < 0 {
         return Err(mismatch(format!("{SNAPSHOT_MANIFEST} names no valid application, store and partition")));
     }

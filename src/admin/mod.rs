@@ -237,13 +237,20 @@ impl Kafka {
     }
 }
 
+/// Whether `name` can only name a directory directly under its parent
+/// (no `/`, `.`, `..`): an application or store name from the command line
+/// must never reach outside the state dir.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['/', '\0']) && name != "." && name != ".."
+}
+
 /// `<state_dir>/<app>`, checked to exist.
 pub(crate) fn app_dir(state_dir: &Path, app: &str) -> Result<PathBuf> {
     if !state_dir.is_dir() {
         return Err(Error::StateDirMissing(state_dir.to_path_buf()));
     }
     let dir = state_dir.join(app);
-    if app.is_empty() || app.contains('/') || !dir.is_dir() {
+    if !valid_name(app) || !dir.is_dir() {
         return Err(Error::StateNotFound {
             what: format!("application `{app}`"),
             path: dir,
@@ -257,7 +264,7 @@ pub(crate) fn app_dir(state_dir: &Path, app: &str) -> Result<PathBuf> {
 pub(crate) fn store_partition_dir(state_dir: &Path, app: &str, store: &str, partition: i32) -> Result<PathBuf> {
     let app_dir = app_dir(state_dir, app)?;
     let store_dir = app_dir.join(store);
-    if store.is_empty() || store.contains('/') || !store_dir.is_dir() {
+    if !valid_name(store) || !store_dir.is_dir() {
         return Err(Error::StateNotFound {
             what: format!("store `{store}` of application `{app}`"),
             path: store_dir,
@@ -429,6 +436,11 @@ mod tests {
         let scratch = Scratch::new("test").unwrap();
         std::fs::create_dir_all(scratch.path().join("app/s/0")).unwrap();
         assert!(matches!(app_dir(scratch.path(), "b"), Err(Error::StateNotFound { .. })));
+        // Names that would reach outside the state dir (`wipe --app ..`).
+        for name in ["..", ".", "app/s", ""] {
+            assert!(matches!(app_dir(&scratch.path().join("app"), name), Err(Error::StateNotFound { .. })), "{name}");
+            assert!(matches!(store_partition_dir(scratch.path(), "app", name, 0), Err(Error::StateNotFound { .. })), "{name}");
+        }
         assert!(matches!(store_partition_dir(scratch.path(), "app", "t", 0), Err(Error::StateNotFound { .. })));
         let e = store_partition_dir(scratch.path(), "app", "s", 1).unwrap_err();
         assert!(e.to_string().contains("found: 0"), "{e}");

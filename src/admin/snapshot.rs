@@ -75,7 +75,18 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         created_at_ms: crate::engine::now_ms(),
         kstate_version: env!("CARGO_PKG_VERSION").to_string(),
     };
-    std::fs::create_dir_all(dest).map_err(|e| Error::io(dest, e))?;
+    // `create_dir`, not `create_dir_all`: it fails if another snapshot
+    // created `dest` since the check above (whose files the cleanup below
+    // would otherwise delete).
+    if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    std::fs::create_dir(dest).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => {
+            Error::TargetNotEmpty { path: dest.to_path_buf(), detail: "already exists; a snapshot needs a new directory".into() }
+        }
+        _ => Error::io(dest, e),
+    })?;
     let written = engine.create_checkpoint(&dest.join("db")).and_then(|()| {
         let path = dest.join(SNAPSHOT_MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Admin(e.to_string()))?;

@@ -143,7 +143,20 @@ impl Tickers {
             block_cache_hits: options.get_ticker_count(Ticker::BlockCacheHit),
             block_cache_misses: options.get_ticker_count(Ticker::BlockCacheMiss),
             stall_micros: options.get_ticker_count(Ticker::StallMicros),
-            write_stalls: DataStats::of(db).write_stalls,
+            write_stalls: write_stalls(db),
+        }
+    }
+
+    /// How far each count moved since `before`; a count below its value
+    /// in `before` started again from 0 (a new engine: a wiped or reopened
+    /// store).
+    pub(crate) fn since(self, before: Tickers) -> Tickers {
+        let moved = |now: u64, then: u64| if now >= then { now - then } else { now };
+        Tickers {
+            block_cache_hits: moved(self.block_cache_hits, before.block_cache_hits),
+            block_cache_misses: moved(self.block_cache_misses, before.block_cache_misses),
+            stall_micros: moved(self.stall_micros, before.stall_micros),
+            write_stalls: moved(self.write_stalls, before.write_stalls),
         }
     }
 
@@ -509,15 +522,21 @@ impl DataStats {
         let text = |name: &str| db.property_value(name).ok().flatten().unwrap_or_default();
         let table = text("rocksdb.aggregated-table-properties");
         let memtables = int("rocksdb.cur-size-all-mem-tables");
-        let stalls = text("rocksdb.cf-write-stall-stats");
         DataStats {
             keys: int("rocksdb.estimate-num-keys"),
             logical_bytes: stat_field(&table, "raw key size", ';') + stat_field(&table, "raw value size", ';') + memtables,
             physical_bytes: int("rocksdb.live-sst-files-size") + memtables,
             pending_compaction_bytes: int("rocksdb.estimate-pending-compaction-bytes"),
-            write_stalls: stat_field(&stalls, "total-delays", ',') + stat_field(&stalls, "total-stops", ','),
+            write_stalls: write_stalls(db),
         }
     }
+}
+
+/// Stall conditions RocksDB entered (`total-delays` + `total-stops` of
+/// `rocksdb.cf-write-stall-stats`).
+fn write_stalls(db: &DB) -> u64 {
+    let stalls = db.property_value("rocksdb.cf-write-stall-stats").ok().flatten().unwrap_or_default();
+    stat_field(&stalls, "total-delays", ',') + stat_field(&stalls, "total-stops", ',')
 }
 
 /// The integer after `name` in a RocksDB property text of the form
@@ -721,6 +740,32 @@ mod tests {
         e.finish_bulk_load().unwrap();
         assert!(l0(&e) < L0_COMPACT_AFTER_RESTORE, "{} L0 files left", l0(&e));
         assert_eq!(e.get(b"k039-00999").unwrap().as_deref(), Some(&[7u8; 100][..]));
+    }
+
+    #[test]
+    fn tickers_count_block_cache_reads_and_survive_a_bulk_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut e = Engine::open(dir.path(), &res()).unwrap();
+        let mut b = Engine::batch();
+        for i in 0..1000u32 {
+            b.put(format!("k{i:04}"), [7u8; 100]);
+        }
+        e.commit(b, 999).unwrap();
+        e.flush().unwrap();
+        for i in 0..1000u32 {
+            assert!(e.get(format!("k{i:04}").as_bytes()).unwrap().is_some());
+        }
+        let before = e.tickers();
+        assert!(before.block_cache_misses > 0 && before.block_cache_hits > 0, "{before:?}");
+        e.start_bulk_load().unwrap(); // reopens the database
+        let after = e.tickers();
+        assert!(after.block_cache_hits >= before.block_cache_hits && after.block_cache_misses >= before.block_cache_misses, "{after:?}");
+        assert_eq!(after.since(before).block_cache_hits, after.block_cache_hits - before.block_cache_hits);
+        // A new engine's counts start again from 0: all of them moved.
+        let fresh = Tickers { block_cache_hits: 3, ..Tickers::default() };
+        assert_eq!(fresh.since(after).block_cache_hits, 3);
+        let stats = e.data_stats();
+        assert!(stats.keys >= 900 && stats.logical_bytes >= 1000 * 105 && stats.physical_bytes > 0, "{stats:?}");
     }
 
     #[test]

@@ -198,6 +198,21 @@ impl StoreMetrics {
         }
     }
 
+    /// Zeroes the size gauges (the store is no longer an active task here).
+    pub(crate) fn clear_sizes(&self) {
+        for g in [&self.logical_bytes, &self.physical_bytes, &self.rocksdb_keys, &self.rocksdb_live_sst, &self.rocksdb_pending_compaction] {
+            g.set(0.0);
+        }
+    }
+
+    /// Zeroes the restore and standby lag gauges (no restore or standby of
+    /// this store partition runs here any more).
+    pub(crate) fn clear_lags(&self) {
+        for g in [&self.restore_remaining, &self.restore_remaining_bytes, &self.standby_lag, &self.standby_lag_bytes] {
+            g.set(0.0);
+        }
+    }
+
     /// Counts a full restore and why it happened.
     pub(crate) fn full_restore(&self, reason: &'static str) {
         counter!(RESTORE_FULL, "store" => self.store.clone(), "partition" => self.partition.clone(), "reason" => reason)

@@ -872,6 +872,9 @@ impl RestoreLoop {
     /// Stops tracking one store partition and releases its changelog partition.
     fn remove_active(&mut self, key: &(String, i32)) -> Option<Active> {
         let a = self.active.remove(key)?;
+        if let Some(job) = self.jobs.get(&a.partition) {
+            job.stores[a.store_index].metrics.clear_lags();
+        }
         if a.assigned {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&key.0, key.1);

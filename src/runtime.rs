@@ -520,7 +520,7 @@ where
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
-    let mut disk = DiskGauges::new(config.state_dir.join(&config.application_id));
+    let _disk = DiskGauges::start(config.state_dir.join(&config.application_id));
     while !shutdown.is_shutdown() {
         membership.polled();
         {
@@ -534,7 +534,6 @@ where
             tasks.poll_offset_commit()?;
             tasks.refresh_metrics(consumer);
         }
-        disk.refresh();
         // The consumer queue: errors and logs (served by rust-rdkafka, one
         // per call), and records of partitions that could not be forwarded
         // to the record queue.
@@ -717,28 +716,31 @@ impl ErrorLog {
     }
 }
 
-/// `kstate_state_dir_used_bytes` and `kstate_state_dir_free_bytes`, every 10 s.
+/// `kstate_state_dir_used_bytes` and `kstate_state_dir_free_bytes`, every
+/// 10 s, on a thread of their own (walking a large state dir takes time the
+/// processing thread should not spend); it ends when this is dropped.
 struct DiskGauges {
-    dir: PathBuf,
-    last: Option<Instant>,
+    _stop: std::sync::mpsc::Sender<()>,
 }
 
 impl DiskGauges {
     const EVERY: Duration = Duration::from_secs(10);
 
-    fn new(dir: PathBuf) -> DiskGauges {
-        DiskGauges { dir, last: None }
-    }
-
-    fn refresh(&mut self) {
-        if self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
-            return;
+    fn start(dir: PathBuf) -> DiskGauges {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new().name("kstate-disk".into()).spawn(move || loop {
+            metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(dir_bytes(&dir) as f64);
+            if let Some(free) = free_bytes(&dir) {
+                metrics::gauge!(crate::metrics::STATE_DIR_FREE_BYTES).set(free as f64);
+            }
+            if stopped.recv_timeout(Self::EVERY) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the state dir size thread; kstate_state_dir_* stay unset");
         }
-        self.last = Some(Instant::now());
-        metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(dir_bytes(&self.dir) as f64);
-        if let Some(free) = free_bytes(&self.dir) {
-            metrics::gauge!(crate::metrics::STATE_DIR_FREE_BYTES).set(free as f64);
-        }
+        DiskGauges { _stop: stop }
     }
 }
 

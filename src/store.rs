@@ -62,6 +62,8 @@ pub struct KeyValueStore {
     /// -1 until then).
     landed_checkpoint: Arc<AtomicI64>,
     pub(crate) metrics: StoreMetrics,
+    /// RocksDB's counts as last published (see `record_engine_metrics`).
+    reported_tickers: std::sync::Mutex<crate::engine::Tickers>,
     /// Why the local state cannot be trusted, found while opening it.
     pub(crate) open_problem: Option<String>,
     db_dir: PathBuf,
@@ -223,6 +225,7 @@ impl KeyValueStore {
             checkpoint,
             landed_checkpoint: Arc::new(AtomicI64::new(-1)),
             metrics: StoreMetrics::new(args.name, args.partition),
+            reported_tickers: Default::default(),
             open_problem,
             db_dir,
             resources: args.resources.clone(),
@@ -449,10 +452,15 @@ impl KeyValueStore {
         if let Some(v) = e.property("rocksdb.block-cache-usage") {
             m.rocksdb_block_cache.set(v as f64);
         }
-        m.write_stalls.absolute(tickers.write_stalls);
-        m.write_stall_micros.absolute(tickers.stall_micros);
-        m.block_cache_hits.absolute(tickers.block_cache_hits);
-        m.block_cache_misses.absolute(tickers.block_cache_misses);
+        // Counters only grow (the facade's `absolute` keeps the maximum):
+        // publish what moved since the last call.
+        let mut reported = self.reported_tickers.lock().expect("tickers lock");
+        let moved = tickers.since(*reported);
+        *reported = tickers;
+        m.write_stalls.increment(moved.write_stalls);
+        m.write_stall_micros.increment(moved.stall_micros);
+        m.block_cache_hits.increment(moved.block_cache_hits);
+        m.block_cache_misses.increment(moved.block_cache_misses);
     }
 }
 

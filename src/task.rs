@@ -396,6 +396,9 @@ impl TaskManager {
         }
         for s in &mut stores {
             s.discard_uncommitted();
+            // Sizes describe this instance's active stores: its next owner
+            // reports them from now on (a standby here reports its lag).
+            s.metrics.clear_sizes();
         }
         tracing::info!(partition = task.partition, lost, "task closed");
         stores
@@ -1595,6 +1598,9 @@ impl TaskManager {
             if state == Standby::Following {
                 drop(self.restorer.cancel(p));
             }
+        }
+        for s in self.tasks.values().flat_map(|t| &t.stores) {
+            s.metrics.clear_sizes();
         }
         self.tasks.clear();
         // Every store is closed when `run` returns.

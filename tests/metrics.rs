@@ -135,6 +135,7 @@ fn operational_metrics_follow_the_input_and_the_disk() {
         assert!(physical > 0.0, "partition {p}: physical bytes {physical}");
         let keys = number(&seen, &format!("kstate_rocksdb_estimate_num_keys{{store=m,partition={p}}}")).unwrap();
         assert!(keys >= (KEYS / 2) as f64 && keys <= (RECORDS / 2) as f64, "partition {p}: keys {keys}");
+        // Registered with the store (their counting is tested in the engine's unit tests).
         for counter in [
             "kstate_rocksdb_write_stalls_total",
             "kstate_rocksdb_write_stall_micros_total",
@@ -153,4 +154,9 @@ fn operational_metrics_follow_the_input_and_the_disk() {
     let free = number(&seen, "kstate_state_dir_free_bytes{}").expect("free space");
     assert!(free > 0.0, "free bytes {free}");
     running.stop().unwrap();
+    // Closed tasks report no sizes (their next owner does).
+    let seen = snapshot(&registry);
+    for p in 0..PARTITIONS {
+        assert_eq!(logical(&seen, p), Some(0.0), "partition {p}: sizes cleared when the task closed");
+    }
 }

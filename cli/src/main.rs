@@ -2,8 +2,9 @@
 //! [`kstate::admin`]: argument parsing, tables for people, `--json` for
 //! machines.
 //!
-//! Exit status: 0 on success, 1 on an operational error, 2 on bad usage or
-//! input, 3 when `verify` finds differences.
+//! Exit status: 0 on success, 1 on an operational error (including names
+//! that are not in the state dir and refused changes), 2 on bad arguments or
+//! client configuration (`-X`), 3 when `verify` finds differences.
 
 mod table;
 

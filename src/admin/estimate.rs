@@ -124,9 +124,20 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             }
             let dir = app_dir.join(store).join(p.to_string());
             let is_local = local.contains(&p) && dir.join("db").is_dir();
-            let checkpoint = if is_local { ReadOnly::open(&dir)?.checkpoint(&dir)? } else { None };
-            let (low, high) = kafka.watermarks(&consumer, &topic, p)?;
             let mut note = None;
+            let checkpoint = if is_local {
+                match ReadOnly::open(&dir).and_then(|db| db.checkpoint(&dir)) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // As kstate's own open would: unreadable local state is restored in full.
+                        note = Some(format!("local store unreadable ({e}): full restore"));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let (low, high) = kafka.watermarks(&consumer, &topic, p)?;
             let from = match checkpoint {
                 Some(c) if c >= high => {
                     note = Some(format!("checkpoint {c} is past the changelog's end {high}: full restore"));

@@ -197,28 +197,35 @@ impl Kafka {
         consumer.assign(&tpl)?;
         let started = Instant::now();
         let mut last = from - 1;
+        let mut last_error = None;
         let result = loop {
             if started.elapsed() > self.read_timeout {
+                let error = last_error.as_ref().map_or(String::new(), |e| format!("; last error: {e}"));
                 break Err(Error::Changelog {
                     topic: topic.to_string(),
                     detail: format!(
-                        "reading partition {partition} timed out after {:?} at offset {} of [{from}, {high})",
+                        "reading partition {partition} timed out after {:?} at offset {} of [{from}, {high}){error}",
                         self.read_timeout,
                         last + 1
                     ),
                 });
             }
             match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) if m.topic() != topic || m.partition() != partition => {}
                 Some(Ok(m)) => {
                     last = m.offset();
-                    if !f(m.offset(), m.key().unwrap_or_default(), m.payload()) || m.offset() + 1 >= high {
+                    // A record without a key is skipped, as the restore skips it.
+                    let go_on = m.key().is_none_or(|key| f(m.offset(), key, m.payload()));
+                    if !go_on || m.offset() + 1 >= high {
                         break Ok(());
                     }
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) => break Ok(()),
+                Some(Err(KafkaError::PartitionEOF(p))) if p == partition => break Ok(()),
+                Some(Err(KafkaError::PartitionEOF(_))) => {}
                 Some(Err(e)) if started.elapsed() < self.read_timeout => {
                     // Connections drop and come back; librdkafka retries.
                     tracing::debug!(topic, partition, error = %e, "changelog read error; retrying");
+                    last_error = Some(e.to_string());
                 }
                 Some(Err(e)) => break Err(e.into()),
                 None => {

@@ -10,7 +10,10 @@
 //! application runs (they see its last flush, a committed prefix).
 //! Writing functions ([`snapshot()`], [`import_snapshot()`], [`wipe()`])
 //! take the store partitions' locks without waiting and refuse to touch a
-//! store a live instance holds ([`crate::Error::StateDirLocked`]).
+//! store a live instance holds ([`crate::Error::StateDirLocked`]). To tell
+//! whether a store is live, [`inspect()`] takes its lock for an instant; an
+//! instance opening it at that moment waits and retries (its
+//! `lock_timeout`).
 //!
 //! Every report is a plain [`serde::Serialize`] struct (the CLI's `--json`).
 

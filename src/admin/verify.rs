@@ -78,7 +78,9 @@ impl VerifyReport {
 /// `read_committed` from its start to its end, and compares the store with
 /// the changelog's records up to C applied in order. Keys with any record
 /// past C are counted as unverifiable, not compared. Works while the
-/// application runs.
+/// application runs. Holds the changelog's keys and values up to C in
+/// memory (about the store partition's logical size): run it where that
+/// fits beside the application.
 pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
     let topic = crate::changelog::changelog_topic(app, store);

@@ -282,7 +282,18 @@ fn state_older_than_the_tombstone_retention_is_restored_in_full() {
     assert!(start.full_restore_reason.is_none(), "restarted at once: {start:?}");
     assert_eq!(at_once.restored_records(), 0);
 
+    // `kstate estimate-restore` makes the same call as the restore.
+    let estimate = || {
+        let kafka = kstate::admin::Kafka::new(bootstrap());
+        let options = kstate::admin::EstimateOptions::default();
+        kstate::admin::estimate_restore(state.path(), &app, &kafka, &options).unwrap().partitions.remove(0)
+    };
+    let young = estimate();
+    assert!(young.note.is_none() && young.records == 0, "{young:?}");
+
     std::thread::sleep(Duration::from_millis(3500));
+    let old = estimate();
+    assert!(old.note.as_deref().is_some_and(|n| n.contains("delete.retention.ms")) && old.records == logged, "{old:?}");
     let late = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
     let start = late.starts.lock().unwrap()[0].clone();
     assert!(

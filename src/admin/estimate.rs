@@ -4,10 +4,12 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use rdkafka::consumer::Consumer;
 use serde::Serialize;
 
 use super::{app_dir, partitions_of, stores_of, Kafka, ReadOnly};
 use crate::error::{Error, Result};
+use crate::restore::{full_restore_reason, ChangelogState, LocalCheckpoint};
 
 /// The restore rate assumed when none is given and none was measured on
 /// the state directory (records per second).
@@ -116,6 +118,9 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
         let Some(count) = kafka.partitions(&consumer, &topic)? else {
             return Err(Error::Changelog { topic, detail: format!("topic does not exist (store `{store}`)") });
         };
+        // What the restore compares local state with (unknown: not compared, as the restore does).
+        let topic_id = crate::topic_id::describe(consumer.client().native_ptr(), &topic, kafka.timeout).ok();
+        let tombstone_retention = kafka.tombstone_retention(&topic);
         let wanted: Vec<i32> = if options.partitions.is_empty() { (0..count).collect() } else { options.partitions.clone() };
         let local = partitions_of(&app_dir.join(store));
         for p in wanted {
@@ -125,9 +130,16 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             let dir = app_dir.join(store).join(p.to_string());
             let is_local = local.contains(&p) && dir.join("db").is_dir();
             let mut note = None;
-            let checkpoint = if is_local {
-                match ReadOnly::open(&dir).and_then(|db| db.checkpoint(&dir)) {
-                    Ok(c) => c,
+            let local_state = if is_local {
+                let read = ReadOnly::open(&dir).and_then(|db| {
+                    Ok(LocalCheckpoint {
+                        checkpoint: db.checkpoint(&dir)?,
+                        topic_id: db.db.changelog_topic_id()?,
+                        appended_after_ms: db.db.appended_after_ms()?,
+                    })
+                });
+                match read {
+                    Ok(state) => Some(state),
                     Err(e) => {
                         // As kstate's own open would: unreadable local state is restored in full.
                         note = Some(format!("local store unreadable ({e}): full restore"));
@@ -137,18 +149,18 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             } else {
                 None
             };
+            let checkpoint = local_state.as_ref().and_then(|l| l.checkpoint);
             let (low, high) = kafka.watermarks(&consumer, &topic, p)?;
-            let from = match checkpoint {
-                Some(c) if c >= high => {
-                    note = Some(format!("checkpoint {c} is past the changelog's end {high}: full restore"));
+            let changelog = ChangelogState { low, high, topic_id: topic_id.clone(), tombstone_retention };
+            // The checks a restore makes before it replays only the tail.
+            let reason = local_state.as_ref().and_then(|l| full_restore_reason(l, &changelog, crate::engine::now_ms()));
+            let from = match (reason, checkpoint) {
+                (Some((why, _)), _) => {
+                    note = Some(format!("{why}: full restore"));
                     low
                 }
-                Some(c) if c + 1 < low => {
-                    note = Some(format!("checkpoint {c} is before the changelog's start {low}: full restore"));
-                    low
-                }
-                Some(c) => c + 1,
-                None => low,
+                (None, Some(c)) => c + 1,
+                (None, None) => low,
             };
             let records = (high - from).max(0) as u64;
             let (mut sampled, mut sample_bytes) = (0u64, 0u64);

@@ -131,6 +131,21 @@ impl Kafka {
         })
     }
 
+    /// The topic's `delete.retention.ms`, if the brokers tell it.
+    pub(crate) fn tombstone_retention(&self, topic: &str) -> Option<Duration> {
+        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap);
+        for (k, v) in &self.properties {
+            config.set(k, v);
+        }
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = config.create().ok()?;
+        let opts = AdminOptions::new().request_timeout(Some(self.timeout));
+        let described = futures::executor::block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], &opts)).ok()?;
+        let resource = described.into_iter().next()?.ok()?;
+        resource.get("delete.retention.ms")?.value.as_deref()?.parse().ok().map(Duration::from_millis)
+    }
+
     fn unreachable(&self, consumer: &BaseConsumer, detail: impl ToString) -> Error {
         let mut detail = detail.to_string();
         // Errors are served by polling (to the context, or as results).

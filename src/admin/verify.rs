@@ -73,14 +73,42 @@ impl VerifyReport {
     }
 }
 
+/// A changelog value as `verify` keeps it: its length, a 128-bit hash and
+/// the bytes it would show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Digest {
+    len: usize,
+    hash: (u64, u64),
+    head: Box<[u8]>,
+}
+
+impl Digest {
+    fn of(value: &[u8]) -> Digest {
+        use std::hash::{BuildHasher, Hasher};
+        // Two differently keyed SipHashes: a false "matching" needs a
+        // 128-bit collision.
+        let hash_with = |k: u64| {
+            let mut h = std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().build_hasher();
+            h.write_u64(k);
+            h.write(value);
+            h.finish()
+        };
+        Digest { len: value.len(), hash: (hash_with(1), hash_with(2)), head: value[..value.len().min(VALUE_SHOWN + 1)].into() }
+    }
+
+    /// The value as a difference shows it.
+    fn shown(&self) -> String {
+        escape_cut(&self.head, VALUE_SHOWN)
+    }
+}
+
 /// Compares a store partition with its changelog: reads the store (as of
 /// its last flush) and its checkpoint C, reads the changelog partition
 /// `read_committed` from its start to its end, and compares the store with
 /// the changelog's records up to C applied in order. Keys with any record
 /// past C are counted as unverifiable, not compared. Works while the
-/// application runs. Holds the changelog's keys and values up to C in
-/// memory (about the store partition's logical size): run it where that
-/// fits beside the application.
+/// application runs. Holds the changelog's keys up to C in memory, each
+/// with a digest of its value (about 100 bytes beyond the key).
 pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
     let topic = crate::changelog::changelog_topic(app, store);
@@ -99,7 +127,9 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
         });
     }
 
-    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    // Per key, a digest of its value, not the value: memory grows with the
+    // keys, not with the store's size.
+    let mut model: BTreeMap<Vec<u8>, Digest> = BTreeMap::new();
     let mut later: BTreeSet<Vec<u8>> = BTreeSet::new();
     let mut records = 0u64;
     kafka.read(&consumer, &topic, partition, low, high, |offset, key, value| {
@@ -107,7 +137,7 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
         if offset <= c {
             match value {
                 Some(v) => {
-                    model.insert(key.to_vec(), v.to_vec());
+                    model.insert(key.to_vec(), Digest::of(v));
                 }
                 None => {
                     model.remove(key);
@@ -148,12 +178,12 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
             continue;
         }
         match model.remove(&*k) {
-            Some(m) if *m == *v => report.matching += 1,
+            Some(m) if m == Digest::of(&v) => report.matching += 1,
             Some(m) => {
                 report.different_values += 1;
                 if listed_diff < MAX_LISTED {
                     listed_diff += 1;
-                    report.differences.push(KeyDifference { key: escape_bytes(&k), store_value: show(&v), changelog_value: show(&m) });
+                    report.differences.push(KeyDifference { key: escape_bytes(&k), store_value: show(&v), changelog_value: Some(m.shown()) });
                 }
             }
             None => {
@@ -172,7 +202,7 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
         report.only_in_changelog += 1;
         if listed_changelog < MAX_LISTED {
             listed_changelog += 1;
-            report.differences.push(KeyDifference { key: escape_bytes(&k), store_value: None, changelog_value: show(&m) });
+            report.differences.push(KeyDifference { key: escape_bytes(&k), store_value: None, changelog_value: Some(m.shown()) });
         }
     }
     Ok(report)

@@ -73,6 +73,9 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
     let importing = dir.join("db.importing");
     super::super::engine::Engine::wipe(&importing)?;
     let (linked, copied) = copy_db(&source_db, &importing)?;
+    // On disk before it takes the store's place: a crash after the rename
+    // must not leave a database with files still in the page cache only.
+    sync_files(&importing)?;
     // The copy must be the snapshot: same checkpoint (and topic id).
     let check = (|| {
         let ro = ReadOnly::open_db(&importing)?;
@@ -103,6 +106,7 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
     }
     super::super::engine::Engine::wipe(&db)?;
     std::fs::rename(&importing, &db).map_err(|e| Error::io(&importing, e))?;
+    sync_path(&dir)?;
     if let Some(c) = manifest.checkpoint {
         let tmp = hint.with_extension("tmp");
         std::fs::write(&tmp, c.to_string())
@@ -110,6 +114,22 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
             .map_err(|e| Error::io(&hint, e))?;
     }
     Ok(ImportReport { bytes: dir_bytes(&db), path: dir, manifest, replaced_existing, linked_files: linked, copied_files: copied })
+}
+
+/// Flushes every file in `dir`, then `dir` itself, to disk.
+fn sync_files(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+        if path.is_file() {
+            sync_path(&path)?;
+        }
+    }
+    sync_path(dir)
+}
+
+/// `fsync` of one file or directory.
+fn sync_path(path: &Path) -> Result<()> {
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| Error::io(path, e))
 }
 
 /// Copies a RocksDB directory: table and blob files (never modified once

@@ -342,6 +342,9 @@ fn a_transactional_changelog_restores_committed_records_only() {
     let end = end_offset_at(&bootstrap(), &changelog, 0);
     assert_eq!((end, checkpoint), (9, Some(8)), "checkpoint at the end of the changelog");
     assert_eq!(restores.restored_records(), 4, "committed records only");
+    // `kstate verify` reads it the same way: aborted records and markers are not differences.
+    let report = kstate::admin::verify(state.path(), &app, "s", 0, &kstate::admin::Kafka::new(bootstrap())).unwrap();
+    assert_eq!((report.matching, report.records_read, report.differences.len()), (3, 4, 0), "{report:?}");
 }
 
 /// A compacted changelog never loses its first offsets to compaction: a

@@ -29,6 +29,8 @@ use rand::{Rng, SeedableRng};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 type Input = Vec<KeyedRecord>;
+/// A changelog record as read back: `(offset, key, value)`.
+type Logged = (i64, Vec<u8>, Option<Vec<u8>>);
 
 const PARTITIONS: i32 = 3;
 const PER_PARTITION: usize = 4000;
@@ -126,7 +128,7 @@ fn check_nothing_acknowledged_lost(
     restored: &Model,
     records: &[&KeyedRecord],
     committed: usize,
-    changelog: &[(i64, Vec<u8>, Option<Vec<u8>>)],
+    changelog: &[Logged],
 ) -> Result<(), String> {
     let mut at_committed = Model::new();
     for (_, k, v) in &records[..committed] {
@@ -231,15 +233,15 @@ fn show(v: Option<&[u8]>) -> Option<String> {
 #[test]
 fn the_loss_check_fails_on_lost_invented_and_resurrected_values() {
     let r = |k: &str, v: Option<&str>| (0, k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()));
-    let input = vec![r("a", Some("1")), r("b", Some("1")), r("a", Some("2")), r("b", None), r("a", Some("3")), r("c", Some("1")), r("a", None)];
+    let input = [r("a", Some("1")), r("b", Some("1")), r("a", Some("2")), r("b", None), r("a", Some("3")), r("c", Some("1")), r("a", None)];
     let records: Vec<_> = input.iter().collect();
     let state = |pairs: &[(&str, &str)]| -> Model { pairs.iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect() };
-    let log = |entries: &[(&str, Option<&str>)]| -> Vec<(i64, Vec<u8>, Option<Vec<u8>>)> {
+    let log = |entries: &[(&str, Option<&str>)]| -> Vec<Logged> {
         entries.iter().enumerate().map(|(i, (k, v))| (i as i64, k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()))).collect()
     };
     // Committed up to offset 4 (a=2, b deleted); the changelog holds those commits.
     let to_commit = log(&[("a", Some("1")), ("b", Some("1")), ("a", Some("2")), ("b", None)]);
-    let check = |s: &Model, l: &[(i64, Vec<u8>, Option<Vec<u8>>)]| check_nothing_acknowledged_lost(s, &records, 4, l);
+    let check = |s: &Model, l: &[Logged]| check_nothing_acknowledged_lost(s, &records, 4, l);
     assert!(check(&state(&[("a", "2")]), &to_commit).is_ok());
     assert!(check(&state(&[("a", "3")]), &to_commit).is_ok(), "a later value is fine");
     assert!(check(&state(&[("a", "3"), ("c", "1")]), &to_commit).is_ok());

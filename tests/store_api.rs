@@ -200,7 +200,7 @@ fn counts_stay_exact_while_commits_are_in_flight() {
         store.put(key, &(count + 1).to_be_bytes())?;
         let seen = processed.entry(p).or_default();
         *seen += 1;
-        if *seen % 97 == 0 {
+        if seen.is_multiple_of(97) {
             let mut total = 0;
             for entry in store.all() {
                 total += u64::from_be_bytes(entry?.1.try_into().unwrap());

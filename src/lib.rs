@@ -68,6 +68,7 @@ mod changelog;
 pub mod codec;
 mod config;
 mod consumer_batch;
+mod disk;
 mod engine;
 mod error;
 mod failure;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
-pub(crate) const LOCK_FILE: &str = ".kstate.lock";
+const LOCK_FILE: &str = ".kstate.lock";
 
 /// A held directory lock; dropping it releases the lock.
 #[derive(Debug)]
@@ -63,6 +63,23 @@ impl DirLock {
     #[allow(dead_code)]
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+/// Whether a live process holds the lock of `dir` (without creating the
+/// lock file; the lock is taken for an instant and released at once, so an
+/// instance acquiring it at that moment retries).
+pub(crate) fn is_held(dir: &Path) -> Result<bool> {
+    let path = dir.join(LOCK_FILE);
+    let file = match OpenOptions::new().read(true).open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(false),
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(Error::io(path, e)),
     }
 }
 

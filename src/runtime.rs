@@ -2,7 +2,7 @@
 //! the restore thread; feeds records to the processor and commits.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -729,8 +729,8 @@ impl DiskGauges {
     fn start(dir: PathBuf) -> DiskGauges {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let spawned = std::thread::Builder::new().name("kstate-disk".into()).spawn(move || loop {
-            metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(dir_bytes(&dir) as f64);
-            if let Some(free) = free_bytes(&dir) {
+            metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(crate::disk::dir_bytes(&dir) as f64);
+            if let Some(free) = crate::disk::free_bytes(&dir) {
                 metrics::gauge!(crate::metrics::STATE_DIR_FREE_BYTES).set(free as f64);
             }
             if stopped.recv_timeout(Self::EVERY) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
@@ -742,29 +742,6 @@ impl DiskGauges {
         }
         DiskGauges { _stop: stop }
     }
-}
-
-/// Bytes of every file under `dir` (files that vanish meanwhile are skipped).
-pub(crate) fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
-}
-
-/// Bytes available to this process on the file system holding `dir`.
-pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: valid C string and a zeroed out struct for statvfs to fill.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
-    (rc == 0).then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
 }
 
 fn process_one<F, E>(

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{dir_bytes, is_locked, partitions_of, stores_of, subdirs, ReadOnly};
+use super::{dir_bytes, partitions_of, stores_of, subdirs, ReadOnly};
 use crate::error::{Error, Result};
 use crate::restore::RestoreRate;
 
@@ -99,7 +99,8 @@ pub struct StorePartitionReport {
 }
 
 /// Reports every application, store and partition under `state_dir`.
-/// Works while applications run (no lock is taken, nothing is written).
+/// Works while applications run (nothing is written; each store's lock is
+/// only tried for an instant, to report whether it is live).
 pub fn inspect(state_dir: &Path) -> Result<InspectReport> {
     if !state_dir.is_dir() {
         return Err(Error::StateDirMissing(state_dir.to_path_buf()));
@@ -141,7 +142,7 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         last_flush_age_secs: newest_sst_age(&dir.join("db")),
         problem: None,
     };
-    match is_locked(dir) {
+    match crate::lock::is_held(dir) {
         Ok(locked) => r.locked = locked,
         Err(e) => r.problem = Some(e.to_string()),
     }

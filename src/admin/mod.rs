@@ -33,7 +33,6 @@ pub use snapshot::{snapshot, SnapshotManifest, SnapshotReport, SNAPSHOT_MANIFEST
 pub use verify::{verify, KeyDifference, VerifyReport, MAX_LISTED};
 pub use wipe::{wipe, WipeReport, WipedStore};
 
-use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -332,21 +331,6 @@ pub(crate) fn partitions_of(store_dir: &Path) -> Vec<i32> {
     ps
 }
 
-/// Whether a live instance holds the lock of a store partition directory.
-/// Opens the lock file without creating it and releases it at once.
-pub(crate) fn is_locked(dir: &Path) -> Result<bool> {
-    let path = dir.join(crate::lock::LOCK_FILE);
-    let file: File = match OpenOptions::new().read(true).open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    match file.try_lock() {
-        Ok(()) => Ok(false),
-        Err(TryLockError::WouldBlock) => Ok(true),
-        Err(TryLockError::Error(e)) => Err(Error::io(path, e)),
-    }
-}
 
 /// A directory of our own under the system's temporary directory, removed
 /// on drop.
@@ -411,14 +395,7 @@ impl ReadOnly {
     }
 }
 
-/// Bytes of the files under `path` (0 if missing).
-pub(crate) fn dir_bytes(path: &Path) -> u64 {
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
-    if !meta.is_dir() {
-        return meta.len();
-    }
-    std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| dir_bytes(&e.path())).sum()
-}
+pub(crate) use crate::disk::dir_bytes;
 
 /// A key or value for display: printable ASCII as is, `\\` and other bytes
 /// as `\xNN`.
@@ -470,10 +447,10 @@ mod tests {
         let e = store_partition_dir(scratch.path(), "app", "s", 1).unwrap_err();
         assert!(e.to_string().contains("found: 0"), "{e}");
         assert!(store_partition_dir(scratch.path(), "app", "s", 0).is_ok());
-        assert!(!is_locked(&scratch.path().join("app/s/0")).unwrap());
+        assert!(!crate::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
         let lock = crate::lock::DirLock::acquire(&scratch.path().join("app/s/0"), Duration::ZERO).unwrap();
-        assert!(is_locked(&scratch.path().join("app/s/0")).unwrap());
+        assert!(crate::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
         drop(lock);
-        assert!(!is_locked(&scratch.path().join("app/s/0")).unwrap());
+        assert!(!crate::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
     }
 }

@@ -1,0 +1,27 @@
+//! Sizes on disk: the bytes under a directory and the free space on its
+//! file system (the state dir's gauges, the operator CLI's reports).
+
+use std::path::Path;
+
+/// Bytes of every file under `path` (or of `path` itself if it is a file);
+/// symbolic links are not followed, files that vanish meanwhile are skipped.
+pub(crate) fn dir_bytes(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    if meta.is_file() {
+        return meta.len();
+    }
+    if !meta.is_dir() {
+        return 0;
+    }
+    std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| dir_bytes(&e.path())).sum()
+}
+
+/// Bytes available to this process on the file system holding `dir`.
+pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: valid C string and a zeroed out struct for statvfs to fill.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    (rc == 0).then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
+}

@@ -289,7 +289,7 @@ impl Engine {
     }
 
     fn meta(&self) -> &rocksdb::ColumnFamily {
-        self.db().cf_handle(META_CF).expect("meta column family is created at open")
+        meta_cf(self.db())
     }
 
     /// Reads the changelog checkpoint.
@@ -509,11 +509,10 @@ pub(crate) struct DataStats {
     pub(crate) logical_bytes: u64,
     /// SST files plus memtables.
     pub(crate) physical_bytes: u64,
+    /// `rocksdb.live-sst-files-size`.
+    pub(crate) sst_bytes: u64,
     /// `rocksdb.estimate-pending-compaction-bytes`.
     pub(crate) pending_compaction_bytes: u64,
-    /// Writes RocksDB delayed or stopped (`total-delays` + `total-stops` of
-    /// `rocksdb.cf-write-stall-stats`) since the database was opened.
-    pub(crate) write_stalls: u64,
 }
 
 impl DataStats {
@@ -522,12 +521,13 @@ impl DataStats {
         let text = |name: &str| db.property_value(name).ok().flatten().unwrap_or_default();
         let table = text("rocksdb.aggregated-table-properties");
         let memtables = int("rocksdb.cur-size-all-mem-tables");
+        let sst_bytes = int("rocksdb.live-sst-files-size");
         DataStats {
             keys: int("rocksdb.estimate-num-keys"),
             logical_bytes: stat_field(&table, "raw key size", ';') + stat_field(&table, "raw value size", ';') + memtables,
-            physical_bytes: int("rocksdb.live-sst-files-size") + memtables,
+            physical_bytes: sst_bytes + memtables,
+            sst_bytes,
             pending_compaction_bytes: int("rocksdb.estimate-pending-compaction-bytes"),
-            write_stalls: write_stalls(db),
         }
     }
 }

@@ -446,9 +446,7 @@ impl KeyValueStore {
         m.logical_bytes.set(stats.logical_bytes as f64);
         m.physical_bytes.set(stats.physical_bytes as f64);
         m.rocksdb_pending_compaction.set(stats.pending_compaction_bytes as f64);
-        if let Some(v) = e.property("rocksdb.live-sst-files-size") {
-            m.rocksdb_live_sst.set(v as f64);
-        }
+        m.rocksdb_live_sst.set(stats.sst_bytes as f64);
         if let Some(v) = e.property("rocksdb.block-cache-usage") {
             m.rocksdb_block_cache.set(v as f64);
         }

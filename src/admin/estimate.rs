@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{app_dir, partitions_of, stores_of, Kafka, ReadOnly};
 use crate::error::{Error, Result};
-use crate::restore::{full_restore_reason, ChangelogState, LocalCheckpoint};
+use crate::restore::{full_restore_reason, ChangelogState};
 
 /// The restore rate assumed when none is given and none was measured on
 /// the state directory (records per second).
@@ -131,14 +131,7 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             let is_local = local.contains(&p) && dir.join("db").is_dir();
             let mut note = None;
             let local_state = if is_local {
-                let read = ReadOnly::open(&dir).and_then(|db| {
-                    Ok(LocalCheckpoint {
-                        checkpoint: db.checkpoint(&dir)?,
-                        topic_id: db.db.changelog_topic_id()?,
-                        appended_after_ms: db.db.appended_after_ms()?,
-                    })
-                });
-                match read {
+                match ReadOnly::open(&dir).and_then(|db| db.local_checkpoint(&dir)) {
                     Ok(state) => Some(state),
                     Err(e) => {
                         // As kstate's own open would: unreadable local state is restored in full.

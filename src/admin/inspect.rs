@@ -147,9 +147,8 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         Err(e) => r.problem = Some(e.to_string()),
     }
     let read = ReadOnly::open(dir).and_then(|ro| {
-        r.checkpoint = ro.checkpoint(dir)?;
-        r.changelog_topic_id = ro.db.changelog_topic_id()?;
-        r.appended_after_ms = ro.db.appended_after_ms()?;
+        let local = ro.local_checkpoint(dir)?;
+        (r.checkpoint, r.changelog_topic_id, r.appended_after_ms) = (local.checkpoint, local.topic_id, local.appended_after_ms);
         let stats = ro.db.data_stats();
         r.keys = stats.keys;
         r.logical_bytes = stats.logical_bytes;

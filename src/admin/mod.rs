@@ -108,21 +108,31 @@ impl Kafka {
         }
     }
 
-    /// A consumer reading `read_committed` (changelogs written in
-    /// transactions carry aborted records and markers), assign-only.
-    pub(crate) fn consumer(&self) -> Result<BaseConsumer> {
+    /// The bootstrap servers, then `defaults`, then the user's properties
+    /// (which override the defaults).
+    fn client_config(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("group.id", "kstate-admin")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest");
+        config.set("bootstrap.servers", &self.bootstrap);
+        for (k, v) in defaults {
+            config.set(*k, *v);
+        }
         for (k, v) in &self.properties {
             config.set(k, v);
         }
+        config
+    }
+
+    /// A consumer reading `read_committed` (changelogs written in
+    /// transactions carry aborted records and markers), assign-only.
+    pub(crate) fn consumer(&self) -> Result<BaseConsumer> {
+        let config = self.client_config(&[
+            ("group.id", "kstate-admin"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("isolation.level", "read_committed"),
+            ("enable.partition.eof", "true"),
+            ("auto.offset.reset", "earliest"),
+        ]);
         config.create_with_context(AdminContext::default()).map_err(|e| match e {
             KafkaError::ClientCreation(msg) => Error::Config(format!("Kafka client properties: {msg}")),
             KafkaError::ClientConfig(_, msg, _, _) => Error::Config(format!("Kafka client properties: {msg}")),
@@ -133,12 +143,7 @@ impl Kafka {
     /// The topic's `delete.retention.ms`, if the brokers tell it.
     pub(crate) fn tombstone_retention(&self, topic: &str) -> Option<Duration> {
         use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap);
-        for (k, v) in &self.properties {
-            config.set(k, v);
-        }
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> = config.create().ok()?;
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self.client_config(&[]).create().ok()?;
         let opts = AdminOptions::new().request_timeout(Some(self.timeout));
         let described = futures::executor::block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], &opts)).ok()?;
         let resource = described.into_iter().next()?.ok()?;
@@ -383,6 +388,16 @@ impl ReadOnly {
         let scratch = Scratch::new("secondary")?;
         let db = ReadOnlyDb::open(db_path, scratch.path())?;
         Ok(ReadOnly { db, _scratch: scratch })
+    }
+
+    /// What the restore checks of local state: checkpoint (a corrupt one is
+    /// an error), changelog topic id, age bound.
+    pub(crate) fn local_checkpoint(&self, what: &Path) -> Result<crate::restore::LocalCheckpoint> {
+        Ok(crate::restore::LocalCheckpoint {
+            checkpoint: self.checkpoint(what)?,
+            topic_id: self.db.changelog_topic_id()?,
+            appended_after_ms: self.db.appended_after_ms()?,
+        })
     }
 
     /// The checkpoint, `None` if nothing was committed; a corrupt one is an error.

@@ -1,5 +1,6 @@
-//! Sizes on disk: the bytes under a directory and the free space on its
-//! file system (the state dir's gauges, the operator CLI's reports).
+//! Small file-system helpers: the bytes under a directory and the free
+//! space on its file system (the state dir's gauges, the operator CLI's
+//! reports), and replacing a small file atomically.
 
 use std::path::Path;
 
@@ -24,4 +25,12 @@ pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
     let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
     (rc == 0).then(|| stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Replaces the file at `path` with `bytes` through a temporary file and a
+/// rename, so that a reader sees the old content or the new, never a part.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
 }

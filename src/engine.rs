@@ -191,12 +191,8 @@ impl Engine {
     pub(crate) fn open(path: &Path, res: &EngineResources) -> Result<Engine> {
         // The hint describes the database as last closed; from now on it
         // changes (or is wiped), so the hint goes until the next close.
-        if let Some(hint) = checkpoint_hint_path(path) {
-            match std::fs::remove_file(&hint) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(hint, e)),
-            }
+        if let Some(store_dir) = path.parent() {
+            remove_checkpoint_hint(store_dir)?;
         }
         let (db, options) = Self::open_db(path, res, false)?;
         Ok(Engine {
@@ -620,8 +616,20 @@ impl Drop for Engine {
 /// local copy is without opening each RocksDB instance.
 pub(crate) const CHECKPOINT_HINT: &str = "kstate.checkpoint";
 
-fn checkpoint_hint_path(db_path: &Path) -> Option<std::path::PathBuf> {
-    Some(db_path.parent()?.join(CHECKPOINT_HINT))
+/// Writes the hint of a store partition directory whose database is closed
+/// at checkpoint `c` (`kstate import-snapshot` writes it too).
+pub(crate) fn write_checkpoint_hint(store_dir: &Path, c: i64) -> std::io::Result<()> {
+    crate::disk::write_atomically(&store_dir.join(CHECKPOINT_HINT), c.to_string().as_bytes())
+}
+
+/// Removes the hint: the database is about to change.
+pub(crate) fn remove_checkpoint_hint(store_dir: &Path) -> Result<()> {
+    let hint = store_dir.join(CHECKPOINT_HINT);
+    match std::fs::remove_file(&hint) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(hint, e)),
+    }
 }
 
 /// The checkpoint a store partition directory's database had when it was
@@ -634,11 +642,9 @@ pub(crate) fn read_checkpoint_hint(store_dir: &Path) -> Option<i64> {
 impl Engine {
     /// Writes the checkpoint hint after the close's flush (best effort).
     fn write_checkpoint_hint(&self) {
-        let (Ok(Checkpoint::At(c)), Some(hint)) = (self.checkpoint(), checkpoint_hint_path(&self.path)) else { return };
-        let tmp = hint.with_extension("tmp");
-        let written = std::fs::write(&tmp, c.to_string()).and_then(|()| std::fs::rename(&tmp, &hint));
-        if let Err(e) = written {
-            tracing::debug!(path = %hint.display(), error = %e, "writing the checkpoint hint failed");
+        let (Ok(Checkpoint::At(c)), Some(store_dir)) = (self.checkpoint(), self.path.parent()) else { return };
+        if let Err(e) = write_checkpoint_hint(store_dir, c) {
+            tracing::debug!(dir = %store_dir.display(), error = %e, "writing the checkpoint hint failed");
         }
     }
 }

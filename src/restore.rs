@@ -204,11 +204,9 @@ impl RestoreRate {
     /// Writes the file (best effort: a failure is logged at debug level).
     fn save(&self, app_dir: &std::path::Path) {
         let path = app_dir.join(Self::FILE);
-        let tmp = path.with_extension("tmp");
         let written = serde_json::to_vec(self)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, &path));
+            .and_then(|bytes| crate::disk::write_atomically(&path, &bytes));
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), error = %e, "writing the restore rate failed");
         }

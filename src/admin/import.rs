@@ -98,20 +98,12 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
         let _ = std::fs::remove_dir_all(&importing);
         return Err(e);
     }
-    let hint = dir.join(crate::engine::CHECKPOINT_HINT);
-    match std::fs::remove_file(&hint) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(hint, e)),
-    }
+    crate::engine::remove_checkpoint_hint(&dir)?;
     super::super::engine::Engine::wipe(&db)?;
     std::fs::rename(&importing, &db).map_err(|e| Error::io(&importing, e))?;
     sync_path(&dir)?;
     if let Some(c) = manifest.checkpoint {
-        let tmp = hint.with_extension("tmp");
-        std::fs::write(&tmp, c.to_string())
-            .and_then(|()| std::fs::rename(&tmp, &hint))
-            .map_err(|e| Error::io(&hint, e))?;
+        crate::engine::write_checkpoint_hint(&dir, c).map_err(|e| Error::io(dir.join(crate::engine::CHECKPOINT_HINT), e))?;
     }
     Ok(ImportReport { bytes: dir_bytes(&db), path: dir, manifest, replaced_existing, linked_files: linked, copied_files: copied })
 }

@@ -213,10 +213,13 @@ fn apply_group_events(
 /// A process id that survives restarts, kept in the application's state
 /// directory (Kafka Streams keeps one there too): the group tells an
 /// instance that restarted apart from a new one.
+/// The file under `<state_dir>/<application_id>` that holds this instance's process id.
+pub(crate) const PROCESS_ID_FILE: &str = "kstate.process-id";
+
 fn process_id(config: &AppConfig) -> Result<String> {
     let dir = config.state_dir.join(&config.application_id);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
-    let path = dir.join("kstate.process-id");
+    let path = dir.join(PROCESS_ID_FILE);
     if let Ok(id) = std::fs::read_to_string(&path) {
         let id = id.trim();
         if !id.is_empty() {

@@ -115,7 +115,7 @@ pub fn inspect(state_dir: &Path) -> Result<InspectReport> {
             }
         }
         applications.push(ApplicationReport {
-            process_id: std::fs::read_to_string(app_dir.join("kstate.process-id")).ok().map(|s| s.trim().to_string()),
+            process_id: std::fs::read_to_string(app_dir.join(crate::runtime::PROCESS_ID_FILE)).ok().map(|s| s.trim().to_string()),
             restore_rate: RestoreRateReport::load(&app_dir),
             application_id: app,
             partitions,

@@ -2,7 +2,6 @@
 //! runs it until [`ShutdownHandle::shutdown`] is called or it fails.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,8 @@ use crate::config::{AppConfig, ProcessingDecision, ProcessingGuarantee, StoreDef
 use crate::error::Result;
 use crate::restore::RestoreListener;
 use crate::record::Record;
-use crate::runtime::ProcessorContext;
+use crate::context::ProcessorContext;
+use crate::shutdown::ShutdownHandle;
 
 /// A configured kstate application: a consumer-group member that owns the
 /// stores of the input partitions it is assigned.
@@ -85,22 +85,6 @@ struct ShutdownOnDrop(ShutdownHandle);
 impl Drop for ShutdownOnDrop {
     fn drop(&mut self) {
         self.0.shutdown();
-    }
-}
-
-/// Stops a running [`App`]; cheap to clone and send.
-#[derive(Clone, Default, Debug)]
-pub struct ShutdownHandle(Arc<AtomicBool>);
-
-impl ShutdownHandle {
-    /// Asks the application to commit, close its stores and leave the group.
-    pub fn shutdown(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-
-    /// Whether shutdown was requested.
-    pub fn is_shutdown(&self) -> bool {
-        self.0.load(Ordering::Acquire)
     }
 }
 

@@ -179,7 +179,7 @@ impl AppConfig {
             if !seen.insert(s.name()) {
                 return Err(Error::Config(format!("store `{}` is defined twice", s.name())));
             }
-            let topic = crate::changelog_topic(&self.application_id, s.name());
+            let topic = crate::kafka::changelog_topic(&self.application_id, s.name());
             if topic.len() > 249 {
                 return Err(Error::Config(format!("changelog topic name `{topic}` is longer than Kafka's 249")));
             }
@@ -240,7 +240,7 @@ impl AppConfig {
             }
         }
         // kstate's own connections must be able to honour the security settings.
-        crate::group::security::Security::from_kafka_config(&self.kafka_overrides)?;
+        crate::group::Security::from_kafka_config(&self.kafka_overrides)?;
         self.group_timeouts()?;
         if let Some(server) = &self.application_server {
             let ok = server.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
@@ -280,12 +280,5 @@ impl AppConfig {
 
     pub(crate) fn store_dir(&self, store: &str, partition: i32) -> PathBuf {
         self.state_dir.join(&self.application_id).join(store).join(partition.to_string())
-    }
-}
-
-/// Sets a librdkafka property unless the user already set it.
-pub(crate) fn set_default(config: &mut rdkafka::ClientConfig, key: &str, value: &str) {
-    if config.get(key).is_none() {
-        config.set(key, value);
     }
 }

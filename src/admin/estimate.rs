@@ -114,12 +114,12 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
     let consumer = kafka.consumer()?;
     let mut partitions = Vec::new();
     for store in &stores {
-        let topic = crate::changelog::changelog_topic(app, store);
+        let topic = crate::kafka::changelog_topic(app, store);
         let Some(count) = kafka.partitions(&consumer, &topic)? else {
             return Err(Error::Changelog { topic, detail: format!("topic does not exist (store `{store}`)") });
         };
         // What the restore compares local state with (unknown: not compared, as the restore does).
-        let topic_id = crate::topic_id::describe(consumer.client().native_ptr(), &topic, kafka.timeout).ok();
+        let topic_id = crate::kafka::topic_id::describe(consumer.client().native_ptr(), &topic, kafka.timeout).ok();
         let tombstone_retention = kafka.tombstone_retention(&topic);
         let wanted: Vec<i32> = if options.partitions.is_empty() { (0..count).collect() } else { options.partitions.clone() };
         let local = partitions_of(&app_dir.join(store));
@@ -146,7 +146,7 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             let (low, high) = kafka.watermarks(&consumer, &topic, p)?;
             let changelog = ChangelogState { low, high, topic_id: topic_id.clone(), tombstone_retention };
             // The checks a restore makes before it replays only the tail.
-            let reason = local_state.as_ref().and_then(|l| full_restore_reason(l, &changelog, crate::engine::now_ms()));
+            let reason = local_state.as_ref().and_then(|l| full_restore_reason(l, &changelog, crate::store::engine::now_ms()));
             let from = match (reason, checkpoint) {
                 (Some((why, _)), _) => {
                     note = Some(format!("{why}: full restore"));

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{dir_bytes, valid_name, ReadOnly, SnapshotManifest, SNAPSHOT_MANIFEST};
 use crate::error::{Error, Result};
-use crate::lock::DirLock;
+use crate::store::lock::DirLock;
 
 /// The outcome of [`import_snapshot()`].
 #[derive(Debug, Clone, Serialize)]
@@ -59,7 +59,7 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
     let replaced_existing = db.exists();
     if replaced_existing && !force {
         let has_data = match ReadOnly::open(&dir) {
-            Ok(ro) => !matches!(ro.db.checkpoint(), Ok(crate::engine::Checkpoint::None)) || ro.db.iter().next().is_some(),
+            Ok(ro) => !matches!(ro.db.checkpoint(), Ok(crate::store::engine::Checkpoint::None)) || ro.db.iter().next().is_some(),
             Err(_) => true,
         };
         if has_data {
@@ -71,7 +71,7 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
     }
 
     let importing = dir.join("db.importing");
-    super::super::engine::Engine::wipe(&importing)?;
+    crate::store::engine::Engine::wipe(&importing)?;
     let (linked, copied) = copy_db(&source_db, &importing)?;
     // On disk before it takes the store's place: a crash after the rename
     // must not leave a database with files still in the page cache only.
@@ -98,12 +98,12 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
         let _ = std::fs::remove_dir_all(&importing);
         return Err(e);
     }
-    crate::engine::remove_checkpoint_hint(&dir)?;
-    super::super::engine::Engine::wipe(&db)?;
+    crate::store::engine::remove_checkpoint_hint(&dir)?;
+    crate::store::engine::Engine::wipe(&db)?;
     std::fs::rename(&importing, &db).map_err(|e| Error::io(&importing, e))?;
     sync_path(&dir)?;
     if let Some(c) = manifest.checkpoint {
-        crate::engine::write_checkpoint_hint(&dir, c).map_err(|e| Error::io(dir.join(crate::engine::CHECKPOINT_HINT), e))?;
+        crate::store::engine::write_checkpoint_hint(&dir, c).map_err(|e| Error::io(dir.join(crate::store::engine::CHECKPOINT_HINT), e))?;
     }
     Ok(ImportReport { bytes: dir_bytes(&db), path: dir, manifest, replaced_existing, linked_files: linked, copied_files: copied })
 }

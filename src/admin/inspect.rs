@@ -131,7 +131,7 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         path: dir.to_path_buf(),
         locked: false,
         checkpoint: None,
-        checkpoint_hint: crate::engine::read_checkpoint_hint(dir),
+        checkpoint_hint: crate::store::engine::read_checkpoint_hint(dir),
         changelog_topic_id: None,
         appended_after_ms: None,
         keys: 0,
@@ -142,7 +142,7 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         last_flush_age_secs: newest_sst_age(&dir.join("db")),
         problem: None,
     };
-    match crate::lock::is_held(dir) {
+    match crate::store::lock::is_held(dir) {
         Ok(locked) => r.locked = locked,
         Err(e) => r.problem = Some(e.to_string()),
     }

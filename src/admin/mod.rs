@@ -42,7 +42,7 @@ use rdkafka::consumer::{BaseConsumer as RdConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::engine::{Checkpoint, ReadOnlyDb};
+use crate::store::engine::{Checkpoint, ReadOnlyDb};
 use crate::error::{Error, Result};
 
 /// The admin consumer: librdkafka's errors (authentication, TLS, refused
@@ -348,7 +348,7 @@ impl Scratch {
         let path = std::env::temp_dir().join(format!(
             "kstate-{what}-{}-{}-{}",
             std::process::id(),
-            crate::engine::now_ms(),
+            crate::store::engine::now_ms(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
@@ -410,7 +410,7 @@ impl ReadOnly {
     }
 }
 
-pub(crate) use crate::disk::dir_bytes;
+pub(crate) use crate::store::state_dir::dir_bytes;
 
 /// A key or value for display: printable ASCII as is, `\\` and other bytes
 /// as `\xNN`.
@@ -462,10 +462,10 @@ mod tests {
         let e = store_partition_dir(scratch.path(), "app", "s", 1).unwrap_err();
         assert!(e.to_string().contains("found: 0"), "{e}");
         assert!(store_partition_dir(scratch.path(), "app", "s", 0).is_ok());
-        assert!(!crate::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
-        let lock = crate::lock::DirLock::acquire(&scratch.path().join("app/s/0"), Duration::ZERO).unwrap();
-        assert!(crate::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
+        assert!(!crate::store::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
+        let lock = crate::store::lock::DirLock::acquire(&scratch.path().join("app/s/0"), Duration::ZERO).unwrap();
+        assert!(crate::store::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
         drop(lock);
-        assert!(!crate::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
+        assert!(!crate::store::lock::is_held(&scratch.path().join("app/s/0")).unwrap());
     }
 }

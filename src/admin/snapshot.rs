@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{dir_bytes, store_partition_dir};
-use crate::engine::{Checkpoint, Engine, EngineResources};
+use crate::store::engine::{Checkpoint, Engine, EngineResources};
 use crate::error::{Error, Result};
-use crate::lock::DirLock;
+use crate::store::lock::DirLock;
 
 /// The file in a snapshot directory that describes it.
 pub const SNAPSHOT_MANIFEST: &str = "kstate-snapshot.json";
@@ -70,9 +70,9 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         store: store.to_string(),
         partition,
         checkpoint,
-        changelog_topic: crate::changelog::changelog_topic(app, store),
+        changelog_topic: crate::kafka::changelog_topic(app, store),
         changelog_topic_id: engine.changelog_topic_id()?,
-        created_at_ms: crate::engine::now_ms(),
+        created_at_ms: crate::store::engine::now_ms(),
         kstate_version: env!("CARGO_PKG_VERSION").to_string(),
     };
     // `create_dir`, not `create_dir_all`: it fails if another snapshot

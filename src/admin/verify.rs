@@ -111,7 +111,7 @@ impl Digest {
 /// with a digest of its value (about 100 bytes beyond the key).
 pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
-    let topic = crate::changelog::changelog_topic(app, store);
+    let topic = crate::kafka::changelog_topic(app, store);
     let consumer = kafka.consumer()?;
     let ro = ReadOnly::open(&dir)?;
     let checkpoint = ro.checkpoint(&dir)?;

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{app_dir, dir_bytes, partitions_of, stores_of};
 use crate::error::{Error, Result};
-use crate::lock::DirLock;
+use crate::store::lock::DirLock;
 
 /// One store partition directory deleted.
 #[derive(Debug, Clone, Serialize)]

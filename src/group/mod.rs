@@ -16,11 +16,19 @@ pub(crate) mod assignor;
 pub(crate) mod conn;
 pub(crate) mod coordinator;
 pub(crate) mod end_offsets;
+pub(crate) mod failure;
 pub(crate) mod member;
 pub(crate) mod offsets;
 pub(crate) mod payload;
 pub(crate) mod scram;
 pub(crate) mod security;
+
+pub(crate) use coordinator::Brokers;
+pub(crate) use end_offsets::start_offsets;
+pub(crate) use failure::{CommitFailure, RetryRun};
+pub(crate) use member::{Generation, GroupEvent, GroupSettings, Membership, SessionClock};
+pub(crate) use offsets::{fetch_stable, CommitError, Committer, StableOffsets};
+pub(crate) use security::Security;
 
 #[cfg(test)]
 mod tests;

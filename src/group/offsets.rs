@@ -17,7 +17,7 @@ use super::conn::Connection;
 use super::coordinator::Brokers;
 use super::member::Generation;
 use crate::error::Result;
-use crate::failure::CommitFailure;
+use crate::group::failure::CommitFailure;
 
 /// The coordinator's answer per partition: `None` if committed.
 pub(crate) type CommitResults = BTreeMap<(String, i32), Option<ResponseError>>;

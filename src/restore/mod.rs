@@ -21,6 +21,8 @@
 //! checkpoint in one atomic RocksDB batch, until it is cancelled (promoted
 //! to active: the restore that follows replays only its lag; or dropped).
 
+pub(crate) mod batch;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -33,9 +35,9 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
-use crate::engine::Engine;
-use crate::restore_batch::SortedBatch;
+use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
+use crate::store::engine::Engine;
+use crate::restore::batch::SortedBatch;
 use crate::error::{Error, Result};
 use crate::store::KeyValueStore;
 
@@ -193,7 +195,7 @@ impl RestoreRate {
     const FILE: &'static str = "kstate.restore-rate.json";
 
     fn measured(records: u64, bytes: u64, duration: Duration) -> RestoreRate {
-        RestoreRate { records, bytes, seconds: duration.as_secs_f64().max(1e-6), at_ms: crate::engine::now_ms() }
+        RestoreRate { records, bytes, seconds: duration.as_secs_f64().max(1e-6), at_ms: crate::store::engine::now_ms() }
     }
 
     /// Records per second.
@@ -206,7 +208,7 @@ impl RestoreRate {
         let path = app_dir.join(Self::FILE);
         let written = serde_json::to_vec(self)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| crate::disk::write_atomically(&path, &bytes));
+            .and_then(|bytes| crate::store::state_dir::write_atomically(&path, &bytes));
         if let Err(e) = written {
             tracing::debug!(path = %path.display(), error = %e, "writing the restore rate failed");
         }
@@ -329,14 +331,14 @@ impl Restorer {
         // pause must not be 0: with a full queue librdkafka's fetch thread
         // then re-checks it in a busy loop (2M records: 2.97 s of fetch
         // thread CPU instead of 0.58 s, and a 40% slower restore).
-        crate::config::set_default(&mut config, "fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
-        crate::config::set_default(&mut config, "queued.min.messages", "500000");
-        crate::config::set_default(&mut config, "queued.max.messages.kbytes", "16384");
-        crate::config::set_default(&mut config, "max.partition.fetch.bytes", "8388608");
+        crate::kafka::client::set_default(&mut config, "fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
+        crate::kafka::client::set_default(&mut config, "queued.min.messages", "500000");
+        crate::kafka::client::set_default(&mut config, "queued.max.messages.kbytes", "16384");
+        crate::kafka::client::set_default(&mut config, "max.partition.fetch.bytes", "8388608");
         // A fetch parked at the broker (default up to 500 ms once a partition
         // is caught up) delays every request behind it on the connection:
         // the next restore's watermark query and its first fetch.
-        crate::config::set_default(&mut config, "fetch.wait.max.ms", "10");
+        crate::kafka::client::set_default(&mut config, "fetch.wait.max.ms", "10");
         let consumer: BaseConsumer = config.create()?;
         let (ctx, crx) = mpsc::channel();
         let (otx, orx) = mpsc::channel();
@@ -681,7 +683,7 @@ impl RestoreLoop {
         let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
         let topic = store.changelog_topic().to_string();
         // Records from `high` on are appended after this instant.
-        let end_read_at_ms = crate::engine::now_ms();
+        let end_read_at_ms = crate::store::engine::now_ms();
         // A changelog created a moment ago may not have its leaders in place
         // yet (the broker answers NOT_LEADER for a while): retried briefly
         // here rather than failing the task.
@@ -698,7 +700,7 @@ impl RestoreLoop {
                 }
             }
         };
-        let topic_id = match crate::topic_id::describe(self.consumer.client().native_ptr(), &topic, timeout) {
+        let topic_id = match crate::kafka::topic_id::describe(self.consumer.client().native_ptr(), &topic, timeout) {
             Ok(id) => Some(id),
             Err(why) => {
                 tracing::warn!(%topic, reason = %why, "changelog topic id unknown; a recreated changelog is detected only by its offsets");
@@ -1038,7 +1040,7 @@ impl RestoreLoop {
             // One broker round trip per pass at most: commands (a standby
             // promotion waits on them) are served between passes.
             a.age_refreshed = Instant::now();
-            let read_at = crate::engine::now_ms();
+            let read_at = crate::store::engine::now_ms();
             let Ok((_, high)) = self.consumer.fetch_watermarks(&key.0, key.1, timeout) else { return };
             a.seen_end = (high, read_at);
             if position < high || high == 0 {

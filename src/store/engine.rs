@@ -619,7 +619,7 @@ pub(crate) const CHECKPOINT_HINT: &str = "kstate.checkpoint";
 /// Writes the hint of a store partition directory whose database is closed
 /// at checkpoint `c` (`kstate import-snapshot` writes it too).
 pub(crate) fn write_checkpoint_hint(store_dir: &Path, c: i64) -> std::io::Result<()> {
-    crate::disk::write_atomically(&store_dir.join(CHECKPOINT_HINT), c.to_string().as_bytes())
+    crate::store::state_dir::write_atomically(&store_dir.join(CHECKPOINT_HINT), c.to_string().as_bytes())
 }
 
 /// Removes the hint: the database is about to change.

@@ -20,16 +20,16 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::assignment::AssignmentEvent;
-use crate::changelog::{ChangelogProducer, DeliveryTracker};
-use crate::output::OutputSink;
+use crate::kafka::{ChangelogProducer, DeliveryTracker};
+use crate::kafka::OutputSink;
 use crate::config::AppConfig;
-use crate::engine::EngineResources;
-use crate::fetch_wake::FetchWaker;
+use crate::store::engine::EngineResources;
+use crate::kafka::fetch_wake::FetchWaker;
 use crate::error::{Error, Result};
-use crate::failure::{CommitFailure, RetryRun};
-use crate::group::member::{Generation, SessionClock};
-use crate::group::coordinator::Brokers;
-use crate::group::offsets::{CommitError, Committer};
+use crate::group::{CommitFailure, RetryRun};
+use crate::group::{Generation, SessionClock};
+use crate::group::Brokers;
+use crate::group::{CommitError, Committer};
 use crate::restore::{RestoreJob, RestoreOutcome, Restorer};
 use crate::store::{KeyValueStore, SealedCommit, StoreOpenArgs};
 
@@ -143,7 +143,7 @@ pub(crate) struct TaskManager {
     inflight: Option<InFlightCommit>,
     /// Landed writes no store reads any more, freed by the next commit's
     /// writer thread rather than the processing thread.
-    retired: Vec<Arc<crate::overlay::Overlay>>,
+    retired: Vec<Arc<crate::store::overlay::Overlay>>,
     /// Wakes the fetcher of resumed partitions (set by the runtime).
     pub(crate) fetch_waker: Option<FetchWaker>,
     /// Stores opened off the processing thread come back here.
@@ -218,7 +218,7 @@ struct Opened {
     stores: Result<Vec<KeyValueStore>>,
     /// Exactly-once, an active task: its committed input offsets, read
     /// stable before the restore (where its restored state stands).
-    stable: Option<crate::group::offsets::StableOffsets>,
+    stable: Option<crate::group::StableOffsets>,
 }
 
 /// One commit after its seal (see `seal_running`), apart from the sealed
@@ -516,12 +516,12 @@ impl TaskManager {
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
             .spawn(move || {
-                type OpenedStores = (Vec<KeyValueStore>, Option<crate::group::offsets::StableOffsets>);
+                type OpenedStores = (Vec<KeyValueStore>, Option<crate::group::StableOffsets>);
                 let open_all = move || -> Result<OpenedStores> {
                     let wait_stable = |stores: Vec<KeyValueStore>| -> Result<OpenedStores> {
                         let Some((brokers, input)) = &stable else { return Ok((stores, None)) };
                         let waited = Instant::now();
-                        let offsets = crate::group::offsets::fetch_stable(brokers, &config.application_id, input, config.task_timeout)?;
+                        let offsets = crate::group::fetch_stable(brokers, &config.application_id, input, config.task_timeout)?;
                         if waited.elapsed() >= Duration::from_secs(1) {
                             tracing::info!(partition, waited = ?waited.elapsed(), "committed offsets stable; restoring");
                         }
@@ -532,7 +532,7 @@ impl TaskManager {
                     }
                     let mut stores = Vec::with_capacity(config.stores.len());
                     for def in &config.stores {
-                        let changelog_topic = crate::changelog_topic(&config.application_id, def.name());
+                        let changelog_topic = crate::kafka::changelog_topic(&config.application_id, def.name());
                         stores.push(KeyValueStore::open(StoreOpenArgs {
                             name: def.name(),
                             partition,
@@ -942,7 +942,7 @@ impl TaskManager {
                 if !dir.is_dir() {
                     continue;
                 }
-                let Ok(lock) = crate::lock::DirLock::acquire(&dir, Duration::ZERO) else {
+                let Ok(lock) = crate::store::lock::DirLock::acquire(&dir, Duration::ZERO) else {
                     tracing::debug!(partition = p, dir = %dir.display(), "unowned task directory is locked; kept");
                     continue;
                 };
@@ -1703,7 +1703,7 @@ impl From<Error> for TxnFailure {
             // Timed out while frozen or while the brokers were away, or the
             // producer fenced: only this transaction is lost.
             Error::ChangelogDelivery { source, .. } | Error::OutputDelivery { source, .. } => {
-                !crate::changelog::dooms_transaction_only(source)
+                !crate::kafka::dooms_transaction_only(source)
             }
             Error::CommitTimeout(_) | Error::RecordTooLarge { .. } => true,
             _ => false,
@@ -1772,7 +1772,7 @@ fn finish_transaction(
     timeout: Duration,
     patience: Duration,
 ) -> std::result::Result<Finished, TxnFailure> {
-    let failed = |e: crate::changelog::TxnError| {
+    let failed = |e: crate::kafka::TxnError| {
         let fatal = e.fatal;
         TxnFailure { error: Box::new(e.into_error(producer.transactional_id())), fatal, ends_run: false }
     };
@@ -1818,7 +1818,7 @@ fn await_acknowledgements<'t>(
 
 /// Calls `f` until it succeeds or fails in a way that is not
 /// [`TxnError::resumable`], for at most `bound`.
-fn retry_resumable(what: &str, bound: Duration, mut f: impl FnMut() -> std::result::Result<(), crate::changelog::TxnError>) -> std::result::Result<(), crate::changelog::TxnError> {
+fn retry_resumable(what: &str, bound: Duration, mut f: impl FnMut() -> std::result::Result<(), crate::kafka::TxnError>) -> std::result::Result<(), crate::kafka::TxnError> {
     let started = Instant::now();
     loop {
         match f() {

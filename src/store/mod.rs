@@ -7,6 +7,11 @@
 //! Processors get stores from their [`ProcessorContext`](crate::ProcessorContext);
 //! [`TypedStore`] adds codecs on top.
 
+pub(crate) mod engine;
+pub(crate) mod lock;
+pub(crate) mod overlay;
+pub(crate) mod state_dir;
+
 use std::marker::PhantomData;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -14,13 +19,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::changelog::{ChangelogProducer, DeliveryTracker, RECORD_OVERHEAD};
+use crate::kafka::{ChangelogProducer, DeliveryTracker, RECORD_OVERHEAD};
 use crate::codec::Codec;
-use crate::engine::{Checkpoint, Engine, EngineResources};
+use crate::store::engine::{Checkpoint, Engine, EngineResources};
 use crate::error::{Error, Result};
-use crate::lock::DirLock;
+use crate::store::lock::DirLock;
 use crate::metrics::StoreMetrics;
-use crate::overlay::{layered, MergeIter, Overlay};
+use crate::store::overlay::{layered, MergeIter, Overlay};
 
 /// Everything a store partition needs to open.
 pub(crate) struct StoreOpenArgs<'a> {
@@ -63,7 +68,7 @@ pub struct KeyValueStore {
     landed_checkpoint: Arc<AtomicI64>,
     pub(crate) metrics: StoreMetrics,
     /// RocksDB's counts as last published (see `record_engine_metrics`).
-    reported_tickers: std::sync::Mutex<crate::engine::Tickers>,
+    reported_tickers: std::sync::Mutex<crate::store::engine::Tickers>,
     /// Why the local state cannot be trusted, found while opening it.
     pub(crate) open_problem: Option<String>,
     db_dir: PathBuf,
@@ -406,7 +411,7 @@ impl KeyValueStore {
             producer: self.producer.clone(),
             tracker: self.tracker.clone(),
             previous: self.checkpoint,
-            sealed_at_ms: crate::engine::now_ms(),
+            sealed_at_ms: crate::store::engine::now_ms(),
             landed_checkpoint: self.landed_checkpoint.clone(),
             batch: None,
         }))

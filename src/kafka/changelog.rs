@@ -140,9 +140,9 @@ pub(crate) fn ensure_topics(
         }
         let number = |name: &str| res.get(name).and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<u64>().ok());
         let delete_retention_ms = number("delete.retention.ms");
-        if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * crate::engine::FLUSH_AT_LEAST_EVERY) {
+        if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * crate::store::engine::FLUSH_AT_LEAST_EVERY) {
             tracing::warn!(topic = %spec.topic, delete_retention_ms = ms,
-                flushed_every_secs = crate::engine::FLUSH_AT_LEAST_EVERY.as_secs(),
+                flushed_every_secs = crate::store::engine::FLUSH_AT_LEAST_EVERY.as_secs(),
                 "the changelog keeps tombstones only briefly: a store restored after a crash replays from its last \
                  flush, and a delete whose tombstone the broker dropped meanwhile would come back");
         }
@@ -581,7 +581,7 @@ impl ChangelogProducer {
     pub(crate) fn send_offsets(
         &self,
         group: &str,
-        generation: &crate::group::member::Generation,
+        generation: &crate::group::Generation,
         offsets: &[(String, i32, i64)],
         timeout: Duration,
     ) -> std::result::Result<(), TxnError> {
@@ -671,11 +671,11 @@ fn config_for_changelogs(config: &mut ClientConfig, message_max_bytes: usize) ->
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.max.bytes", message_max_bytes.to_string());
-        crate::config::set_default(config, "linger.ms", "5");
+        crate::kafka::client::set_default(config, "linger.ms", "5");
         // Output records without an explicit partition: by key, as Java clients.
-        crate::config::set_default(config, "partitioner", "murmur2_random");
-        crate::config::set_default(config, "batch.size", "1000000");
-        crate::config::set_default(config, "queue.buffering.max.messages", "1000000");
+        crate::kafka::client::set_default(config, "partitioner", "murmur2_random");
+        crate::kafka::client::set_default(config, "batch.size", "1000000");
+        crate::kafka::client::set_default(config, "queue.buffering.max.messages", "1000000");
     }
     config
 }

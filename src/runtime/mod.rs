@@ -13,66 +13,21 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
-use crate::app::ShutdownHandle;
+use crate::shutdown::ShutdownHandle;
 use crate::assignment::AssignmentEvent;
-use crate::changelog::{self, ChangelogProducer, ChangelogSpec};
-use crate::codec::Codec;
-use crate::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
+use crate::kafka::{self, ChangelogProducer, ChangelogSpec};
+use crate::context::ProcessorContext;
+use crate::kafka::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::config::{AppConfig, ProcessingDecision, ProcessingGuarantee};
-use crate::engine::EngineResources;
+use crate::store::engine::EngineResources;
 use crate::error::{Error, Result};
-use crate::fetch_wake::{self, FetchWaker};
-use crate::group::coordinator::Brokers;
-use crate::group::member::{GroupEvent, GroupSettings, Membership};
-use crate::group::offsets::Committer;
-use crate::output::{Output, OutputSink};
+use crate::kafka::fetch_wake::{self, FetchWaker};
+use crate::group::Brokers;
+use crate::group::{GroupEvent, GroupSettings, Membership};
+use crate::group::Committer;
 use crate::record::{Headers, Record, TimestampType};
 use crate::restore::{NoopListener, Restorer};
-use crate::store::{KeyValueStore, TypedStore};
-use crate::task::{Task, TaskManager, TaskState};
-
-/// What the processor can reach while handling a record: the stores of the
-/// record's partition, and kstate's producer for output records.
-pub struct ProcessorContext<'t> {
-    task: &'t mut Task,
-    store_index: &'t HashMap<String, usize>,
-    outputs: &'t OutputSink,
-    /// The input record's timestamp (the outputs' default).
-    timestamp: Option<i64>,
-}
-
-impl<'t> ProcessorContext<'t> {
-    /// The partition being processed.
-    pub fn partition(&self) -> i32 {
-        self.task.partition
-    }
-
-    /// The byte store named `name` for this partition.
-    pub fn store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
-        let i = *self.store_index.get(name).ok_or_else(|| Error::UnknownStore(name.to_string()))?;
-        Ok(&mut self.task.stores[i])
-    }
-
-    /// The store named `name` with key codec `K` and value codec `V`.
-    pub fn typed_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<TypedStore<'_, K, V>> {
-        Ok(TypedStore::new(self.store(name)?))
-    }
-
-    /// Sends an output record (see [`Output`]). It is part of the commit
-    /// of the record being processed: input offsets are committed only once
-    /// every output sent before the commit is acknowledged, so a crash may
-    /// send an output again but never loses one (at-least-once).
-    ///
-    /// Fails with [`Error::OutputDelivery`] if the producer refuses the
-    /// record at once (larger than `message.max.bytes`, a partition that
-    /// does not exist, its queue full for `commit_timeout`); a record the
-    /// brokers refuse later (unknown topic, not authorised) makes the next
-    /// commit fail with the same error, which ends `run`.
-    pub fn send(&mut self, output: Output<'_>) -> Result<()> {
-        self.outputs.send(&output, self.timestamp)
-    }
-}
-
+use crate::task::{TaskManager, TaskState};
 
 /// The task manager, shared with the membership thread (which reads the
 /// checkpoints of open stores for its subscription).
@@ -243,7 +198,7 @@ fn local_tasks(config: &AppConfig, partitions: i32) -> std::collections::BTreeMa
         for p in 0..partitions {
             let dir = config.store_dir(store.name(), p);
             if dir.is_dir() {
-                let next = crate::engine::read_checkpoint_hint(&dir).map_or(0, |c| c + 1);
+                let next = crate::store::engine::read_checkpoint_hint(&dir).map_or(0, |c| c + 1);
                 *found.entry(p).or_insert(0) += next;
             }
         }
@@ -293,7 +248,7 @@ where
 {
     let base = client_config(&config);
     // TLS and SASL failures are typed errors at once, not a startup timeout.
-    let security = crate::group::security::Security::from_kafka_config(&config.kafka_overrides)?;
+    let security = crate::group::Security::from_kafka_config(&config.kafka_overrides)?;
     let client_id = format!("{}-kstate", config.application_id);
     let connect_timeout = config.startup_timeout.min(Duration::from_secs(10));
     Brokers::new(&config.bootstrap_servers, security.clone(), client_id.clone(), connect_timeout)
@@ -304,13 +259,13 @@ where
         .stores
         .iter()
         .map(|s| ChangelogSpec {
-            topic: changelog::changelog_topic(&config.application_id, s.name()),
+            topic: kafka::changelog_topic(&config.application_id, s.name()),
             partitions,
             replication: config.changelog_replication_factor,
             extra_configs: s.changelog_configs().to_vec(),
         })
         .collect();
-    let infos = changelog::ensure_topics(&admin, &specs, config.startup_timeout)?;
+    let infos = kafka::ensure_topics(&admin, &specs, config.startup_timeout)?;
     drop(admin);
     // One producer serves every changelog, so its batches must fit the
     // smallest max.message.bytes; that is also the per-record limit.
@@ -367,7 +322,7 @@ where
         .set("group.id", &config.application_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
-    crate::config::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
+    crate::kafka::client::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
     if config.processing_guarantee == ProcessingGuarantee::ExactlyOnce {
         // Committed offsets read stable (a previous owner's open transaction
         // ends first) and no aborted input records.
@@ -380,13 +335,13 @@ where
     // records/s). librdkafka's default queue depth (queued.min.messages
     // 100k per partition) is kept: since commits no longer stall the
     // processing thread, a 10x deeper queue only cost memory.
-    crate::config::set_default(&mut consumer_config, "fetch.queue.backoff.ms", crate::restore::FETCH_QUEUE_BACKOFF_MS);
+    crate::kafka::client::set_default(&mut consumer_config, "fetch.queue.backoff.ms", crate::restore::FETCH_QUEUE_BACKOFF_MS);
     // A partition resumed while a fetch is in flight joins the next fetch,
     // which a broker holds back up to fetch.wait.max.ms when the partitions
     // already fetched have no new data. librdkafka's 500 ms delayed every
     // task whose restore ended after another task started running. An idle
     // consumer sends a few more fetches (10/s).
-    crate::config::set_default(&mut consumer_config, "fetch.wait.max.ms", "100");
+    crate::kafka::client::set_default(&mut consumer_config, "fetch.wait.max.ms", "100");
     let consumer: BaseConsumer<RuntimeContext> = consumer_config.create_with_context(RuntimeContext)?;
 
     let timeouts = config.group_timeouts()?;
@@ -402,7 +357,7 @@ where
         acceptable_recovery_lag: config.acceptable_recovery_lag,
         max_warmup_replicas: config.max_warmup_replicas,
         probing_rebalance_interval: config.probing_rebalance_interval,
-        changelog_topics: config.stores.iter().map(|s| crate::changelog_topic(&config.application_id, s.name())).collect(),
+        changelog_topics: config.stores.iter().map(|s| crate::kafka::changelog_topic(&config.application_id, s.name())).collect(),
         process_id,
         endpoint: config.application_server.clone(),
         client_tags: config.client_tags.clone(),
@@ -732,8 +687,8 @@ impl DiskGauges {
     fn start(dir: PathBuf) -> DiskGauges {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let spawned = std::thread::Builder::new().name("kstate-disk".into()).spawn(move || loop {
-            metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(crate::disk::dir_bytes(&dir) as f64);
-            if let Some(free) = crate::disk::free_bytes(&dir) {
+            metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(crate::store::state_dir::dir_bytes(&dir) as f64);
+            if let Some(free) = crate::store::state_dir::free_bytes(&dir) {
                 metrics::gauge!(crate::metrics::STATE_DIR_FREE_BYTES).set(free as f64);
             }
             if stopped.recv_timeout(Self::EVERY) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
@@ -769,7 +724,7 @@ where
         *r = (*r).min(offset);
         return Ok(());
     }
-    let mut ctx = ProcessorContext { task, store_index, outputs, timestamp: record.timestamp };
+    let mut ctx = ProcessorContext::new(task, store_index, outputs, record.timestamp);
     if let Err(e) = processor(&mut ctx, record) {
         let source: Box<dyn std::error::Error + Send + Sync> = e.into();
         // kstate's own output failure, passed on by the processor's `?`: the
@@ -815,7 +770,7 @@ where
 fn warn_truncated_changelogs(brokers: &Brokers, specs: &[ChangelogSpec], partitions: i32) {
     let topics: Vec<String> = specs.iter().map(|s| s.topic.clone()).collect();
     let all: Vec<i32> = (0..partitions).collect();
-    match crate::group::end_offsets::start_offsets(brokers, &topics, &all) {
+    match crate::group::start_offsets(brokers, &topics, &all) {
         Ok(starts) => {
             for topic in &topics {
                 let truncated: Vec<(i32, i64)> =

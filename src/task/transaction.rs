@@ -1,0 +1,382 @@
+//! The exactly-once commit: one Kafka transaction of changelog records, output
+//! records and input offsets; aborts, fencing of the producer, and commits
+//! parked while the group moves to a new generation.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
+
+use crate::error::{Error, Result};
+use crate::group::{Generation, SessionClock};
+use crate::kafka::OutputSink;
+use crate::kafka::{ChangelogProducer, DeliveryTracker};
+use crate::store::SealedCommit;
+
+use super::commit::{CommitInfo, FailedTasks, InFlightCommit, await_acknowledgements, land_stores};
+use super::offsets::offsets_of;
+use super::standby::Standby;
+use super::{TaskManager, TaskState};
+
+/// See [`TaskManager::parked`].
+pub(super) struct ParkedCommit {
+    pub(super) info: CommitInfo,
+    pub(super) items: Vec<SealedCommit>,
+}
+
+/// Exactly-once: a producer fenced this many times without a committed
+/// transaction in between ends `run` (another process with the same
+/// `transactional.id`, i.e. the same state directory, is running).
+pub(super) const MAX_FENCED_IN_A_ROW: u32 = 3;
+
+/// Why an exactly-once commit failed: the transaction is aborted, and
+/// `run` ends if `ends_run` (a record the brokers refuse, acknowledgements
+/// that never came); `fatal` if the producer is unusable (fenced).
+pub(super) struct TxnFailure {
+    pub(super) error: Box<Error>,
+    pub(super) fatal: bool,
+    pub(super) ends_run: bool,
+}
+
+impl From<Error> for TxnFailure {
+    fn from(error: Error) -> Self {
+        // A transaction that could not even begin: replace the producer.
+        let fatal = matches!(error, Error::Transaction { .. });
+        let ends_run = match &error {
+            // Timed out while frozen or while the brokers were away, or the
+            // producer fenced: only this transaction is lost.
+            Error::ChangelogDelivery { source, .. } | Error::OutputDelivery { source, .. } => {
+                !crate::kafka::dooms_transaction_only(source)
+            }
+            Error::CommitTimeout(_) | Error::RecordTooLarge { .. } => true,
+            _ => false,
+        };
+        TxnFailure { error: Box::new(error), fatal, ends_run }
+    }
+}
+
+/// How [`finish_transaction`] ended.
+pub(super) enum Finished {
+    Committed,
+    /// The group is moving to a new generation: nothing was sent; park.
+    NotSettled,
+}
+
+/// The exactly-once counterpart of [`write_sealed`], first half: sends the
+/// sealed writes inside the open transaction and waits for every
+/// acknowledgement (changelogs and outputs).
+pub(super) fn send_transaction(
+    sealed: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    outputs: Option<Arc<DeliveryTracker>>,
+    timeout: Duration,
+    patience: Duration,
+) -> std::result::Result<Vec<SealedCommit>, TxnFailure> {
+    let sent = send_transaction_records(sealed, producer, outputs.as_ref(), timeout, patience);
+    if let Some(outputs) = &outputs {
+        producer.release(outputs);
+    }
+    sent
+}
+
+pub(super) fn send_transaction_records(
+    sealed: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    outputs: Option<&Arc<DeliveryTracker>>,
+    timeout: Duration,
+    patience: Duration,
+) -> std::result::Result<Vec<SealedCommit>, TxnFailure> {
+    let mut items = sealed;
+    for s in &mut items {
+        s.send_and_build()?;
+    }
+    await_acknowledgements(producer, items.iter().map(SealedCommit::tracker), outputs.map(|o| &**o), timeout, patience)?;
+    for s in &items {
+        s.tracker().settle()?;
+    }
+    if producer.transaction_broken() {
+        let id = producer.transactional_id().to_string();
+        let detail = "an output was refused with the transaction in a failed state".to_string();
+        let error = Box::new(Error::Transaction { transactional_id: id, operation: "send", detail });
+        return Err(TxnFailure { error, fatal: false, ends_run: false });
+    }
+    Ok(items)
+}
+
+/// Second half: sends the input offsets (`group`, `generation`, `offsets`)
+/// under the commit gate, unless the generation is not settled and the
+/// commit `may_park`; then commits the transaction (retrying only the
+/// commit: librdkafka resumes it; sending the offsets again would conflict
+/// with it). [`land_stores`] then writes RocksDB.
+pub(super) fn finish_transaction(
+    producer: &ChangelogProducer,
+    (group, generation, offsets): (&str, &Generation, &[(String, i32, i64)]),
+    (session, may_park): (Option<&SessionClock>, bool),
+    timeout: Duration,
+    patience: Duration,
+) -> std::result::Result<Finished, TxnFailure> {
+    let failed = |e: crate::kafka::TxnError| {
+        let fatal = e.fatal;
+        TxnFailure { error: Box::new(e.into_error(producer.transactional_id())), fatal, ends_run: false }
+    };
+    {
+        // Held only while the offsets go out: the membership cannot start a
+        // JoinGroup (which ends this generation) meanwhile.
+        let _gate = session.map(SessionClock::commit_gate);
+        if may_park && session.is_some_and(|s| !s.generation_settled()) {
+            return Ok(Finished::NotSettled);
+        }
+        retry_resumable("sending the offsets to the transaction", timeout, || producer.send_offsets(group, generation, offsets, timeout))
+            .map_err(failed)?;
+    }
+    retry_resumable("committing the transaction", patience, || producer.commit_transaction(timeout)).map_err(failed)?;
+    Ok(Finished::Committed)
+}
+
+/// Calls `f` until it succeeds or fails in a way that is not
+/// [`TxnError::resumable`], for at most `bound`.
+pub(super) fn retry_resumable(what: &str, bound: Duration, mut f: impl FnMut() -> std::result::Result<(), crate::kafka::TxnError>) -> std::result::Result<(), crate::kafka::TxnError> {
+    let started = Instant::now();
+    loop {
+        match f() {
+            Err(e) if e.resumable() && started.elapsed() < bound => {
+                tracing::warn!(error = %e, "{what} failed; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Exactly-once state of the task manager.
+#[derive(Default)]
+pub(super) struct ExactlyOnce {
+    /// Producers fenced since the last committed transaction.
+    pub(super) fenced_in_a_row: u32,
+    /// A commit whose records were all acknowledged when the group moved
+    /// to a new generation; its transaction stays open until the runtime
+    /// applies that generation ([`TaskManager::complete_parked`]). No
+    /// records are taken meanwhile.
+    pub(super) parked: Option<ParkedCommit>,
+}
+
+impl TaskManager {
+    /// The exactly-once commit, one transaction: seals every running task's
+    /// writes, sends them to the changelogs inside the open transaction
+    /// (the outputs went there as they were sent), waits for every
+    /// acknowledgement, adds the input offsets under the member's
+    /// generation, commits the transaction, and only then lands each
+    /// store's writes and checkpoint in RocksDB. On this thread: the next
+    /// period's outputs belong to the next transaction. A failure aborts
+    /// the transaction and re-initialises the running tasks; failures that
+    /// no retry mends (an output or changelog record refused) also end `run`.
+    ///
+    /// A commit `closing` tasks (a revoke while the new generation is
+    /// applied, or shutdown) completes at once; any other waits (is parked)
+    /// while the group moves to a new generation.
+    pub(super) fn commit_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, closing: bool) -> Result<()> {
+        if self.eos.parked.is_some() {
+            // Still no new generation to complete it under (shutdown while
+            // rebalancing): its input is processed again by whoever owns it.
+            let cause = Error::GroupMembership {
+                group: self.config.application_id.clone(),
+                detail: "the group moved to a new generation during the last commit".into(),
+            };
+            return self.abort_and_reinitialise(consumer, &cause, false);
+        }
+        let (info, sealed) = self.seal_running(consumer, None)?;
+        let outputs = self.outputs.rotate();
+        if sealed.is_empty() && info.offsets.count() == 0 && !self.producer.in_transaction() {
+            return Ok(());
+        }
+        let sent = send_transaction(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout);
+        let items = match sent {
+            Ok(items) => items,
+            Err(failure) => return self.transaction_failed(consumer, failure),
+        };
+        self.complete_transaction(consumer, info, items, (!closing, !closing))
+    }
+
+    /// Exactly-once: whether a commit is parked (see [`TaskManager::parked`]).
+    pub(crate) fn is_parked(&self) -> bool {
+        self.eos.parked.is_some()
+    }
+
+    /// Exactly-once: completes a commit parked while the group moved to a
+    /// new generation, under that generation (called when the runtime
+    /// applies it, before any task is revoked: no other member has
+    /// processed these tasks' input since).
+    pub(crate) fn complete_parked<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        match self.eos.parked.take() {
+            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items, (false, false)),
+            None => Ok(()),
+        }
+    }
+
+    /// Exactly-once, after every record of the commit was acknowledged:
+    /// sends its offsets under the current generation, commits the
+    /// transaction, then lands the stores.
+    /// With `background`, the RocksDB writes land on a thread of their own
+    /// (see [`TaskManager::poll_inflight`]). A commit that `may_park` is
+    /// parked if the group is moving to a new generation.
+    pub(super) fn complete_transaction<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        info: CommitInfo,
+        items: Vec<SealedCommit>,
+        (background, may_park): (bool, bool),
+    ) -> Result<()> {
+        let Some(generation) = self.generation.clone() else {
+            let cause = Error::GroupMembership {
+                group: self.config.application_id.clone(),
+                detail: "no current generation to commit under".into(),
+            };
+            return self.abort_and_reinitialise(consumer, &cause, false);
+        };
+        let session = self.session.clone();
+        let finished = finish_transaction(
+            &self.producer,
+            (&self.config.application_id, &generation, &offsets_of(&info.offsets)),
+            (session.as_ref(), may_park),
+            self.config.commit_timeout,
+            self.config.task_timeout,
+        );
+        match finished {
+            Err(failure) => return self.transaction_failed(consumer, failure),
+            Ok(Finished::NotSettled) => {
+                // Offsets under the old generation could be refused and the
+                // whole transaction aborted: complete it under the new one.
+                tracing::info!("the group is rebalancing; the commit completes under the new generation");
+                self.eos.parked = Some(ParkedCommit { info, items });
+                return Ok(());
+            }
+            Ok(Finished::Committed) => {}
+        }
+        self.eos.fenced_in_a_row = 0;
+        if background {
+            // Committed: landing the stores overlaps the next period's
+            // processing (reads see the sealed writes meanwhile); the next
+            // commit waits for it.
+            let retired = std::mem::take(&mut self.commit.retired);
+            let writer = std::thread::Builder::new()
+                .name("kstate-commit".into())
+                .spawn(move || {
+                    let landed = land_stores(items);
+                    drop(retired);
+                    Ok(landed)
+                })
+                .map_err(|e| Error::io("kstate-commit thread", e))?;
+            self.commit.inflight = Some(InFlightCommit { writer, info, transactional: true });
+            return Ok(());
+        }
+        let failed = land_stores(items);
+        self.mark_landed(&info.partitions, &failed);
+        self.transaction_landed(consumer, info, failed)
+    }
+
+    /// Exactly-once: a committed transaction's stores landed (except the
+    /// `failed` ones): its offsets are where the tasks restart from; the
+    /// failed tasks restore the committed records from the changelogs.
+    pub(super) fn transaction_landed<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, info: CommitInfo, failed: FailedTasks) -> Result<()> {
+        self.committed(&info.offsets);
+        let seconds = info.started.elapsed().as_secs_f64();
+        metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
+        tracing::debug!(seconds, offsets = info.offsets.count(), "transaction committed and landed");
+        for (partition, e) in failed {
+            // Through `reinitialise`: the task may have sent outputs into
+            // the transaction opened since.
+            self.reinitialise(consumer, partition, e)?;
+        }
+        Ok(())
+    }
+
+    /// Aborts after a failed exactly-once commit; `run` ends if the failure says so.
+    pub(super) fn transaction_failed<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, failure: TxnFailure) -> Result<()> {
+        let TxnFailure { error, fatal, ends_run } = failure;
+        self.abort_and_reinitialise(consumer, &error, fatal)?;
+        if ends_run {
+            Err(*error)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Exactly-once: the open transaction must not commit (it failed, or a
+    /// task in it did): aborts it, so nothing sent since the last commit
+    /// becomes visible, and re-initialises every running task (their
+    /// uncommitted writes and outputs are gone; they restore from their
+    /// checkpoints and process again from their committed offsets). A
+    /// `fatal` failure (the producer was fenced) replaces the producer
+    /// first; every task and standby is then reopened on the new one.
+    pub(super) fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool) -> Result<()> {
+        self.eos.parked = None;
+        if fatal {
+            metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        } else if !self.abort_now() {
+            fatal = true;
+        }
+        let id = self.producer.transactional_id().to_string();
+        let partitions: Vec<i32> = if fatal {
+            self.eos.fenced_in_a_row += 1;
+            if self.eos.fenced_in_a_row >= MAX_FENCED_IN_A_ROW {
+                tracing::error!(transactional_id = %id, times = self.eos.fenced_in_a_row, error = %cause,
+                    "the producer was fenced again and again: is another instance running on the same state directory?");
+                return Err(Error::Transaction {
+                    transactional_id: id,
+                    operation: "commit",
+                    detail: format!("fenced {} times in a row without a commit in between; last: {cause}", self.eos.fenced_in_a_row),
+                });
+            }
+            tracing::warn!(transactional_id = %id, error = %cause,
+                "the transactional producer was fenced; replacing it and re-initialising every task (nothing of the open transaction is visible)");
+            let Some(new_producer) = &self.new_producer else {
+                return Err(Error::Transaction { transactional_id: id, operation: "commit", detail: cause.to_string() });
+            };
+            self.producer = Arc::new(new_producer()?);
+            self.outputs = OutputSink::new(self.producer.clone());
+            // Standby stores hold the old producer: reopen them (update_standbys does).
+            for (p, state) in std::mem::take(&mut self.standbys.tasks) {
+                if state == Standby::Following {
+                    if let Some(job) = self.restorer.cancel(p) {
+                        self.closer.close(job.stores);
+                    }
+                }
+            }
+            self.tasks.keys().copied().collect()
+        } else {
+            tracing::warn!(transactional_id = %id, error = %cause,
+                "transaction aborted; re-initialising the running tasks from their checkpoints and committed offsets");
+            self.tasks.values().filter(|t| t.state == TaskState::Running).map(|t| t.partition).collect()
+        };
+        // Not counted as the tasks' own failures (a run of aborts from a long
+        // rebalance or a broker restart must not end `run` with TaskFailed).
+        for p in partitions {
+            self.reinitialise_counted(consumer, p, Error::Transaction { transactional_id: id.clone(), operation: "commit", detail: cause.to_string() }, false)?;
+        }
+        Ok(())
+    }
+
+    /// Exactly-once: aborts the open transaction, if any, for tasks that
+    /// are all being closed without commit (lost, or at a failed shutdown).
+    pub(super) fn abort_open_transaction(&mut self) {
+        self.eos.parked = None;
+        if self.producer.in_transaction() && self.abort_now() {
+            tracing::info!("open transaction aborted");
+        }
+    }
+
+    /// Aborts the open transaction (counted); later outputs get a fresh
+    /// tracker. Whether the abort went through (else the brokers abort it
+    /// after `transaction_timeout`, and the producer is unusable).
+    pub(super) fn abort_now(&mut self) -> bool {
+        metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
+        self.outputs.reset();
+        match self.producer.abort_transaction(self.config.commit_timeout) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "aborting the transaction failed; the brokers abort it after transaction_timeout");
+                false
+            }
+        }
+    }
+}

@@ -1,16 +1,30 @@
 //! kstate's librdkafka clients: client configuration, changelog topics, the
 //! producer with its delivery trackers and transactions, output records on
 //! their way out, batch polling and fetch wake-ups.
+//!
+//! - `client.rs`: librdkafka settings shared by kstate's clients;
+//! - `topics.rs`: changelog topic naming, creation and validation;
+//! - `producer.rs`: the producer of changelog records and outputs, its sends and flushes;
+//! - `delivery.rs`: delivery trackers and the callback that counts each delivery;
+//! - `transaction.rs`: exactly-once transactions of the producer;
+//! - `outputs.rs`: the processor's output records and their tracker;
+//! - `consumer_batch.rs`: polling a consumer's queue a batch at a time;
+//! - `fetch_wake.rs`: waking librdkafka's fetcher after a resume;
+//! - `topic_id.rs`: a topic's id, to notice a recreated changelog.
 
-pub(crate) mod changelog;
 pub(crate) mod client;
 pub(crate) mod consumer_batch;
+mod delivery;
 pub(crate) mod fetch_wake;
 mod outputs;
+mod producer;
 pub(crate) mod topic_id;
+mod topics;
+mod transaction;
 
-pub use changelog::changelog_topic;
-pub(crate) use changelog::{
-    dooms_transaction_only, ensure_topics, ChangelogProducer, ChangelogSpec, DeliveryTracker, TxnError, RECORD_OVERHEAD,
-};
+pub(crate) use delivery::DeliveryTracker;
 pub(crate) use outputs::OutputSink;
+pub(crate) use producer::{ChangelogProducer, RECORD_OVERHEAD};
+pub use topics::changelog_topic;
+pub(crate) use topics::{ensure_topics, ChangelogSpec};
+pub(crate) use transaction::{dooms_transaction_only, TxnError};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::changelog::{ChangelogProducer, DeliveryTracker};
+use super::{ChangelogProducer, DeliveryTracker};
 use crate::error::Result;
 use crate::output::Output;
 

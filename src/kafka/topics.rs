@@ -1,0 +1,172 @@
+//! Changelog topics: naming, creation and validation. Store `S` of
+//! application `A` logs to the compacted topic `A-S-changelog` (the same name
+//! Kafka Streams uses), one partition per input partition.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
+
+use crate::error::{Error, Result};
+
+/// The changelog topic name of `store` in application `application_id`.
+///
+/// ```
+/// assert_eq!(kstate::changelog_topic("clicks", "counts"), "clicks-counts-changelog");
+/// ```
+pub fn changelog_topic(application_id: &str, store: &str) -> String {
+    format!("{application_id}-{store}-changelog")
+}
+
+/// What one changelog topic must look like.
+#[derive(Debug, Clone)]
+pub(crate) struct ChangelogSpec {
+    pub(crate) topic: String,
+    pub(crate) partitions: i32,
+    pub(crate) replication: Option<i32>,
+    pub(crate) extra_configs: Vec<(String, String)>,
+}
+
+/// A validated changelog topic.
+#[derive(Debug, Clone)]
+pub(crate) struct ChangelogInfo {
+    /// The topic's `max.message.bytes`.
+    pub(crate) max_message_bytes: usize,
+    /// The topic's `delete.retention.ms`: how long the broker keeps a
+    /// tombstone after cleaning its segment.
+    pub(crate) tombstone_retention: Option<Duration>,
+}
+
+/// Creates missing changelog topics and checks existing ones: partition count
+/// equal to the input's and `cleanup.policy=compact`.
+pub(crate) fn ensure_topics(
+    admin: &AdminClient<DefaultClientContext>,
+    specs: &[ChangelogSpec],
+    timeout: Duration,
+) -> Result<HashMap<String, ChangelogInfo>> {
+    let opts = AdminOptions::new().request_timeout(Some(timeout)).operation_timeout(Some(timeout));
+    let mut missing = Vec::new();
+    for spec in specs {
+        match topic_partitions(admin, &spec.topic, timeout)? {
+            None => missing.push(spec),
+            Some(n) if n != spec.partitions => {
+                return Err(Error::ChangelogTopicMismatch {
+                    topic: spec.topic.clone(),
+                    problem: format!(
+                        "it has {n} partitions but the input topics have {}; \
+                         delete it or fix the input topics",
+                        spec.partitions
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    if !missing.is_empty() {
+        let new_topics: Vec<NewTopic<'_>> = missing
+            .iter()
+            .map(|s| {
+                let rf = TopicReplication::Fixed(s.replication.unwrap_or(-1));
+                let mut t = NewTopic::new(&s.topic, s.partitions, rf).set("cleanup.policy", "compact");
+                for (k, v) in &s.extra_configs {
+                    t = t.set(k, v);
+                }
+                t
+            })
+            .collect();
+        for result in futures::executor::block_on(admin.create_topics(&new_topics, &opts))? {
+            match result {
+                Ok(topic) => tracing::info!(%topic, "created changelog topic"),
+                Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                    tracing::info!(%topic, "changelog topic was created concurrently")
+                }
+                Err((topic, code)) => {
+                    return Err(Error::ChangelogTopicMismatch {
+                        topic,
+                        problem: format!("could not create it: {code}"),
+                    })
+                }
+            }
+        }
+        for spec in &missing {
+            wait_for_topic(admin, spec, timeout)?;
+        }
+    }
+
+    if specs.is_empty() {
+        // An application without stores; librdkafka refuses an empty describe.
+        return Ok(HashMap::new());
+    }
+    let resources: Vec<ResourceSpecifier<'_>> =
+        specs.iter().map(|s| ResourceSpecifier::Topic(&s.topic)).collect();
+    let described = futures::executor::block_on(admin.describe_configs(&resources, &opts))?;
+    let mut infos = HashMap::new();
+    for (spec, res) in specs.iter().zip(described) {
+        let res = res.map_err(|code| Error::ChangelogTopicMismatch {
+            topic: spec.topic.clone(),
+            problem: format!("could not describe its configuration: {code}"),
+        })?;
+        let policy = res.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
+        if policy.trim() != "compact" {
+            return Err(Error::ChangelogTopicMismatch {
+                topic: spec.topic.clone(),
+                problem: format!(
+                    "cleanup.policy is `{policy}`, but a changelog must be `compact` \
+                     (with `delete`, old state would be lost from the changelog)"
+                ),
+            });
+        }
+        let number = |name: &str| res.get(name).and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<u64>().ok());
+        let delete_retention_ms = number("delete.retention.ms");
+        if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * crate::store::engine::FLUSH_AT_LEAST_EVERY) {
+            tracing::warn!(topic = %spec.topic, delete_retention_ms = ms,
+                flushed_every_secs = crate::store::engine::FLUSH_AT_LEAST_EVERY.as_secs(),
+                "the changelog keeps tombstones only briefly: a store restored after a crash replays from its last \
+                 flush, and a delete whose tombstone the broker dropped meanwhile would come back");
+        }
+        let max_message_bytes = number("max.message.bytes").map_or(1_048_588, |n| n as usize);
+        infos.insert(
+            spec.topic.clone(),
+            ChangelogInfo { max_message_bytes, tombstone_retention: delete_retention_ms.map(Duration::from_millis) },
+        );
+    }
+    Ok(infos)
+}
+
+/// Partition count of `topic`, or `None` if it does not exist.
+pub(crate) fn topic_partitions(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<i32>> {
+    let md = admin.inner().fetch_metadata(Some(topic), timeout)?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
+    match t.error() {
+        None => Ok(Some(t.partitions().len() as i32)),
+        Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(None),
+        Some(e) => Err(Error::Kafka(KafkaError::MetadataFetch(e.into()))),
+    }
+}
+
+fn wait_for_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    spec: &ChangelogSpec,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if topic_partitions(admin, &spec.topic, timeout)? == Some(spec.partitions) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::ChangelogTopicMismatch {
+                topic: spec.topic.clone(),
+                problem: "created, but its metadata did not appear in time".into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

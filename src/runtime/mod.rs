@@ -1,33 +1,49 @@
-//! The processing loop: owns the group consumer, the changelog producer and
-//! the restore thread; feeds records to the processor and commits.
+//! The runtime: `run` wires the clients, the restore thread, the task
+//! manager and the group membership together, runs the processing loop on
+//! its thread scope, and commits and closes at the end.
+//!
+//! Files:
+//! - `startup.rs`: what `run` needs before it starts (process id, local
+//!   tasks, client config, input partitions, truncated changelog check);
+//! - `poll_loop.rs`: the processing loop, record by record, with commits;
+//! - `events.rs`: where an assignment (or its loss) is applied to the task
+//!   manager and the consumer;
+//! - `disk_gauges.rs`: the thread that measures the state dir.
+
+mod disk_gauges;
+mod events;
+mod poll_loop;
+mod startup;
+
+pub(crate) use startup::PROCESS_ID_FILE;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
-use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 
 use crate::shutdown::ShutdownHandle;
-use crate::assignment::AssignmentEvent;
 use crate::kafka::{self, ChangelogProducer, ChangelogSpec};
 use crate::context::ProcessorContext;
-use crate::kafka::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
-use crate::config::{AppConfig, ProcessingDecision, ProcessingGuarantee};
+use crate::kafka::consumer_batch::QueueHandle;
+use crate::config::{AppConfig, ProcessingGuarantee};
 use crate::store::engine::EngineResources;
 use crate::error::{Error, Result};
 use crate::kafka::fetch_wake::{self, FetchWaker};
 use crate::group::Brokers;
-use crate::group::{GroupEvent, GroupSettings, Membership};
+use crate::group::{GroupSettings, Membership};
 use crate::group::Committer;
-use crate::record::{Headers, Record, TimestampType};
+use crate::record::Record;
 use crate::restore::{NoopListener, Restorer};
-use crate::task::{TaskManager, TaskState};
+use crate::task::TaskManager;
+
+use events::apply_group_events;
+use poll_loop::{process_loop, LoopParts};
+use startup::{client_config, input_partitions, local_tasks, process_id, warn_truncated_changelogs};
 
 /// The task manager, shared with the membership thread (which reads the
 /// checkpoints of open stores for its subscription).
@@ -35,11 +51,6 @@ struct Shared {
     tasks: Mutex<TaskManager>,
 }
 
-/// How long an idle loop pass waits for records.
-const IDLE_WAIT: Duration = Duration::from_millis(10);
-/// Records processed between checks of the commit deadline and shutdown
-/// inside a polled batch (a clock read per record would cost ~2% at 1M/s).
-const DEADLINE_CHECK_EVERY: usize = 32;
 /// How long a clean shutdown waits for LeaveGroup.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,178 +79,6 @@ struct RuntimeContext;
 
 impl ClientContext for RuntimeContext {}
 impl ConsumerContext for RuntimeContext {}
-
-/// Input partitions of `tasks`: partition `p` of every input topic.
-fn input_partitions_of(topics: &[String], tasks: impl IntoIterator<Item = i32> + Clone) -> Vec<(String, i32)> {
-    topics.iter().flat_map(|t| tasks.clone().into_iter().map(move |p| (t.clone(), p))).collect()
-}
-
-fn tpl_of(tps: &[(String, i32)]) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::new();
-    for (t, p) in tps {
-        tpl.add_partition(t, *p);
-    }
-    tpl
-}
-
-/// Applies what the membership reports: a new generation's tasks (revoked
-/// ones committed under it and closed, new ones assigned paused until
-/// restored), or the loss of every active task (closed without commit).
-/// Every event is acknowledged once applied: the membership rejoins only
-/// after that.
-fn apply_group_events(
-    membership: &Membership,
-    consumer: &BaseConsumer<RuntimeContext>,
-    records: &QueueHandle,
-    tasks: &mut TaskManager,
-    topics: &[String],
-) -> Result<()> {
-    loop {
-        let event = match membership.events.try_recv() {
-            Ok(event) => event,
-            Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                return Err(Error::GroupMembership {
-                    group: String::new(),
-                    detail: "the group membership thread stopped unexpectedly".into(),
-                })
-            }
-        };
-        match event {
-            GroupEvent::Assigned { generation, active, standby, since } => {
-                let owned = tasks.partitions();
-                tasks.generation = Some(generation.clone());
-                // Exactly-once: a commit caught by this rebalance completes
-                // under the new generation, before anything is revoked.
-                let parked = tasks.complete_parked(consumer);
-                tasks.set_standby_target(standby.clone());
-                let revoked: Vec<i32> = owned.difference(&active).copied().collect();
-                let new: Vec<i32> = active.difference(&owned).copied().collect();
-                tracing::info!(generation = generation.id, active = ?active, standby = ?standby, revoked = ?revoked, new = ?new,
-                    "applying the group's assignment");
-                if !revoked.is_empty() {
-                    let tps = input_partitions_of(topics, revoked);
-                    let committed = tasks.on_event(consumer, AssignmentEvent::Revoked(tps.clone()));
-                    if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
-                        tracing::warn!(error = %e, "unassigning revoked partitions failed");
-                    }
-                    committed?;
-                }
-                if !new.is_empty() {
-                    let tps = input_partitions_of(topics, new);
-                    // Before the assignment takes effect, so no record of
-                    // these partitions reaches the consumer queue first.
-                    for (topic, p) in &tps {
-                        if !records.forward_partition(consumer, topic, *p) {
-                            tracing::warn!(%topic, partition = p, "cannot forward the partition to the record queue; reading it one record at a time");
-                        }
-                    }
-                    let tpl = tpl_of(&tps);
-                    consumer.incremental_assign(&tpl)?;
-                    // No record of a new partition may be processed before
-                    // its restore ends: paused until it runs.
-                    consumer.pause(&tpl)?;
-                    tasks.on_event(consumer, AssignmentEvent::Assigned(tps))?;
-                }
-                membership.applied();
-                parked?;
-                metrics::counter!(crate::metrics::REBALANCES).increment(1);
-                metrics::histogram!(crate::metrics::REBALANCE_SECONDS).record(since.elapsed().as_secs_f64());
-                metrics::gauge!(crate::metrics::GROUP_GENERATION).set(generation.id as f64);
-                metrics::gauge!(crate::metrics::TASKS, "role" => "active").set(active.len() as f64);
-                metrics::gauge!(crate::metrics::TASKS, "role" => "standby").set(standby.len() as f64);
-            }
-            GroupEvent::Lost { reason } => {
-                let tps = input_partitions_of(topics, tasks.partitions());
-                tracing::warn!(%reason, partitions = ?tps, "tasks lost; closing them without commit");
-                tasks.generation = None;
-                let closed = tasks.on_event(consumer, AssignmentEvent::Lost(tps.clone()));
-                if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
-                    tracing::warn!(error = %e, "unassigning lost partitions failed");
-                }
-                membership.applied();
-                closed?;
-            }
-            GroupEvent::Failed(e) => return Err(e),
-        }
-    }
-}
-
-/// A process id that survives restarts, kept in the application's state
-/// directory (Kafka Streams keeps one there too): the group tells an
-/// instance that restarted apart from a new one.
-/// The file under `<state_dir>/<application_id>` that holds this instance's process id.
-pub(crate) const PROCESS_ID_FILE: &str = "kstate.process-id";
-
-fn process_id(config: &AppConfig) -> Result<String> {
-    let dir = config.state_dir.join(&config.application_id);
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
-    let path = dir.join(PROCESS_ID_FILE);
-    if let Ok(id) = std::fs::read_to_string(&path) {
-        let id = id.trim();
-        if !id.is_empty() {
-            return Ok(id.to_string());
-        }
-    }
-    let mut raw = [0u8; 16];
-    openssl::rand::rand_bytes(&mut raw).map_err(|e| Error::Config(format!("no random bytes for a process id: {e}")))?;
-    let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(&path, &id).map_err(|e| Error::io(path.display().to_string(), e))?;
-    Ok(id)
-}
-
-/// The tasks whose state is on this instance's disk, with the sum of
-/// their stores' checkpoints (+1 each) as of their last clean close, read
-/// from the checkpoint hints beside the databases (opening every RocksDB
-/// instance would take long); 0 for a store without a hint.
-fn local_tasks(config: &AppConfig, partitions: i32) -> std::collections::BTreeMap<i32, i64> {
-    let mut found = std::collections::BTreeMap::new();
-    for store in &config.stores {
-        for p in 0..partitions {
-            let dir = config.store_dir(store.name(), p);
-            if dir.is_dir() {
-                let next = crate::store::engine::read_checkpoint_hint(&dir).map_or(0, |c| c + 1);
-                *found.entry(p).or_insert(0) += next;
-            }
-        }
-    }
-    found
-}
-
-fn client_config(config: &AppConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &config.bootstrap_servers);
-    for (k, v) in &config.kafka_overrides {
-        c.set(k, v);
-    }
-    c
-}
-
-/// Checks that the brokers answer and returns the input partition count.
-fn input_partitions(admin: &AdminClient<DefaultClientContext>, config: &AppConfig) -> Result<i32> {
-    let md = admin.inner().fetch_metadata(None, config.startup_timeout).map_err(|e| Error::BrokerUnreachable {
-        bootstrap: config.bootstrap_servers.clone(),
-        timeout: config.startup_timeout,
-        detail: e.to_string(),
-    })?;
-    let mut count = None;
-    for topic in &config.input_topics {
-        let n = match md.topics().iter().find(|t| t.name() == topic) {
-            Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len() as i32,
-            _ => return Err(Error::MissingInputTopic(topic.clone())),
-        };
-        match count {
-            None => count = Some((topic, n)),
-            Some((first, m)) if m != n => {
-                return Err(Error::Config(format!(
-                    "input topics must be co-partitioned: `{first}` has {m} partitions, `{topic}` has {n}"
-                )))
-            }
-            _ => {}
-        }
-    }
-    Ok(count.map(|c| c.1).unwrap_or(0))
-}
 
 pub(crate) fn run<F, E>(config: Arc<AppConfig>, shutdown: ShutdownHandle, mut processor: F) -> Result<()>
 where
@@ -456,333 +295,4 @@ where
     drop(consumer);
     tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
     result
-}
-
-/// What the processing loop works with.
-struct LoopParts<'a> {
-    config: &'a AppConfig,
-    shutdown: &'a ShutdownHandle,
-    consumer: &'a BaseConsumer<RuntimeContext>,
-    records: &'a QueueHandle,
-    membership: &'a Membership,
-    shared: &'a Shared,
-    store_index: &'a HashMap<String, usize>,
-}
-
-fn process_loop<F, E>(parts: LoopParts<'_>, processor: &mut F) -> Result<()>
-where
-    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
-    let mut polled = PolledBatch::new(records, POLL_BATCH);
-    let mut consumer_errors = ErrorLog::default();
-    let mut last_commit = Instant::now();
-    let _disk = DiskGauges::start(config.state_dir.join(&config.application_id));
-    while !shutdown.is_shutdown() {
-        membership.polled();
-        {
-            let mut tasks = shared.tasks.lock().expect("task lock");
-            apply_group_events(membership, consumer, records, &mut tasks, &config.input_topics)?;
-            tasks.open_pending(consumer)?;
-            tasks.update_standbys()?;
-            tasks.clean_state_dirs();
-            tasks.collect_restored(consumer)?;
-            tasks.poll_inflight(consumer)?;
-            tasks.poll_offset_commit()?;
-            tasks.refresh_metrics(consumer);
-        }
-        // The consumer queue: errors and logs (served by rust-rdkafka, one
-        // per call), and records of partitions that could not be forwarded
-        // to the record queue.
-        // Records not processed in this pass (see the parked check below).
-        let mut not_processed = Vec::new();
-        serve_consumer_queue(consumer, |event| {
-            match event {
-                Some(Ok(msg)) => {
-                    let mut tasks = shared.tasks.lock().expect("task lock");
-                    if tasks.is_parked() {
-                        // Exactly-once: a commit waits for the group's new
-                        // generation; read this record again later.
-                        not_processed.push((msg.topic().to_string(), msg.partition(), msg.offset()));
-                        return Ok(());
-                    }
-                    let timestamp_type = match msg.timestamp() {
-                        rdkafka::Timestamp::CreateTime(_) => TimestampType::CreateTime,
-                        rdkafka::Timestamp::LogAppendTime(_) => TimestampType::LogAppendTime,
-                        rdkafka::Timestamp::NotAvailable => TimestampType::NotAvailable,
-                    };
-                    let record = Record {
-                        topic: msg.topic(),
-                        partition: msg.partition(),
-                        offset: msg.offset(),
-                        timestamp: msg.timestamp().to_millis(),
-                        timestamp_type,
-                        key: msg.key(),
-                        value: msg.payload(),
-                        // SAFETY: the message outlives the record (this closure).
-                        headers: unsafe { Headers::of_message(msg.ptr()) },
-                    };
-                    process_one(&mut tasks, config, store_index, &record, processor)?;
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                // librdkafka's fatal errors leave the consumer unusable.
-                Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
-                    tracing::error!(error = %e, "fatal consumer error; stopping");
-                    return Err(Error::from(e));
-                }
-                Some(Err(e)) => consumer_errors.warn(&e),
-            }
-            Ok(())
-        })?;
-        seek_back_to(consumer, not_processed);
-        // At the bound on uncommitted writes, with a commit still being
-        // written (brokers slow or away): take no records until it lands,
-        // but keep serving the group (rebalances, heartbeats, max.poll.interval).
-        if shared.tasks.lock().expect("task lock").backpressure() {
-            std::thread::sleep(IDLE_WAIT);
-            continue;
-        }
-        // The record queue, in batches. Waiting here delays events, task
-        // openings and restored tasks: only briefly, and not at all when
-        // an event is already waiting.
-        let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
-        if polled.poll(wait) > 0 {
-            let mut tasks = shared.tasks.lock().expect("task lock");
-            let mut seek_back = Vec::new();
-            for (i, msg) in polled.iter().enumerate() {
-                // A batch of a slow processor can take seconds: keep to the
-                // commit interval and stop promptly on shutdown inside it
-                // (records not processed are not committed).
-                if i > 0 && i % DEADLINE_CHECK_EVERY == 0 {
-                    if shutdown.is_shutdown() {
-                        break;
-                    }
-                    membership.polled();
-                    if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
-                        last_commit = Instant::now();
-                    }
-                    if tasks.is_parked() {
-                        // Exactly-once: a commit waits for the group's new
-                        // generation; the rest of the batch must not add
-                        // outputs to its transaction. Read it again later.
-                        seek_back.extend(polled.iter().skip(i).filter_map(|m| {
-                            Some((std::str::from_utf8(m.topic()).ok()?.to_string(), m.partition(), m.offset()))
-                        }));
-                        break;
-                    }
-                }
-                let (partition, offset) = (msg.partition(), msg.offset());
-                let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
-                if let Some(e) = msg.error() {
-                    consumer_errors.warn_at(&e, topic, partition, offset);
-                    // A batch poll moves the position past an error too, but
-                    // its offset is the next record not yet delivered: seek
-                    // back so no record is skipped.
-                    if offset >= 0 {
-                        seek_back.push((topic.to_string(), partition, offset));
-                    }
-                    continue;
-                }
-                if !seek_back.is_empty() {
-                    // Delivered after all: no need to seek back for it.
-                    seek_back.retain(|(t, p, o)| !(*p == partition && t == topic && offset >= *o));
-                }
-                let record = Record {
-                    topic,
-                    partition,
-                    offset,
-                    timestamp: msg.timestamp(),
-                    timestamp_type: msg.timestamp_type(),
-                    key: msg.key(),
-                    value: msg.payload(),
-                    headers: msg.headers(),
-                };
-                process_one(&mut tasks, config, store_index, &record, processor)?;
-            }
-            seek_back_to(consumer, seek_back);
-            if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
-                last_commit = Instant::now();
-            }
-        }
-        if last_commit.elapsed() >= config.commit_interval && shared.tasks.lock().expect("task lock").commit_pipelined(consumer)? {
-            last_commit = Instant::now();
-        }
-    }
-    Ok(())
-}
-
-/// Seeks each partition among `records` (topic, partition, offset) back to
-/// the lowest of its offsets, so that no record that was not processed is
-/// skipped. Negative offsets (none known) are ignored.
-fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i32, i64)>) {
-    let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
-    for (topic, partition, offset) in records.into_iter().filter(|r| r.2 >= 0) {
-        let o = lowest.entry((topic, partition)).or_insert(offset);
-        *o = (*o).min(offset);
-    }
-    for ((topic, partition), offset) in lowest {
-        if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
-            tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
-        }
-    }
-}
-
-/// Logs consumer errors without flooding: while brokers are down librdkafka
-/// reports the same error for every connection and partition many times a
-/// second. Each distinct message is logged once per [`ERROR_LOG_EVERY`],
-/// with the number of repeats held back.
-#[derive(Default)]
-struct ErrorLog {
-    seen: HashMap<String, (Instant, u64)>,
-}
-
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
-
-impl ErrorLog {
-    fn due(&mut self, text: String) -> Option<(String, u64)> {
-        let now = Instant::now();
-        match self.seen.get_mut(&text) {
-            Some((last, repeats)) if now - *last < ERROR_LOG_EVERY => {
-                *repeats += 1;
-                None
-            }
-            Some((last, repeats)) => {
-                *last = now;
-                Some((text, std::mem::take(repeats)))
-            }
-            None => {
-                if self.seen.len() > 1000 {
-                    self.seen.clear();
-                }
-                self.seen.insert(text.clone(), (now, 0));
-                Some((text, 0))
-            }
-        }
-    }
-
-    fn warn(&mut self, error: &KafkaError) {
-        if let Some((error, repeated)) = self.due(error.to_string()) {
-            tracing::warn!(%error, repeated, "consumer error");
-        }
-    }
-
-    fn warn_at(&mut self, error: &impl std::fmt::Display, topic: &str, partition: i32, offset: i64) {
-        if let Some((error, repeated)) = self.due(format!("{error} ({topic} [{partition}])")) {
-            tracing::warn!(%error, topic, partition, offset, repeated, "consumer error");
-        }
-    }
-}
-
-/// `kstate_state_dir_used_bytes` and `kstate_state_dir_free_bytes`, every
-/// 10 s, on a thread of their own (walking a large state dir takes time the
-/// processing thread should not spend); it ends when this is dropped.
-struct DiskGauges {
-    _stop: std::sync::mpsc::Sender<()>,
-}
-
-impl DiskGauges {
-    const EVERY: Duration = Duration::from_secs(10);
-
-    fn start(dir: PathBuf) -> DiskGauges {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let spawned = std::thread::Builder::new().name("kstate-disk".into()).spawn(move || loop {
-            metrics::gauge!(crate::metrics::STATE_DIR_USED_BYTES).set(crate::store::state_dir::dir_bytes(&dir) as f64);
-            if let Some(free) = crate::store::state_dir::free_bytes(&dir) {
-                metrics::gauge!(crate::metrics::STATE_DIR_FREE_BYTES).set(free as f64);
-            }
-            if stopped.recv_timeout(Self::EVERY) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-                return;
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot start the state dir size thread; kstate_state_dir_* stay unset");
-        }
-        DiskGauges { _stop: stop }
-    }
-}
-
-fn process_one<F, E>(
-    tasks: &mut TaskManager,
-    config: &AppConfig,
-    store_index: &HashMap<String, usize>,
-    record: &Record<'_>,
-    processor: &mut F,
-) -> Result<()>
-where
-    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let (topic, partition, offset) = (record.topic, record.partition, record.offset);
-    let outputs = &tasks.outputs;
-    let Some(task) = tasks.tasks.get_mut(&partition) else {
-        return Ok(()); // revoked while the record was in flight
-    };
-    if task.state != TaskState::Running || !task.topics.contains(topic) {
-        // Fetched before the pause took effect: replay it once the task runs.
-        let r = task.rewind.entry(topic.to_string()).or_insert(offset);
-        *r = (*r).min(offset);
-        return Ok(());
-    }
-    let mut ctx = ProcessorContext::new(task, store_index, outputs, record.timestamp);
-    if let Err(e) = processor(&mut ctx, record) {
-        let source: Box<dyn std::error::Error + Send + Sync> = e.into();
-        // kstate's own output failure, passed on by the processor's `?`: the
-        // typed error, whatever a handler would say (skipping the record
-        // would not bring the output back).
-        let source = match source.downcast::<Error>() {
-            Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => return Err(*e),
-            Ok(e) => e as Box<dyn std::error::Error + Send + Sync>,
-            Err(source) => source,
-        };
-        let decision = match &config.processing_exception_handler {
-            Some(handler) => handler(record, &*source),
-            None => ProcessingDecision::Fail,
-        };
-        if decision != ProcessingDecision::Continue {
-            return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
-        }
-        tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
-        metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
-            .increment(1);
-    }
-    task.processed.increment(1);
-    // No String allocation per record: the topic's entry exists after its first record.
-    match task.offsets.get_mut(topic) {
-        Some(next) => *next = offset + 1,
-        None => {
-            task.offsets.insert(topic.to_string(), offset + 1);
-            // Where a re-initialised task restarts if nothing was committed yet.
-            if !task.restart_from.contains_key(topic) {
-                task.restart_from.insert(topic.to_string(), offset);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Warns about changelogs whose records were deleted from the start
-/// (DeleteRecords, or a `delete` retention once set): compaction never moves
-/// a compacted topic's start offset, so a start above 0 means a fresh
-/// restore misses keys that a store restored earlier still holds. Counted in
-/// `kstate_changelog_truncated_partitions{topic}`. Best effort: a failed
-/// check is logged and startup goes on.
-fn warn_truncated_changelogs(brokers: &Brokers, specs: &[ChangelogSpec], partitions: i32) {
-    let topics: Vec<String> = specs.iter().map(|s| s.topic.clone()).collect();
-    let all: Vec<i32> = (0..partitions).collect();
-    match crate::group::start_offsets(brokers, &topics, &all) {
-        Ok(starts) => {
-            for topic in &topics {
-                let truncated: Vec<(i32, i64)> =
-                    starts.iter().filter(|((t, _), o)| t == topic && **o > 0).map(|((_, p), o)| (*p, *o)).collect();
-                metrics::gauge!(crate::metrics::CHANGELOG_TRUNCATED, "topic" => topic.clone()).set(truncated.len() as f64);
-                if !truncated.is_empty() {
-                    tracing::warn!(%topic, partitions_and_start_offsets = ?truncated,
-                        "the changelog lost records from its start (DeleteRecords or a retention policy): a fresh restore \
-                         of these partitions misses keys written before those offsets, which stores restored earlier still hold");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "could not check the changelogs' start offsets"),
-    }
 }

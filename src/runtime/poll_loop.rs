@@ -1,0 +1,304 @@
+//! The processing loop: serves the group's events and the task manager's
+//! chores, feeds polled records to the processor one at a time, and commits
+//! on the interval or at the bound on uncommitted bytes.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{Message, Offset};
+
+use crate::shutdown::ShutdownHandle;
+use crate::context::ProcessorContext;
+use crate::kafka::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
+use crate::config::{AppConfig, ProcessingDecision};
+use crate::error::{Error, Result};
+use crate::group::Membership;
+use crate::record::{Headers, Record, TimestampType};
+use crate::task::{TaskManager, TaskState};
+
+use super::disk_gauges::DiskGauges;
+use super::events::apply_group_events;
+use super::{RuntimeContext, Shared};
+
+/// How long an idle loop pass waits for records.
+const IDLE_WAIT: Duration = Duration::from_millis(10);
+/// Records processed between checks of the commit deadline and shutdown
+/// inside a polled batch (a clock read per record would cost ~2% at 1M/s).
+const DEADLINE_CHECK_EVERY: usize = 32;
+
+/// What the processing loop works with.
+pub(super) struct LoopParts<'a> {
+    pub(super) config: &'a AppConfig,
+    pub(super) shutdown: &'a ShutdownHandle,
+    pub(super) consumer: &'a BaseConsumer<RuntimeContext>,
+    pub(super) records: &'a QueueHandle,
+    pub(super) membership: &'a Membership,
+    pub(super) shared: &'a Shared,
+    pub(super) store_index: &'a HashMap<String, usize>,
+}
+
+pub(super) fn process_loop<F, E>(parts: LoopParts<'_>, processor: &mut F) -> Result<()>
+where
+    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
+    let mut polled = PolledBatch::new(records, POLL_BATCH);
+    let mut consumer_errors = ErrorLog::default();
+    let mut last_commit = Instant::now();
+    let _disk = DiskGauges::start(config.state_dir.join(&config.application_id));
+    while !shutdown.is_shutdown() {
+        membership.polled();
+        {
+            let mut tasks = shared.tasks.lock().expect("task lock");
+            apply_group_events(membership, consumer, records, &mut tasks, &config.input_topics)?;
+            tasks.open_pending(consumer)?;
+            tasks.update_standbys()?;
+            tasks.clean_state_dirs();
+            tasks.collect_restored(consumer)?;
+            tasks.poll_inflight(consumer)?;
+            tasks.poll_offset_commit()?;
+            tasks.refresh_metrics(consumer);
+        }
+        // The consumer queue: errors and logs (served by rust-rdkafka, one
+        // per call), and records of partitions that could not be forwarded
+        // to the record queue.
+        // Records not processed in this pass (see the parked check below).
+        let mut not_processed = Vec::new();
+        serve_consumer_queue(consumer, |event| {
+            match event {
+                Some(Ok(msg)) => {
+                    let mut tasks = shared.tasks.lock().expect("task lock");
+                    if tasks.is_parked() {
+                        // Exactly-once: a commit waits for the group's new
+                        // generation; read this record again later.
+                        not_processed.push((msg.topic().to_string(), msg.partition(), msg.offset()));
+                        return Ok(());
+                    }
+                    let timestamp_type = match msg.timestamp() {
+                        rdkafka::Timestamp::CreateTime(_) => TimestampType::CreateTime,
+                        rdkafka::Timestamp::LogAppendTime(_) => TimestampType::LogAppendTime,
+                        rdkafka::Timestamp::NotAvailable => TimestampType::NotAvailable,
+                    };
+                    let record = Record {
+                        topic: msg.topic(),
+                        partition: msg.partition(),
+                        offset: msg.offset(),
+                        timestamp: msg.timestamp().to_millis(),
+                        timestamp_type,
+                        key: msg.key(),
+                        value: msg.payload(),
+                        // SAFETY: the message outlives the record (this closure).
+                        headers: unsafe { Headers::of_message(msg.ptr()) },
+                    };
+                    process_one(&mut tasks, config, store_index, &record, processor)?;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+                // librdkafka's fatal errors leave the consumer unusable.
+                Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
+                    tracing::error!(error = %e, "fatal consumer error; stopping");
+                    return Err(Error::from(e));
+                }
+                Some(Err(e)) => consumer_errors.warn(&e),
+            }
+            Ok(())
+        })?;
+        seek_back_to(consumer, not_processed);
+        // At the bound on uncommitted writes, with a commit still being
+        // written (brokers slow or away): take no records until it lands,
+        // but keep serving the group (rebalances, heartbeats, max.poll.interval).
+        if shared.tasks.lock().expect("task lock").backpressure() {
+            std::thread::sleep(IDLE_WAIT);
+            continue;
+        }
+        // The record queue, in batches. Waiting here delays events, task
+        // openings and restored tasks: only briefly, and not at all when
+        // an event is already waiting.
+        let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
+        if polled.poll(wait) > 0 {
+            let mut tasks = shared.tasks.lock().expect("task lock");
+            let mut seek_back = Vec::new();
+            for (i, msg) in polled.iter().enumerate() {
+                // A batch of a slow processor can take seconds: keep to the
+                // commit interval and stop promptly on shutdown inside it
+                // (records not processed are not committed).
+                if i > 0 && i % DEADLINE_CHECK_EVERY == 0 {
+                    if shutdown.is_shutdown() {
+                        break;
+                    }
+                    membership.polled();
+                    if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
+                        last_commit = Instant::now();
+                    }
+                    if tasks.is_parked() {
+                        // Exactly-once: a commit waits for the group's new
+                        // generation; the rest of the batch must not add
+                        // outputs to its transaction. Read it again later.
+                        seek_back.extend(polled.iter().skip(i).filter_map(|m| {
+                            Some((std::str::from_utf8(m.topic()).ok()?.to_string(), m.partition(), m.offset()))
+                        }));
+                        break;
+                    }
+                }
+                let (partition, offset) = (msg.partition(), msg.offset());
+                let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
+                if let Some(e) = msg.error() {
+                    consumer_errors.warn_at(&e, topic, partition, offset);
+                    // A batch poll moves the position past an error too, but
+                    // its offset is the next record not yet delivered: seek
+                    // back so no record is skipped.
+                    if offset >= 0 {
+                        seek_back.push((topic.to_string(), partition, offset));
+                    }
+                    continue;
+                }
+                if !seek_back.is_empty() {
+                    // Delivered after all: no need to seek back for it.
+                    seek_back.retain(|(t, p, o)| !(*p == partition && t == topic && offset >= *o));
+                }
+                let record = Record {
+                    topic,
+                    partition,
+                    offset,
+                    timestamp: msg.timestamp(),
+                    timestamp_type: msg.timestamp_type(),
+                    key: msg.key(),
+                    value: msg.payload(),
+                    headers: msg.headers(),
+                };
+                process_one(&mut tasks, config, store_index, &record, processor)?;
+            }
+            seek_back_to(consumer, seek_back);
+            if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
+                last_commit = Instant::now();
+            }
+        }
+        if last_commit.elapsed() >= config.commit_interval && shared.tasks.lock().expect("task lock").commit_pipelined(consumer)? {
+            last_commit = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+fn process_one<F, E>(
+    tasks: &mut TaskManager,
+    config: &AppConfig,
+    store_index: &HashMap<String, usize>,
+    record: &Record<'_>,
+    processor: &mut F,
+) -> Result<()>
+where
+    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (topic, partition, offset) = (record.topic, record.partition, record.offset);
+    let outputs = &tasks.outputs;
+    let Some(task) = tasks.tasks.get_mut(&partition) else {
+        return Ok(()); // revoked while the record was in flight
+    };
+    if task.state != TaskState::Running || !task.topics.contains(topic) {
+        // Fetched before the pause took effect: replay it once the task runs.
+        let r = task.rewind.entry(topic.to_string()).or_insert(offset);
+        *r = (*r).min(offset);
+        return Ok(());
+    }
+    let mut ctx = ProcessorContext::new(task, store_index, outputs, record.timestamp);
+    if let Err(e) = processor(&mut ctx, record) {
+        let source: Box<dyn std::error::Error + Send + Sync> = e.into();
+        // kstate's own output failure, passed on by the processor's `?`: the
+        // typed error, whatever a handler would say (skipping the record
+        // would not bring the output back).
+        let source = match source.downcast::<Error>() {
+            Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => return Err(*e),
+            Ok(e) => e as Box<dyn std::error::Error + Send + Sync>,
+            Err(source) => source,
+        };
+        let decision = match &config.processing_exception_handler {
+            Some(handler) => handler(record, &*source),
+            None => ProcessingDecision::Fail,
+        };
+        if decision != ProcessingDecision::Continue {
+            return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
+        }
+        tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
+        metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
+            .increment(1);
+    }
+    task.processed.increment(1);
+    // No String allocation per record: the topic's entry exists after its first record.
+    match task.offsets.get_mut(topic) {
+        Some(next) => *next = offset + 1,
+        None => {
+            task.offsets.insert(topic.to_string(), offset + 1);
+            // Where a re-initialised task restarts if nothing was committed yet.
+            if !task.restart_from.contains_key(topic) {
+                task.restart_from.insert(topic.to_string(), offset);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Seeks each partition among `records` (topic, partition, offset) back to
+/// the lowest of its offsets, so that no record that was not processed is
+/// skipped. Negative offsets (none known) are ignored.
+fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i32, i64)>) {
+    let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
+    for (topic, partition, offset) in records.into_iter().filter(|r| r.2 >= 0) {
+        let o = lowest.entry((topic, partition)).or_insert(offset);
+        *o = (*o).min(offset);
+    }
+    for ((topic, partition), offset) in lowest {
+        if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
+            tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
+        }
+    }
+}
+
+/// Logs consumer errors without flooding: while brokers are down librdkafka
+/// reports the same error for every connection and partition many times a
+/// second. Each distinct message is logged once per [`ERROR_LOG_EVERY`],
+/// with the number of repeats held back.
+#[derive(Default)]
+struct ErrorLog {
+    seen: HashMap<String, (Instant, u64)>,
+}
+
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl ErrorLog {
+    fn due(&mut self, text: String) -> Option<(String, u64)> {
+        let now = Instant::now();
+        match self.seen.get_mut(&text) {
+            Some((last, repeats)) if now - *last < ERROR_LOG_EVERY => {
+                *repeats += 1;
+                None
+            }
+            Some((last, repeats)) => {
+                *last = now;
+                Some((text, std::mem::take(repeats)))
+            }
+            None => {
+                if self.seen.len() > 1000 {
+                    self.seen.clear();
+                }
+                self.seen.insert(text.clone(), (now, 0));
+                Some((text, 0))
+            }
+        }
+    }
+
+    fn warn(&mut self, error: &KafkaError) {
+        if let Some((error, repeated)) = self.due(error.to_string()) {
+            tracing::warn!(%error, repeated, "consumer error");
+        }
+    }
+
+    fn warn_at(&mut self, error: &impl std::fmt::Display, topic: &str, partition: i32, offset: i64) {
+        if let Some((error, repeated)) = self.due(format!("{error} ({topic} [{partition}])")) {
+            tracing::warn!(%error, topic, partition, offset, repeated, "consumer error");
+        }
+    }
+}

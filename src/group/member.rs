@@ -21,15 +21,15 @@ use std::time::{Duration, Instant};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
-use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest};
 use kafka_protocol::protocol::StrBytes;
 
-use super::assignor::{self, MemberState, TaskId};
+use super::assignor::TaskId;
 use super::conn::Connection;
 use super::coordinator::Brokers;
 use super::end_offsets::end_offsets;
 use super::payload::{AssignmentError, MemberTasks, Subscription, SubscriptionInfo, USER_DATA_VERSION};
+use super::session::{Generation, SessionClock};
 use crate::error::{Error, Result};
 
 /// How often a member holding warmups measures their lag.
@@ -74,94 +74,9 @@ pub(crate) struct GroupSettings {
     pub(crate) give_up_after: Duration,
 }
 
-/// The identity under which this member's commits are accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Generation {
-    pub(crate) id: i32,
-    pub(crate) member_id: String,
-    pub(crate) instance_id: Option<String>,
-}
-
 /// Reads the checkpoint offset sums of the tasks whose state is on this
 /// instance's disk (called before every JoinGroup).
 pub(crate) type LocalOffsets = Box<dyn FnMut() -> BTreeMap<TaskId, i64> + Send>;
-
-/// When the coordinator last confirmed this member (a heartbeat or a
-/// SyncGroup answered without error). Past a session timeout without one,
-/// the group has probably moved its tasks: the runtime then writes nothing
-/// (no changelog record, no commit) until the membership reports.
-#[derive(Clone)]
-pub(crate) struct SessionClock {
-    epoch: Instant,
-    last_ok_ms: Arc<std::sync::atomic::AtomicU64>,
-    timeout: Duration,
-    /// Set when this member knows it is out (it left the group): not alive
-    /// until the next confirmation.
-    expired: Arc<AtomicBool>,
-    /// A JoinGroup is waiting at the coordinator, which does not expire
-    /// members waiting to rejoin: the session holds meanwhile.
-    joining: Arc<AtomicBool>,
-    /// A JoinGroup answered (the group moved to a new generation) and the
-    /// runtime has not applied its outcome yet: the current generation is
-    /// stale, commits under it would be refused.
-    between_generations: Arc<AtomicBool>,
-    /// Held by an exactly-once commit while it sends offsets under the
-    /// current generation, and by the membership while it starts a
-    /// JoinGroup: no JoinGroup (which ends the generation once the group
-    /// completes it) overlaps a commit's offsets.
-    commit_gate: Arc<std::sync::Mutex<()>>,
-}
-
-impl SessionClock {
-    fn new(timeout: Duration) -> SessionClock {
-        SessionClock {
-            epoch: Instant::now(),
-            last_ok_ms: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-            timeout,
-            expired: Arc::new(AtomicBool::new(false)),
-            joining: Arc::new(AtomicBool::new(false)),
-            between_generations: Arc::new(AtomicBool::new(false)),
-            commit_gate: Arc::default(),
-        }
-    }
-
-    /// Exactly-once: whether the current generation is settled: no
-    /// JoinGroup is under way and the last one's assignment was applied.
-    /// Check it while holding [`SessionClock::commit_gate`].
-    pub(crate) fn generation_settled(&self) -> bool {
-        !self.joining.load(Ordering::SeqCst) && !self.between_generations.load(Ordering::SeqCst)
-    }
-
-    /// Exactly-once: held while a commit sends offsets under the current
-    /// generation (see [`SessionClock::generation_settled`]).
-    pub(crate) fn commit_gate(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.commit_gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn confirmed(&self) {
-        self.last_ok_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
-        self.expired.store(false, Ordering::SeqCst);
-    }
-
-    /// This member is out of the group until the next confirmation.
-    fn expire(&self) {
-        self.expired.store(true, Ordering::SeqCst);
-    }
-
-    /// How long since the last confirmation (or since the clock started).
-    fn since(&self) -> Duration {
-        self.epoch.elapsed().saturating_sub(Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst)))
-    }
-
-    /// Whether the coordinator confirmed this member within a session timeout.
-    pub(crate) fn alive(&self) -> bool {
-        if self.expired.load(Ordering::SeqCst) {
-            return false;
-        }
-        let last = Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst));
-        self.joining.load(Ordering::SeqCst) || self.epoch.elapsed().saturating_sub(last) < self.timeout
-    }
-}
 
 /// What the runtime must apply, then acknowledge with [`Membership::applied`].
 #[derive(Debug)]
@@ -312,19 +227,19 @@ impl Drop for Membership {
 }
 
 /// The membership thread's state.
-struct Member {
+pub(super) struct Member {
     session: SessionClock,
     poll: SessionClock,
-    brokers: Brokers,
-    settings: GroupSettings,
+    pub(super) brokers: Brokers,
+    pub(super) settings: GroupSettings,
     local: LocalOffsets,
     events: Sender<GroupEvent>,
     commands: Receiver<Command>,
     conn: Option<Connection>,
     /// Rotates the bootstrap broker tried first.
-    rotate: usize,
-    member_id: String,
-    generation: i32,
+    pub(super) rotate: usize,
+    pub(super) member_id: String,
+    pub(super) generation: i32,
     /// Active tasks of the current generation (our subscription's owned partitions).
     owned: BTreeSet<TaskId>,
     standby: BTreeSet<TaskId>,
@@ -892,155 +807,6 @@ impl Member {
             ));
         }
         Ok(Some((generation, tasks)))
-    }
-
-    /// The leader's part: every member's tasks, encoded for SyncGroup.
-    fn assign(&self, members: &[kafka_protocol::messages::join_group_response::JoinGroupResponseMember]) -> Vec<SyncGroupRequestAssignment> {
-        let mut states = Vec::new();
-        let mut version = USER_DATA_VERSION;
-        let mut mismatch = false;
-        let mut claims: BTreeMap<TaskId, Vec<String>> = BTreeMap::new();
-        let mut pending: Vec<(usize, BTreeSet<TaskId>)> = Vec::new();
-        for m in members {
-            let id = m.member_id.to_string();
-            match Subscription::decode(m.metadata.clone()) {
-                Ok(s) => {
-                    version = version.min(s.info.latest_supported_version);
-                    if s.topics != self.settings.topics {
-                        tracing::error!(member = %id, topics = ?s.topics, ours = ?self.settings.topics, "a member subscribes to other topics");
-                        mismatch = true;
-                    }
-                    for t in &s.owned {
-                        claims.entry(*t).or_default().push(id.clone());
-                    }
-                    pending.push((states.len(), s.info.pending));
-                    states.push(MemberState {
-                        member_id: id,
-                        prev_active: s.owned,
-                        prev_standby: s.info.standby,
-                        task_offsets: s.info.task_offsets,
-                        caught_up: s.info.caught_up,
-                        client_tags: s.info.client_tags,
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(member = %id, error = %e, "a member's subscription cannot be read; it gets no tasks");
-                    for t in super::payload::owned_tasks(m.metadata.clone()) {
-                        claims.entry(t).or_default().push(id.clone());
-                    }
-                    states.push(MemberState {
-                        member_id: id,
-                        prev_active: BTreeSet::new(),
-                        prev_standby: BTreeSet::new(),
-                        task_offsets: BTreeMap::new(),
-                        caught_up: BTreeSet::new(),
-                        client_tags: BTreeMap::new(),
-                    });
-                }
-            }
-        }
-        // A task handed over between two rounds counts as its new owner's,
-        // unless some member still claims it.
-        for (i, tasks) in pending {
-            let unclaimed = tasks.into_iter().filter(|t| !claims.contains_key(t));
-            states[i].prev_active.extend(unclaimed);
-        }
-        let config = assignor::AssignorConfig {
-            num_standby_replicas: self.settings.num_standby_replicas,
-            acceptable_recovery_lag: self.settings.acceptable_recovery_lag,
-            max_warmup_replicas: self.settings.max_warmup_replicas,
-        };
-        let all_tasks: Vec<TaskId> = (0..self.settings.tasks).collect();
-        let ends = match end_offsets(&self.brokers, &self.settings.changelog_topics, &all_tasks, self.rotate) {
-            Ok(ends) => ends,
-            Err(e) => {
-                // Lags then count from the most caught-up copy reported.
-                tracing::warn!(group = %self.settings.group, error = %e,
-                    "the changelogs' end offsets could not be read; lags are measured against the most caught-up member");
-                BTreeMap::new()
-            }
-        };
-        let assignor::Plan { members: mut plan, deferred } = assignor::assign(self.settings.tasks, &states, &config, &ends);
-        // Cooperative: a task that moves is withheld from its new owner
-        // until every previous owner gave it up (they rejoin at once).
-        let mut withheld: BTreeMap<String, BTreeSet<TaskId>> = BTreeMap::new();
-        for (member, tasks) in plan.iter_mut() {
-            tasks.active.retain(|t| {
-                let others = claims.get(t).is_some_and(|c| c.iter().any(|owner| owner != member));
-                if others {
-                    withheld.entry(member.clone()).or_default().insert(*t);
-                }
-                !others
-            });
-        }
-        let summary: BTreeMap<&str, String> = plan
-            .iter()
-            .map(|(m, a)| {
-                let mut s = format!("active {:?}", a.active);
-                if !a.standby.is_empty() {
-                    s += &format!(" standby {:?}", a.standby);
-                }
-                if !a.warmup.is_empty() {
-                    s += &format!(" warmup {:?}", a.warmup);
-                }
-                if let Some(w) = withheld.get(m) {
-                    s += &format!(" handed over next round {w:?}");
-                }
-                (m.as_str(), s)
-            })
-            .collect();
-        let waiting: Vec<String> = deferred
-            .iter()
-            .map(|d| {
-                format!(
-                    "task {} stays on {} (lag {}) until {} (lag {}) {}",
-                    d.task,
-                    d.kept_on,
-                    d.kept_lag,
-                    d.target,
-                    d.target_lag,
-                    if d.warmup { "warms up" } else { "can warm up" }
-                )
-            })
-            .collect();
-        tracing::info!(group = %self.settings.group, generation = self.generation, members = states.len(),
-            assignment = ?summary, deferred_moves = ?waiting, "assignment computed");
-        // The leader's own assignment carries the probing deadline.
-        let probe_in_ms = (!deferred.is_empty()).then_some(self.settings.probing_rebalance_interval.as_millis() as u64);
-        states
-            .iter()
-            .map(|m| {
-                let tasks = plan.get(&m.member_id).cloned().unwrap_or_default();
-                let pending = withheld.get(&m.member_id).cloned().unwrap_or_default();
-                // The receiver warms a withheld task up as a standby, so it
-                // is promoted in place in the next round.
-                let standby = tasks.standby.union(&pending).copied().collect();
-                let probe_in_ms = if m.member_id == self.member_id { probe_in_ms } else { None };
-                let awaited = deferred
-                    .iter()
-                    .filter(|d| d.target == m.member_id && (d.warmup || tasks.standby.contains(&d.task)))
-                    .map(|d| d.task)
-                    .collect();
-                let rejoin_now = !withheld.is_empty();
-                let mut tasks = MemberTasks {
-                    active: tasks.active,
-                    standby,
-                    pending,
-                    warmup: tasks.warmup,
-                    awaited,
-                    rejoin_now,
-                    probe_in_ms,
-                    error: 0,
-                };
-                if mismatch {
-                    tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };
-                }
-                let mut a = SyncGroupRequestAssignment::default();
-                a.member_id = StrBytes::from_string(m.member_id.clone());
-                a.assignment = tasks.encode(&self.settings.topics, version);
-                a
-            })
-            .collect()
     }
 
     /// One heartbeat. `Ok(None)`: still a member of this generation.

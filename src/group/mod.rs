@@ -9,24 +9,31 @@
 //! - [`coordinator`]: finding the group's coordinator;
 //! - [`end_offsets`]: the changelogs' end offsets (lags of members' copies);
 //! - [`payload`]: subscription and assignment metadata (versioned);
-//! - [`assignor`]: the leader's pure, deterministic task assignor;
-//! - [`member`]: the membership thread (join, sync, heartbeat, leave).
+//! - [`assignor`]: the leader's pure, deterministic task assignor (its tests in `assignor/tests.rs`);
+//! - [`member`]: the membership thread (join, sync, heartbeat, leave);
+//! - `leader`: the leader's assignment step between JoinGroup and SyncGroup;
+//! - [`session`]: the generation and the session clock that fence a frozen member;
+//! - [`offsets`]: offset commits under the member's generation, and reading committed offsets;
+//! - [`failure`]: which errors mean the group moved on, which are retried and for how long.
 
 pub(crate) mod assignor;
 pub(crate) mod conn;
 pub(crate) mod coordinator;
 pub(crate) mod end_offsets;
 pub(crate) mod failure;
+mod leader;
 pub(crate) mod member;
 pub(crate) mod offsets;
 pub(crate) mod payload;
 pub(crate) mod scram;
 pub(crate) mod security;
+pub(crate) mod session;
 
 pub(crate) use coordinator::Brokers;
 pub(crate) use end_offsets::start_offsets;
 pub(crate) use failure::{CommitFailure, RetryRun};
-pub(crate) use member::{Generation, GroupEvent, GroupSettings, Membership, SessionClock};
+pub(crate) use member::{GroupEvent, GroupSettings, Membership};
+pub(crate) use session::{Generation, SessionClock};
 pub(crate) use offsets::{fetch_stable, CommitError, Committer, StableOffsets};
 pub(crate) use security::Security;
 

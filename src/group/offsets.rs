@@ -15,7 +15,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::conn::Connection;
 use super::coordinator::Brokers;
-use super::member::Generation;
+use super::session::Generation;
 use crate::error::Result;
 use crate::group::failure::CommitFailure;
 

@@ -12,9 +12,10 @@ use kafka_protocol::error::ResponseError;
 
 use super::assignor::TaskId;
 use super::coordinator::Brokers;
-use super::member::{Generation, GroupEvent, GroupSettings, Membership};
+use super::member::{GroupEvent, GroupSettings, Membership};
 use super::offsets;
 use super::security::Security;
+use super::session::Generation;
 
 fn bootstrap() -> String {
     std::env::var("KSTATE_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())

@@ -41,11 +41,14 @@ pub(crate) struct ChangelogInfo {
 }
 
 /// Creates missing changelog topics and checks existing ones: partition count
-/// equal to the input's and `cleanup.policy=compact`.
+/// equal to the input's and `cleanup.policy=compact`. Warns when a changelog keeps
+/// tombstones for less than ten times `flushed_every` (how often stores flush
+/// at least: a restore replays from the last flush).
 pub(crate) fn ensure_topics(
     admin: &AdminClient<DefaultClientContext>,
     specs: &[ChangelogSpec],
     timeout: Duration,
+    flushed_every: Duration,
 ) -> Result<HashMap<String, ChangelogInfo>> {
     let opts = AdminOptions::new().request_timeout(Some(timeout)).operation_timeout(Some(timeout));
     let mut missing = Vec::new();
@@ -121,9 +124,9 @@ pub(crate) fn ensure_topics(
         }
         let number = |name: &str| res.get(name).and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<u64>().ok());
         let delete_retention_ms = number("delete.retention.ms");
-        if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * crate::store::engine::FLUSH_AT_LEAST_EVERY) {
+        if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * flushed_every) {
             tracing::warn!(topic = %spec.topic, delete_retention_ms = ms,
-                flushed_every_secs = crate::store::engine::FLUSH_AT_LEAST_EVERY.as_secs(),
+                flushed_every_secs = flushed_every.as_secs(),
                 "the changelog keeps tombstones only briefly: a store restored after a crash replays from its last \
                  flush, and a delete whose tombstone the broker dropped meanwhile would come back");
         }

@@ -51,7 +51,7 @@ pub(super) fn apply_group_events(
         match event {
             GroupEvent::Assigned { generation, active, standby, since } => {
                 let owned = tasks.partitions();
-                tasks.generation = Some(generation.clone());
+                tasks.set_generation(Some(generation.clone()));
                 // Exactly-once: a commit caught by this rebalance completes
                 // under the new generation, before anything is revoked.
                 let parked = tasks.complete_parked(consumer);
@@ -95,7 +95,7 @@ pub(super) fn apply_group_events(
             GroupEvent::Lost { reason } => {
                 let tps = input_partitions_of(topics, tasks.partitions());
                 tracing::warn!(%reason, partitions = ?tps, "tasks lost; closing them without commit");
-                tasks.generation = None;
+                tasks.set_generation(None);
                 let closed = tasks.on_event(consumer, AssignmentEvent::Lost(tps.clone()));
                 if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
                     tracing::warn!(error = %e, "unassigning lost partitions failed");

@@ -39,7 +39,7 @@ use crate::group::{GroupSettings, Membership};
 use crate::group::Committer;
 use crate::record::Record;
 use crate::restore::{NoopListener, Restorer};
-use crate::task::TaskManager;
+use crate::task::{TaskManager, TaskManagerParts};
 
 use events::apply_group_events;
 use poll_loop::{process_loop, LoopParts};
@@ -61,14 +61,14 @@ struct WakerInstalled<'s>(&'s Shared);
 
 impl<'s> WakerInstalled<'s> {
     fn install(shared: &'s Shared, waker: FetchWaker) -> Self {
-        shared.tasks.lock().expect("task lock").fetch_waker = Some(waker);
+        shared.tasks.lock().expect("task lock").set_fetch_waker(Some(waker));
         WakerInstalled(shared)
     }
 }
 
 impl Drop for WakerInstalled<'_> {
     fn drop(&mut self) {
-        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).fetch_waker = None;
+        self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_fetch_waker(None);
     }
 }
 
@@ -104,7 +104,7 @@ where
             extra_configs: s.changelog_configs().to_vec(),
         })
         .collect();
-    let infos = kafka::ensure_topics(&admin, &specs, config.startup_timeout)?;
+    let infos = kafka::ensure_topics(&admin, &specs, config.startup_timeout, crate::store::engine::FLUSH_AT_LEAST_EVERY)?;
     drop(admin);
     // One producer serves every changelog, so its batches must fit the
     // smallest max.message.bytes; that is also the per-record limit.
@@ -138,19 +138,19 @@ where
         Some(total) => EngineResources::bounded(total, config.write_buffer_bytes),
         None => EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes),
     };
-    let mut task_manager = TaskManager::new(
-        config.clone(),
-        producer,
-        resources,
-        max_message_bytes,
-        infos.iter().filter_map(|(topic, i)| Some((topic.clone(), i.tombstone_retention?))).collect(),
-        restorer,
-    );
     let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
     warn_truncated_changelogs(&brokers, &specs, partitions);
-    task_manager.committer = Some(Committer::start(brokers.clone(), config.application_id.clone())?);
-    task_manager.brokers = Some(brokers.clone());
-    task_manager.new_producer = Some(new_producer);
+    let task_manager = TaskManager::new(TaskManagerParts {
+        config: config.clone(),
+        producer,
+        new_producer,
+        resources,
+        max_record_bytes: max_message_bytes,
+        tombstone_retention: infos.iter().filter_map(|(topic, i)| Some((topic.clone(), i.tombstone_retention?))).collect(),
+        restorer,
+        committer: Committer::start(brokers.clone(), config.application_id.clone())?,
+        brokers: brokers.clone(),
+    });
     let shared = Arc::new(Shared { tasks: Mutex::new(task_manager) });
 
     let mut consumer_config = base.clone();
@@ -239,7 +239,7 @@ where
         })
     };
     let membership = Membership::start(brokers, settings, local)?;
-    shared.tasks.lock().expect("task lock").session = Some(membership.session.clone());
+    shared.tasks.lock().expect("task lock").attach_session(membership.session.clone());
 
     let (waker, wake_requests) = FetchWaker::new();
     let result = std::thread::scope(|scope| -> Result<()> {

@@ -10,15 +10,12 @@ use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
 use crate::assignment::AssignmentEvent;
-use crate::config::AppConfig;
 use crate::error::Result;
-use crate::group::SessionClock;
-use crate::kafka::ChangelogProducer;
+use crate::group::{Generation, SessionClock};
 use crate::kafka::OutputSink;
 use crate::kafka::fetch_wake::FetchWaker;
-use crate::restore::{RestoreJob, Restorer};
+use crate::restore::RestoreJob;
 use crate::store::KeyValueStore;
-use crate::store::engine::EngineResources;
 
 use super::cleanup::StateCleanup;
 use super::closing::Closer;
@@ -27,7 +24,7 @@ use super::offsets::OffsetCommits;
 use super::opening::Openers;
 use super::standby::{Standby, Standbys};
 use super::transaction::ExactlyOnce;
-use super::{TaskManager, TaskState};
+use super::{TaskManager, TaskManagerParts, TaskState};
 
 /// Resumes paused partitions and has librdkafka fetch them now rather
 /// than up to 1 s later (see [`crate::fetch_wake`]).
@@ -48,14 +45,18 @@ impl Drop for TaskManager {
 }
 
 impl TaskManager {
-    pub(crate) fn new(
-        config: Arc<AppConfig>,
-        producer: Arc<ChangelogProducer>,
-        resources: EngineResources,
-        max_record_bytes: usize,
-        tombstone_retention: HashMap<String, Duration>,
-        restorer: Restorer,
-    ) -> Self {
+    pub(crate) fn new(parts: TaskManagerParts) -> Self {
+        let TaskManagerParts {
+            config,
+            producer,
+            new_producer,
+            resources,
+            max_record_bytes,
+            tombstone_retention,
+            restorer,
+            committer,
+            brokers,
+        } = parts;
         TaskManager {
             tasks: BTreeMap::new(),
             pending: Vec::new(),
@@ -64,23 +65,38 @@ impl TaskManager {
             producer,
             resources,
             restorer,
-            openers: Openers::new(max_record_bytes, tombstone_retention),
+            openers: Openers::new(max_record_bytes, tombstone_retention, brokers),
             closer: Closer::default(),
             standbys: Standbys::default(),
             failures: HashMap::new(),
             commit: CommitPipeline::default(),
-            offset_commits: OffsetCommits::default(),
-            eos: ExactlyOnce::default(),
+            offset_commits: OffsetCommits::new(committer),
+            eos: ExactlyOnce::new(new_producer),
             cleanup: StateCleanup::new(),
             last_relief: Instant::now(),
             last_engine_metrics: Instant::now(),
             fetch_waker: None,
-            committer: None,
             generation: None,
             session: None,
-            brokers: None,
-            new_producer: None,
         }
+    }
+
+    /// Installs (or, with `None`, removes) the waker of the fetcher of
+    /// resumed partitions, while the runtime's fetch-wake thread runs.
+    pub(crate) fn set_fetch_waker(&mut self, waker: Option<FetchWaker>) {
+        self.fetch_waker = waker;
+    }
+
+    /// The generation of the assignment being applied (`None`: this
+    /// member lost its tasks): offsets are committed under it.
+    pub(crate) fn set_generation(&mut self, generation: Option<Arc<Generation>>) {
+        self.generation = generation;
+    }
+
+    /// Attaches the membership's session clock: past a session timeout
+    /// without the coordinator's confirmation nothing is written.
+    pub(crate) fn attach_session(&mut self, session: SessionClock) {
+        self.session = Some(session);
     }
 
     /// Whether commits are transactions (exactly-once).

@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::TopicPartitionList;
 
@@ -163,20 +163,35 @@ pub(crate) struct TaskManager {
     /// When memtables were last flushed to stay within `max_state_memory`.
     last_relief: Instant,
     last_engine_metrics: Instant,
-    /// Wakes the fetcher of resumed partitions (set by the runtime).
-    pub(crate) fetch_waker: Option<FetchWaker>,
-    /// Commits input offsets under the group generation (set by the runtime).
-    pub(crate) committer: Option<Committer>,
+    /// Wakes the fetcher of resumed partitions (installed by the runtime
+    /// while its fetch-wake thread runs).
+    fetch_waker: Option<FetchWaker>,
     /// The generation of the current assignment: offsets are committed
     /// under it, so a member the group has fenced cannot commit.
-    pub(crate) generation: Option<Arc<Generation>>,
-    /// Whether the coordinator still counts this member in (set by the
-    /// runtime): past a session without confirmation nothing is written.
-    pub(crate) session: Option<SessionClock>,
-    /// kstate's own broker connections (set by the runtime): exactly-once
-    /// waits for stable committed offsets through them.
-    pub(crate) brokers: Option<Brokers>,
+    generation: Option<Arc<Generation>>,
+    /// Whether the coordinator still counts this member in: past a session
+    /// without confirmation nothing is written. Attached once the
+    /// membership runs (it starts after the task manager, which it reads).
+    session: Option<SessionClock>,
+}
+
+/// What a [`TaskManager`] is made of, built by the runtime.
+pub(crate) struct TaskManagerParts {
+    pub(crate) config: Arc<AppConfig>,
+    /// kstate's producer for changelogs and outputs.
+    pub(crate) producer: Arc<ChangelogProducer>,
     /// Exactly-once: makes a new transactional producer (same
     /// `transactional.id`) after the current one was fenced.
-    pub(crate) new_producer: Option<Box<dyn Fn() -> Result<ChangelogProducer> + Send>>,
+    pub(crate) new_producer: Box<dyn Fn() -> Result<ChangelogProducer> + Send>,
+    pub(crate) resources: EngineResources,
+    /// The largest record the changelogs accept.
+    pub(crate) max_record_bytes: usize,
+    /// Each changelog's `delete.retention.ms`.
+    pub(crate) tombstone_retention: HashMap<String, Duration>,
+    pub(crate) restorer: Restorer,
+    /// Commits input offsets under the group generation.
+    pub(crate) committer: Committer,
+    /// kstate's own broker connections: exactly-once waits for stable
+    /// committed offsets through them.
+    pub(crate) brokers: Brokers,
 }

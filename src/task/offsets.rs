@@ -6,7 +6,7 @@ use std::time::Instant;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::{Error, Result};
-use crate::group::CommitError;
+use crate::group::{CommitError, Committer};
 use crate::group::{CommitFailure, RetryRun};
 
 use super::TaskManager;
@@ -24,12 +24,19 @@ pub(super) fn offsets_of(tpl: &TopicPartitionList) -> Vec<(String, i32, i64)> {
 }
 
 /// Input offset commits of this member.
-#[derive(Default)]
 pub(super) struct OffsetCommits {
+    /// Commits input offsets under the group generation.
+    pub(super) committer: Committer,
     /// Offset commits failing in a row (group changes, coordinator away).
     pub(super) retries: RetryRun,
     /// The asynchronous offset commit awaiting its result, if any.
     pub(super) in_flight: Option<TopicPartitionList>,
+}
+
+impl OffsetCommits {
+    pub(super) fn new(committer: Committer) -> Self {
+        OffsetCommits { committer, retries: RetryRun::default(), in_flight: None }
+    }
 }
 
 impl TaskManager {
@@ -70,7 +77,7 @@ impl TaskManager {
             return Ok(());
         }
         let closing = offsets == Offsets::CommitClosing;
-        let (Some(committer), Some(generation)) = (&self.committer, &self.generation) else {
+        let (committer, Some(generation)) = (&self.offset_commits.committer, &self.generation) else {
             // Not a member yet: nothing can have been processed.
             self.hand_back(&tpl);
             return Ok(());
@@ -93,7 +100,7 @@ impl TaskManager {
 
     /// Takes in the result of the asynchronous offset commit, if it arrived.
     pub(crate) fn poll_offset_commit(&mut self) -> Result<()> {
-        let Some(committer) = &self.committer else { return Ok(()) };
+        let committer = &self.offset_commits.committer;
         let Some((offsets, result)) = committer.result() else {
             if committer.is_dead() {
                 return Err(Error::OffsetCommit("the offset commit thread stopped unexpectedly".into()));

@@ -10,6 +10,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::{Error, Result};
+use crate::group::Brokers;
 use crate::restore::{RestoreJob, RestoreOutcome};
 use crate::store::{KeyValueStore, StoreOpenArgs};
 
@@ -32,12 +33,16 @@ pub(super) struct Openers {
     pub(super) max_record_bytes: usize,
     /// Each changelog's `delete.retention.ms`.
     pub(super) tombstone_retention: Arc<HashMap<String, Duration>>,
+    /// kstate's own broker connections: exactly-once waits for stable
+    /// committed offsets through them.
+    pub(super) brokers: Brokers,
 }
 
 impl Openers {
-    pub(super) fn new(max_record_bytes: usize, tombstone_retention: HashMap<String, Duration>) -> Self {
+    pub(super) fn new(max_record_bytes: usize, tombstone_retention: HashMap<String, Duration>, brokers: Brokers) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
-        Openers { tx, rx, running: 0, next_incarnation: 0, max_record_bytes, tombstone_retention: Arc::new(tombstone_retention) }
+        let tombstone_retention = Arc::new(tombstone_retention);
+        Openers { tx, rx, running: 0, next_incarnation: 0, max_record_bytes, tombstone_retention, brokers }
     }
 }
 
@@ -125,13 +130,9 @@ impl TaskManager {
     /// input offsets are stable (no previous owner's transaction still
     /// open), so that its restore sees everything committed with them.
     pub(super) fn start_opening(&mut self, partition: i32, incarnation: u64, stores: Option<Vec<KeyValueStore>>) -> Result<()> {
-        let stable = match (&self.brokers, self.exactly_once() && self.tasks.contains_key(&partition)) {
-            (Some(brokers), true) => Some((
-                brokers.clone(),
-                self.config.input_topics.iter().map(|t| (t.clone(), partition)).collect::<Vec<_>>(),
-            )),
-            _ => None,
-        };
+        let stable = (self.exactly_once() && self.tasks.contains_key(&partition)).then(|| {
+            (self.openers.brokers.clone(), self.config.input_topics.iter().map(|t| (t.clone(), partition)).collect::<Vec<_>>())
+        });
         let config = self.config.clone();
         let producer = self.producer.clone();
         let resources = self.resources.clone();

@@ -149,8 +149,10 @@ pub(super) fn retry_resumable(what: &str, bound: Duration, mut f: impl FnMut() -
 }
 
 /// Exactly-once state of the task manager.
-#[derive(Default)]
 pub(super) struct ExactlyOnce {
+    /// Makes a new transactional producer (same `transactional.id`) after
+    /// the current one was fenced.
+    pub(super) new_producer: Box<dyn Fn() -> Result<ChangelogProducer> + Send>,
     /// Producers fenced since the last committed transaction.
     pub(super) fenced_in_a_row: u32,
     /// A commit whose records were all acknowledged when the group moved
@@ -158,6 +160,12 @@ pub(super) struct ExactlyOnce {
     /// applies that generation ([`TaskManager::complete_parked`]). No
     /// records are taken meanwhile.
     pub(super) parked: Option<ParkedCommit>,
+}
+
+impl ExactlyOnce {
+    pub(super) fn new(new_producer: Box<dyn Fn() -> Result<ChangelogProducer> + Send>) -> Self {
+        ExactlyOnce { new_producer, fenced_in_a_row: 0, parked: None }
+    }
 }
 
 impl TaskManager {
@@ -329,10 +337,7 @@ impl TaskManager {
             }
             tracing::warn!(transactional_id = %id, error = %cause,
                 "the transactional producer was fenced; replacing it and re-initialising every task (nothing of the open transaction is visible)");
-            let Some(new_producer) = &self.new_producer else {
-                return Err(Error::Transaction { transactional_id: id, operation: "commit", detail: cause.to_string() });
-            };
-            self.producer = Arc::new(new_producer()?);
+            self.producer = Arc::new((self.eos.new_producer)()?);
             self.outputs = OutputSink::new(self.producer.clone());
             // Standby stores hold the old producer: reopen them (update_standbys does).
             for (p, state) in std::mem::take(&mut self.standbys.tasks) {

@@ -1,7 +1,8 @@
 //! The crate's error type.
 //!
 //! Every failure a user can hit has its own variant, so callers can match on
-//! what went wrong instead of parsing messages.
+//! what went wrong instead of parsing messages. The operator tooling's own
+//! failures are [`crate::admin::AdminError`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -275,57 +276,6 @@ pub enum Error {
     /// The runtime was shut down while an operation was in progress.
     #[error("the runtime is shutting down")]
     ShuttingDown,
-
-    /// Operator tooling ([`crate::admin`]): the state directory does not exist.
-    #[error("state directory `{0}` does not exist")]
-    StateDirMissing(PathBuf),
-
-    /// Operator tooling: an application, store or store partition has no
-    /// directory under the state directory.
-    #[error("{what} not found (no directory `{path}`){}", if available.is_empty() { String::new() } else { format!("; found: {}", available.join(", ")) })]
-    StateNotFound {
-        /// What was looked for, e.g. "store `counts` of application `app`".
-        what: String,
-        /// The directory that does not exist.
-        path: PathBuf,
-        /// What exists at that level instead.
-        available: Vec<String>,
-    },
-
-    /// Operator tooling: a snapshot's description does not match its data
-    /// (or is unreadable); nothing was imported.
-    #[error("snapshot `{path}`: {detail}")]
-    SnapshotMismatch {
-        /// The snapshot directory.
-        path: PathBuf,
-        /// What does not match.
-        detail: String,
-    },
-
-    /// Operator tooling: a destination that must be new or empty is not
-    /// (a snapshot destination that exists, an import over local data
-    /// without `force`).
-    #[error("`{path}` {detail}")]
-    TargetNotEmpty {
-        /// The destination.
-        path: PathBuf,
-        /// What is in the way.
-        detail: String,
-    },
-
-    /// Operator tooling: a changelog topic or partition the operation
-    /// needs does not exist on the cluster, or cannot be used as asked.
-    #[error("changelog `{topic}`: {detail}")]
-    Changelog {
-        /// The changelog topic.
-        topic: String,
-        /// What is wrong.
-        detail: String,
-    },
-
-    /// Operator tooling: any other failure of an admin operation.
-    #[error("{0}")]
-    Admin(String),
 }
 
 impl Error {

@@ -161,7 +161,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             match e {
-                kstate::Error::Config(_) => ExitCode::from(2),
+                admin::AdminError::Kstate(kstate::Error::Config(_)) => ExitCode::from(2),
                 _ => ExitCode::from(1),
             }
         }
@@ -185,7 +185,7 @@ fn json(report: &impl Serialize) {
     println!("{}", serde_json::to_string_pretty(report).expect("reports serialize"));
 }
 
-fn run(cli: &Cli, state_dir: PathBuf) -> kstate::Result<ExitCode> {
+fn run(cli: &Cli, state_dir: PathBuf) -> admin::Result<ExitCode> {
     match &cli.command {
         Command::Inspect => {
             let r = admin::inspect(&state_dir)?;

@@ -7,8 +7,7 @@ use std::path::Path;
 use rdkafka::consumer::Consumer;
 use serde::Serialize;
 
-use super::{app_dir, partitions_of, stores_of, Kafka, ReadOnly};
-use crate::error::{Error, Result};
+use super::{app_dir, partitions_of, stores_of, AdminError, Kafka, ReadOnly, Result};
 use crate::restore::{full_restore_reason, ChangelogState};
 
 /// The restore rate assumed when none is given and none was measured on
@@ -99,7 +98,7 @@ pub struct RestoreEstimate {
 pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &EstimateOptions) -> Result<RestoreEstimate> {
     if let Some(rate) = options.rate {
         if !(rate.is_finite() && rate > 0.0) {
-            return Err(Error::Admin(format!("the restore rate must be a positive number of records per second, not {rate}")));
+            return Err(AdminError::Admin(format!("the restore rate must be a positive number of records per second, not {rate}")));
         }
     }
     let app_dir = app_dir(state_dir, app)?;
@@ -116,7 +115,7 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
     for store in &stores {
         let topic = crate::kafka::changelog_topic(app, store);
         let Some(count) = kafka.partitions(&consumer, &topic)? else {
-            return Err(Error::Changelog { topic, detail: format!("topic does not exist (store `{store}`)") });
+            return Err(AdminError::Changelog { topic, detail: format!("topic does not exist (store `{store}`)") });
         };
         // What the restore compares local state with (unknown: not compared, as the restore does).
         let topic_id = crate::kafka::topic_id::describe(consumer.client().native_ptr(), &topic, kafka.timeout).ok();
@@ -125,7 +124,7 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
         let local = partitions_of(&app_dir.join(store));
         for p in wanted {
             if p >= count || p < 0 {
-                return Err(Error::Changelog { topic, detail: format!("has {count} partitions, no partition {p}") });
+                return Err(AdminError::Changelog { topic, detail: format!("has {count} partitions, no partition {p}") });
             }
             let dir = app_dir.join(store).join(p.to_string());
             let is_local = local.contains(&p) && dir.join("db").is_dir();

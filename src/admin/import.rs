@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{dir_bytes, valid_name, ReadOnly, SnapshotManifest, SNAPSHOT_MANIFEST};
-use crate::error::{Error, Result};
+use super::{dir_bytes, valid_name, AdminError, ReadOnly, Result, SnapshotManifest, SNAPSHOT_MANIFEST};
 use crate::store::lock::DirLock;
 
 /// The outcome of [`import_snapshot()`].
@@ -39,10 +38,10 @@ pub struct ImportReport {
 /// store restored in full.
 pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Result<ImportReport> {
     if !state_dir.is_dir() {
-        return Err(Error::StateDirMissing(state_dir.to_path_buf()));
+        return Err(AdminError::StateDirMissing(state_dir.to_path_buf()));
     }
     let manifest_path = snapshot_dir.join(SNAPSHOT_MANIFEST);
-    let mismatch = |detail: String| Error::SnapshotMismatch { path: snapshot_dir.to_path_buf(), detail };
+    let mismatch = |detail: String| AdminError::SnapshotMismatch { path: snapshot_dir.to_path_buf(), detail };
     let text = std::fs::read(&manifest_path).map_err(|e| mismatch(format!("cannot read {SNAPSHOT_MANIFEST}: {e}")))?;
     let manifest: SnapshotManifest =
         serde_json::from_slice(&text).map_err(|e| mismatch(format!("{SNAPSHOT_MANIFEST} is not a kstate snapshot description: {e}")))?;
@@ -63,7 +62,7 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
             Err(_) => true,
         };
         if has_data {
-            return Err(Error::TargetNotEmpty {
+            return Err(AdminError::TargetNotEmpty {
                 path: db,
                 detail: "holds local state; import with force to replace it".into(),
             });
@@ -100,18 +99,18 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
     }
     crate::store::engine::remove_checkpoint_hint(&dir)?;
     crate::store::engine::Engine::wipe(&db)?;
-    std::fs::rename(&importing, &db).map_err(|e| Error::io(&importing, e))?;
+    std::fs::rename(&importing, &db).map_err(|e| AdminError::io(&importing, e))?;
     sync_path(&dir)?;
     if let Some(c) = manifest.checkpoint {
-        crate::store::engine::write_checkpoint_hint(&dir, c).map_err(|e| Error::io(dir.join(crate::store::engine::CHECKPOINT_HINT), e))?;
+        crate::store::engine::write_checkpoint_hint(&dir, c).map_err(|e| AdminError::io(dir.join(crate::store::engine::CHECKPOINT_HINT), e))?;
     }
     Ok(ImportReport { bytes: dir_bytes(&db), path: dir, manifest, replaced_existing, linked_files: linked, copied_files: copied })
 }
 
 /// Flushes every file in `dir`, then `dir` itself, to disk.
 fn sync_files(dir: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let path = entry.map_err(|e| Error::io(dir, e))?.path();
+    for entry in std::fs::read_dir(dir).map_err(|e| AdminError::io(dir, e))? {
+        let path = entry.map_err(|e| AdminError::io(dir, e))?.path();
         if path.is_file() {
             sync_path(&path)?;
         }
@@ -121,19 +120,19 @@ fn sync_files(dir: &Path) -> Result<()> {
 
 /// `fsync` of one file or directory.
 fn sync_path(path: &Path) -> Result<()> {
-    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| Error::io(path, e))
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| AdminError::io(path, e))
 }
 
 /// Copies a RocksDB directory: table and blob files (never modified once
 /// written) as hard links where the file system allows, the rest
 /// (MANIFEST, CURRENT, OPTIONS, logs) as copies.
 fn copy_db(from: &Path, to: &Path) -> Result<(u64, u64)> {
-    std::fs::create_dir_all(to).map_err(|e| Error::io(to, e))?;
+    std::fs::create_dir_all(to).map_err(|e| AdminError::io(to, e))?;
     let (mut linked, mut copied) = (0, 0);
-    for entry in std::fs::read_dir(from).map_err(|e| Error::io(from, e))? {
-        let entry = entry.map_err(|e| Error::io(from, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| AdminError::io(from, e))? {
+        let entry = entry.map_err(|e| AdminError::io(from, e))?;
         let src = entry.path();
-        if !entry.file_type().map_err(|e| Error::io(&src, e))?.is_file() {
+        if !entry.file_type().map_err(|e| AdminError::io(&src, e))?.is_file() {
             continue;
         }
         let dst = to.join(entry.file_name());
@@ -142,7 +141,7 @@ fn copy_db(from: &Path, to: &Path) -> Result<(u64, u64)> {
             linked += 1;
             continue;
         }
-        std::fs::copy(&src, &dst).map_err(|e| Error::io(&src, e))?;
+        std::fs::copy(&src, &dst).map_err(|e| AdminError::io(&src, e))?;
         copied += 1;
     }
     Ok((linked, copied))

@@ -4,8 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{dir_bytes, partitions_of, stores_of, subdirs, ReadOnly};
-use crate::error::{Error, Result};
+use super::{dir_bytes, partitions_of, stores_of, subdirs, AdminError, ReadOnly, Result};
 use crate::restore::RestoreRate;
 
 /// Everything under one state directory.
@@ -103,7 +102,7 @@ pub struct StorePartitionReport {
 /// only tried for an instant, to report whether it is live).
 pub fn inspect(state_dir: &Path) -> Result<InspectReport> {
     if !state_dir.is_dir() {
-        return Err(Error::StateDirMissing(state_dir.to_path_buf()));
+        return Err(AdminError::StateDirMissing(state_dir.to_path_buf()));
     }
     let mut applications = Vec::new();
     for app in subdirs(state_dir) {

@@ -10,13 +10,17 @@
 //! application runs (they see its last flush, a committed prefix).
 //! Writing functions ([`snapshot()`], [`import_snapshot()`], [`wipe()`])
 //! take the store partitions' locks without waiting and refuse to touch a
-//! store a live instance holds ([`crate::Error::StateDirLocked`]). To tell
-//! whether a store is live, [`inspect()`] takes its lock for an instant; an
-//! instance opening it at that moment waits and retries (its
-//! `lock_timeout`).
+//! store a live instance holds ([`crate::Error::StateDirLocked`], carried
+//! as [`AdminError::Kstate`]). To tell whether a store is live,
+//! [`inspect()`] takes its lock for an instant; an instance opening it at
+//! that moment waits and retries (its `lock_timeout`).
 //!
 //! Every report is a plain [`serde::Serialize`] struct (the CLI's `--json`).
+//! Every function fails with an [`AdminError`] (`error.rs`): its own
+//! variants for what only the tooling produces, [`AdminError::Kstate`] for
+//! failures of the library's machinery (RocksDB, locks, Kafka, I/O).
 
+mod error;
 mod estimate;
 mod import;
 mod inspect;
@@ -25,6 +29,7 @@ mod snapshot;
 mod verify;
 mod wipe;
 
+pub use error::{AdminError, Result};
 pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSource, RestoreEstimate, DEFAULT_RESTORE_RATE};
 pub use import::{import_snapshot, ImportReport};
 pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, StorePartitionReport};
@@ -43,7 +48,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::store::engine::{Checkpoint, ReadOnlyDb};
-use crate::error::{Error, Result};
+use crate::error::Error;
 
 /// The admin consumer: librdkafka's errors (authentication, TLS, refused
 /// connections) arrive through the context's callback, not with the
@@ -133,11 +138,11 @@ impl Kafka {
             ("enable.partition.eof", "true"),
             ("auto.offset.reset", "earliest"),
         ]);
-        config.create_with_context(AdminContext::default()).map_err(|e| match e {
+        Ok(config.create_with_context(AdminContext::default()).map_err(|e| match e {
             KafkaError::ClientCreation(msg) => Error::Config(format!("Kafka client properties: {msg}")),
             KafkaError::ClientConfig(_, msg, _, _) => Error::Config(format!("Kafka client properties: {msg}")),
             other => Error::Kafka(other),
-        })
+        })?)
     }
 
     /// The topic's `delete.retention.ms`, if the brokers tell it.
@@ -171,7 +176,7 @@ impl Kafka {
     pub(crate) fn partitions(&self, consumer: &BaseConsumer, topic: &str) -> Result<Option<i32>> {
         let md = consumer.fetch_metadata(Some(topic), self.timeout).map_err(|e| self.unreachable(consumer, e))?;
         if md.brokers().is_empty() {
-            return Err(self.unreachable(consumer, "the cluster reported no brokers"));
+            return Err(self.unreachable(consumer, "the cluster reported no brokers").into());
         }
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { return Ok(None) };
         match t.error() {
@@ -179,7 +184,7 @@ impl Kafka {
             Some(e) if rdkafka::types::RDKafkaErrorCode::from(e) == rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition => {
                 Ok(None)
             }
-            Some(e) => Err(Error::Changelog {
+            Some(e) => Err(AdminError::Changelog {
                 topic: topic.to_string(),
                 detail: format!("metadata error {:?}", rdkafka::types::RDKafkaErrorCode::from(e)),
             }),
@@ -190,12 +195,12 @@ impl Kafka {
     /// watermarks.
     pub(crate) fn watermarks(&self, consumer: &BaseConsumer, topic: &str, partition: i32) -> Result<(i64, i64)> {
         match self.partitions(consumer, topic)? {
-            None => Err(Error::Changelog { topic: topic.to_string(), detail: "topic does not exist".into() }),
-            Some(n) if partition >= n => Err(Error::Changelog {
+            None => Err(AdminError::Changelog { topic: topic.to_string(), detail: "topic does not exist".into() }),
+            Some(n) if partition >= n => Err(AdminError::Changelog {
                 topic: topic.to_string(),
                 detail: format!("has {n} partitions, no partition {partition}"),
             }),
-            Some(_) => consumer.fetch_watermarks(topic, partition, self.timeout).map_err(|e| self.unreachable(consumer, e)),
+            Some(_) => consumer.fetch_watermarks(topic, partition, self.timeout).map_err(|e| self.unreachable(consumer, e).into()),
         }
     }
 
@@ -215,15 +220,15 @@ impl Kafka {
             return Ok(());
         }
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(from))?;
-        consumer.assign(&tpl)?;
+        tpl.add_partition_offset(topic, partition, Offset::Offset(from)).map_err(Error::from)?;
+        consumer.assign(&tpl).map_err(Error::from)?;
         let started = Instant::now();
         let mut last = from - 1;
         let mut last_error = None;
         let result = loop {
             if started.elapsed() > self.read_timeout {
                 let error = last_error.as_ref().map_or(String::new(), |e| format!("; last error: {e}"));
-                break Err(Error::Changelog {
+                break Err(AdminError::Changelog {
                     topic: topic.to_string(),
                     detail: format!(
                         "reading partition {partition} timed out after {:?} at offset {} of [{from}, {high}){error}",
@@ -249,7 +254,7 @@ impl Kafka {
                     tracing::debug!(topic, partition, error = %e, "changelog read error; retrying");
                     last_error = Some(e.to_string());
                 }
-                Some(Err(e)) => break Err(e.into()),
+                Some(Err(e)) => break Err(Error::from(e).into()),
                 None => {
                     if let Ok(pos) = consumer.position() {
                         if let Some(Offset::Offset(o)) = pos.find_partition(topic, partition).map(|e| e.offset()) {
@@ -276,11 +281,11 @@ pub(crate) fn valid_name(name: &str) -> bool {
 /// `<state_dir>/<app>`, checked to exist.
 pub(crate) fn app_dir(state_dir: &Path, app: &str) -> Result<PathBuf> {
     if !state_dir.is_dir() {
-        return Err(Error::StateDirMissing(state_dir.to_path_buf()));
+        return Err(AdminError::StateDirMissing(state_dir.to_path_buf()));
     }
     let dir = state_dir.join(app);
     if !valid_name(app) || !dir.is_dir() {
-        return Err(Error::StateNotFound {
+        return Err(AdminError::StateNotFound {
             what: format!("application `{app}`"),
             path: dir,
             available: subdirs(state_dir),
@@ -294,7 +299,7 @@ pub(crate) fn store_partition_dir(state_dir: &Path, app: &str, store: &str, part
     let app_dir = app_dir(state_dir, app)?;
     let store_dir = app_dir.join(store);
     if !valid_name(store) || !store_dir.is_dir() {
-        return Err(Error::StateNotFound {
+        return Err(AdminError::StateNotFound {
             what: format!("store `{store}` of application `{app}`"),
             path: store_dir,
             available: stores_of(&app_dir),
@@ -302,7 +307,7 @@ pub(crate) fn store_partition_dir(state_dir: &Path, app: &str, store: &str, part
     }
     let dir = store_dir.join(partition.to_string());
     if !dir.is_dir() {
-        return Err(Error::StateNotFound {
+        return Err(AdminError::StateNotFound {
             what: format!("partition {partition} of store `{store}`"),
             path: dir,
             available: partitions_of(&store_dir).iter().map(i32::to_string).collect(),
@@ -351,7 +356,7 @@ impl Scratch {
             crate::store::engine::now_ms(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        std::fs::create_dir_all(&path).map_err(|e| AdminError::io(&path, e))?;
         Ok(Scratch(path))
     }
 
@@ -383,7 +388,7 @@ impl ReadOnly {
     /// Opens the database at `db_path`.
     pub(crate) fn open_db(db_path: &Path) -> Result<ReadOnly> {
         if !db_path.join("CURRENT").is_file() {
-            return Err(Error::Admin(format!("`{}` holds no RocksDB database", db_path.display())));
+            return Err(AdminError::Admin(format!("`{}` holds no RocksDB database", db_path.display())));
         }
         let scratch = Scratch::new("secondary")?;
         let db = ReadOnlyDb::open(db_path, scratch.path())?;
@@ -405,7 +410,7 @@ impl ReadOnly {
         match self.db.checkpoint()? {
             Checkpoint::None => Ok(None),
             Checkpoint::At(c) => Ok(Some(c)),
-            Checkpoint::Corrupt(why) => Err(Error::Admin(format!("`{}`: {why}", what.display()))),
+            Checkpoint::Corrupt(why) => Err(AdminError::Admin(format!("`{}`: {why}", what.display()))),
         }
     }
 }
@@ -449,16 +454,16 @@ mod tests {
     #[test]
     fn missing_state_dir_and_unknown_names_are_typed_errors() {
         let dir = std::env::temp_dir().join("kstate-admin-test-does-not-exist");
-        assert!(matches!(app_dir(&dir, "a"), Err(Error::StateDirMissing(_))));
+        assert!(matches!(app_dir(&dir, "a"), Err(AdminError::StateDirMissing(_))));
         let scratch = Scratch::new("test").unwrap();
         std::fs::create_dir_all(scratch.path().join("app/s/0")).unwrap();
-        assert!(matches!(app_dir(scratch.path(), "b"), Err(Error::StateNotFound { .. })));
+        assert!(matches!(app_dir(scratch.path(), "b"), Err(AdminError::StateNotFound { .. })));
         // Names that would reach outside the state dir (`wipe --app ..`).
         for name in ["..", ".", "app/s", ""] {
-            assert!(matches!(app_dir(&scratch.path().join("app"), name), Err(Error::StateNotFound { .. })), "{name}");
-            assert!(matches!(store_partition_dir(scratch.path(), "app", name, 0), Err(Error::StateNotFound { .. })), "{name}");
+            assert!(matches!(app_dir(&scratch.path().join("app"), name), Err(AdminError::StateNotFound { .. })), "{name}");
+            assert!(matches!(store_partition_dir(scratch.path(), "app", name, 0), Err(AdminError::StateNotFound { .. })), "{name}");
         }
-        assert!(matches!(store_partition_dir(scratch.path(), "app", "t", 0), Err(Error::StateNotFound { .. })));
+        assert!(matches!(store_partition_dir(scratch.path(), "app", "t", 0), Err(AdminError::StateNotFound { .. })));
         let e = store_partition_dir(scratch.path(), "app", "s", 1).unwrap_err();
         assert!(e.to_string().contains("found: 0"), "{e}");
         assert!(store_partition_dir(scratch.path(), "app", "s", 0).is_ok());

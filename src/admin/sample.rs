@@ -6,8 +6,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{escape_bytes, store_partition_dir, ReadOnly};
-use crate::error::Result;
+use super::{escape_bytes, store_partition_dir, ReadOnly, Result};
 
 /// Distinct prefixes counted one by one; keys of further prefixes are
 /// counted together (`other_prefix_keys`), bounding memory.

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{dir_bytes, store_partition_dir};
+use super::{dir_bytes, store_partition_dir, AdminError, Result};
 use crate::store::engine::{Checkpoint, Engine, EngineResources};
-use crate::error::{Error, Result};
 use crate::store::lock::DirLock;
 
 /// The file in a snapshot directory that describes it.
@@ -52,18 +51,18 @@ pub struct SnapshotReport {
 pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: &Path) -> Result<SnapshotReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
     if dest.exists() {
-        return Err(Error::TargetNotEmpty { path: dest.to_path_buf(), detail: "already exists; a snapshot needs a new directory".into() });
+        return Err(AdminError::TargetNotEmpty { path: dest.to_path_buf(), detail: "already exists; a snapshot needs a new directory".into() });
     }
     let db_dir = dir.join("db");
     if !db_dir.join("CURRENT").is_file() {
-        return Err(Error::Admin(format!("`{}` holds no RocksDB database", db_dir.display())));
+        return Err(AdminError::Admin(format!("`{}` holds no RocksDB database", db_dir.display())));
     }
     let _lock = DirLock::acquire(&dir, Duration::ZERO)?;
     let engine = Engine::open(&db_dir, &EngineResources::new(8 << 20, 4 << 20))?;
     let checkpoint = match engine.checkpoint()? {
         Checkpoint::None => None,
         Checkpoint::At(c) => Some(c),
-        Checkpoint::Corrupt(why) => return Err(Error::Admin(format!("`{}`: {why}; no snapshot taken", db_dir.display()))),
+        Checkpoint::Corrupt(why) => return Err(AdminError::Admin(format!("`{}`: {why}; no snapshot taken", db_dir.display()))),
     };
     let manifest = SnapshotManifest {
         application_id: app.to_string(),
@@ -79,18 +78,18 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
     // created `dest` since the check above (whose files the cleanup below
     // would otherwise delete).
     if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        std::fs::create_dir_all(parent).map_err(|e| AdminError::io(parent, e))?;
     }
     std::fs::create_dir(dest).map_err(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => {
-            Error::TargetNotEmpty { path: dest.to_path_buf(), detail: "already exists; a snapshot needs a new directory".into() }
+            AdminError::TargetNotEmpty { path: dest.to_path_buf(), detail: "already exists; a snapshot needs a new directory".into() }
         }
-        _ => Error::io(dest, e),
+        _ => AdminError::io(dest, e),
     })?;
-    let written = engine.create_checkpoint(&dest.join("db")).and_then(|()| {
+    let written = engine.create_checkpoint(&dest.join("db")).map_err(AdminError::from).and_then(|()| {
         let path = dest.join(SNAPSHOT_MANIFEST);
-        let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Admin(e.to_string()))?;
-        std::fs::write(&path, json).map_err(|e| Error::io(path, e))
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|e| AdminError::Admin(e.to_string()))?;
+        std::fs::write(&path, json).map_err(|e| AdminError::io(path, e))
     });
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(dest);

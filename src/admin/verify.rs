@@ -5,8 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{escape_bytes, escape_cut, store_partition_dir, Kafka, ReadOnly};
-use crate::error::{Error, Result};
+use super::{escape_bytes, escape_cut, store_partition_dir, AdminError, Kafka, ReadOnly, Result};
 
 /// Keys listed per kind of difference (the counts are exact).
 pub const MAX_LISTED: usize = 100;
@@ -118,7 +117,7 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
     let (low, high) = kafka.watermarks(&consumer, &topic, partition)?;
     let c = checkpoint.unwrap_or(-1);
     if c >= high {
-        return Err(Error::Changelog {
+        return Err(AdminError::Changelog {
             topic,
             detail: format!(
                 "partition {partition}: the store's checkpoint {c} is past the changelog's end offset {high} \

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{app_dir, dir_bytes, partitions_of, stores_of};
-use crate::error::{Error, Result};
+use super::{app_dir, dir_bytes, partitions_of, stores_of, AdminError, Result};
 use crate::store::lock::DirLock;
 
 /// One store partition directory deleted.
@@ -46,7 +45,7 @@ pub fn wipe(state_dir: &Path, app: &str, partition: i32, store: Option<&str>) ->
             let found: Vec<String> =
                 stores_of(&app_dir).into_iter().filter(|s| partitions_of(&app_dir.join(s)).contains(&partition)).collect();
             if found.is_empty() {
-                return Err(Error::StateNotFound {
+                return Err(AdminError::StateNotFound {
                     what: format!("local state of partition {partition} of application `{app}`"),
                     path: app_dir.join("*").join(partition.to_string()),
                     available: stores_of(&app_dir)
@@ -69,7 +68,7 @@ pub fn wipe(state_dir: &Path, app: &str, partition: i32, store: Option<&str>) ->
     let mut deleted = Vec::new();
     for (store, dir) in dirs {
         let bytes = dir_bytes(&dir);
-        std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        std::fs::remove_dir_all(&dir).map_err(|e| AdminError::io(&dir, e))?;
         deleted.push(WipedStore { store, path: dir, bytes });
     }
     drop(locks);

@@ -133,7 +133,7 @@ pub enum Error {
         partition: i32,
         /// The producer's error.
         #[source]
-        source: rdkafka::error::KafkaError,
+        source: ClientError,
     },
 
     /// An output record could not be delivered (unknown topic, record too
@@ -148,7 +148,7 @@ pub enum Error {
         partition: Option<i32>,
         /// The producer's error.
         #[source]
-        source: rdkafka::error::KafkaError,
+        source: ClientError,
     },
 
     /// Records this member did not write appeared in a changelog partition it
@@ -257,11 +257,11 @@ pub enum Error {
 
     /// An error from the Kafka client.
     #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    Kafka(#[source] ClientError),
 
     /// An error from RocksDB.
     #[error("rocksdb: {0}")]
-    RocksDb(#[from] rocksdb::Error),
+    RocksDb(#[source] StorageError),
 
     /// A file-system error.
     #[error("i/o on `{path}`: {source}")]
@@ -278,6 +278,82 @@ pub enum Error {
     ShuttingDown,
 }
 
+/// An error of the Kafka client library (librdkafka through rdkafka).
+///
+/// kstate's own type, so that an upgrade of the client crate is not a
+/// breaking change of kstate's API: it displays the client's message, and
+/// [`std::error::Error::source`] goes on with the client's own cause.
+#[derive(Debug)]
+pub struct ClientError(rdkafka::error::KafkaError);
+
+impl ClientError {
+    pub(crate) fn new(error: rdkafka::error::KafkaError) -> Self {
+        ClientError(error)
+    }
+
+    /// The client's error, for kstate's own decisions.
+    pub(crate) fn inner(&self) -> &rdkafka::error::KafkaError {
+        &self.0
+    }
+
+    /// librdkafka's name of the error code, e.g. `"MessageTimedOut"` or
+    /// `"TopicAuthorizationFailed"`, if the error carries one.
+    pub fn code(&self) -> Option<String> {
+        self.0.rdkafka_error_code().map(|c| format!("{c:?}"))
+    }
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// An error of the storage engine (RocksDB through rust-rocksdb).
+///
+/// kstate's own type, like [`ClientError`]: it displays RocksDB's message.
+#[derive(Debug)]
+pub struct StorageError(rocksdb::Error);
+
+impl StorageError {
+    /// Whether RocksDB found its files corrupt (kstate then restores the
+    /// store from its changelog).
+    pub fn is_corruption(&self) -> bool {
+        self.0.kind() == rocksdb::ErrorKind::Corruption
+    }
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StorageError {}
+
+// Conversions for `?` inside the crate. They are trait impls and so visible
+// to users, but hidden from the docs: users never hold these foreign errors
+// for kstate's sake.
+#[doc(hidden)]
+impl From<rdkafka::error::KafkaError> for Error {
+    fn from(e: rdkafka::error::KafkaError) -> Self {
+        Error::Kafka(ClientError(e))
+    }
+}
+
+#[doc(hidden)]
+impl From<rocksdb::Error> for Error {
+    fn from(e: rocksdb::Error) -> Self {
+        Error::RocksDb(StorageError(e))
+    }
+}
+
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
@@ -288,5 +364,26 @@ impl Error {
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
         Error::Codec { codec, source: source.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn client_errors_read_as_the_clients_own_and_name_their_code() {
+        let raw = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+        let text = raw.to_string();
+        let e = Error::from(raw);
+        assert_eq!(e.to_string(), format!("kafka: {text}"));
+        let Error::Kafka(client) = &e else { panic!("expected Error::Kafka, got {e:?}") };
+        assert_eq!(client.to_string(), text);
+        assert_eq!(client.code().as_deref(), Some("MessageTimedOut"));
+        assert!(matches!(client.inner(), KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)));
+        let source = std::error::Error::source(&e).expect("the client error is the source");
+        assert_eq!(source.to_string(), text);
     }
 }

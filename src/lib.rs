@@ -83,7 +83,7 @@ pub use app::{App, AppBuilder};
 pub use assignment::AssignmentStrategy;
 pub use config::{ProcessingDecision, ProcessingGuarantee, StoreDefinition};
 pub use context::ProcessorContext;
-pub use error::{Error, Result};
+pub use error::{ClientError, Error, Result, StorageError};
 pub use kafka::changelog_topic;
 pub use output::Output;
 pub use record::{Headers, Record, TimestampType};

@@ -141,7 +141,7 @@ impl Kafka {
         Ok(config.create_with_context(AdminContext::default()).map_err(|e| match e {
             KafkaError::ClientCreation(msg) => Error::Config(format!("Kafka client properties: {msg}")),
             KafkaError::ClientConfig(_, msg, _, _) => Error::Config(format!("Kafka client properties: {msg}")),
-            other => Error::Kafka(other),
+            other => Error::from(other),
         })?)
     }
 

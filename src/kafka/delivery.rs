@@ -11,7 +11,7 @@ use rdkafka::message::DeliveryResult;
 use rdkafka::producer::ProducerContext;
 use rdkafka::{ClientContext, Message};
 
-use crate::error::{Error, Result};
+use crate::error::{ClientError, Error, Result};
 
 /// Delivery bookkeeping of one changelog partition.
 ///
@@ -56,7 +56,7 @@ impl DeliveryTracker {
             return Err(Error::ChangelogDelivery {
                 topic: self.topic.clone(),
                 partition: self.partition,
-                source: e,
+                source: ClientError::new(e),
             });
         }
         if self.delivered.load(Ordering::Acquire) != self.sent.0.load(Ordering::Acquire) {
@@ -71,7 +71,7 @@ impl DeliveryTracker {
     pub(crate) fn settle_outputs(&self) -> Result<()> {
         match self.failure.lock().expect("tracker lock").clone() {
             Some((source, topic, partition)) => {
-                Err(Error::OutputDelivery { topic, partition: (partition >= 0).then_some(partition), source })
+                Err(Error::OutputDelivery { topic, partition: (partition >= 0).then_some(partition), source: ClientError::new(source) })
             }
             None => Ok(()),
         }

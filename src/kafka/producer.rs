@@ -17,7 +17,7 @@ use rdkafka::types::RDKafkaRespErr;
 
 use super::delivery::{DeliveryContext, DeliveryTracker, Padded};
 use super::transaction::{dooms_transaction_only, Transactions};
-use crate::error::{Error, Result};
+use crate::error::{ClientError, Error, Result};
 
 /// Room left for record-batch and record headers when checking a record's
 /// size against the changelog's `max.message.bytes`.
@@ -184,7 +184,7 @@ impl ChangelogProducer {
             return Err(Error::ChangelogDelivery {
                 topic: tracker.topic.clone(),
                 partition: tracker.partition,
-                source: KafkaError::MessageProduction(RDKafkaErrorCode::from(rest[first].err)),
+                source: ClientError::new(KafkaError::MessageProduction(RDKafkaErrorCode::from(rest[first].err))),
             });
         }
     }
@@ -260,7 +260,7 @@ impl ChangelogProducer {
             if f.is_none() {
                 *f = Some((refused.clone(), out.topic.to_string(), out.partition.unwrap_or(-1)));
             }
-            return Err(Error::OutputDelivery { topic: out.topic.to_string(), partition: out.partition, source: refused });
+            return Err(Error::OutputDelivery { topic: out.topic.to_string(), partition: out.partition, source: ClientError::new(refused) });
         }
     }
 
@@ -293,7 +293,7 @@ impl ChangelogProducer {
             return Err(Error::ChangelogDelivery {
                 topic: topic.to_string(),
                 partition: -1,
-                source: KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic),
+                source: ClientError::new(KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic)),
             });
         }
         topics.insert(topic.to_string(), TopicHandle(rkt));

@@ -150,7 +150,7 @@ pub(crate) fn topic_partitions(
     match t.error() {
         None => Ok(Some(t.partitions().len() as i32)),
         Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(None),
-        Some(e) => Err(Error::Kafka(KafkaError::MetadataFetch(e.into()))),
+        Some(e) => Err(Error::from(KafkaError::MetadataFetch(e.into()))),
     }
 }
 

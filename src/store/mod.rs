@@ -201,13 +201,13 @@ impl KeyValueStore {
                     (Self::reopen_empty(&db_dir, args.resources)?, Some(why))
                 }
                 Ok(_) => (e, None),
-                Err(Error::RocksDb(err)) if err.kind() == rocksdb::ErrorKind::Corruption => {
+                Err(Error::RocksDb(err)) if err.is_corruption() => {
                     drop(e);
                     (Self::reopen_empty(&db_dir, args.resources)?, Some(format!("checkpoint unreadable: {err}")))
                 }
                 Err(err) => return Err(err),
             },
-            Err(Error::RocksDb(err)) if err.kind() == rocksdb::ErrorKind::Corruption => (
+            Err(Error::RocksDb(err)) if err.is_corruption() => (
                 Self::reopen_empty(&db_dir, args.resources)?,
                 Some(format!("local store unreadable: {err}")),
             ),

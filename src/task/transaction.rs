@@ -46,7 +46,7 @@ impl From<Error> for TxnFailure {
             // Timed out while frozen or while the brokers were away, or the
             // producer fenced: only this transaction is lost.
             Error::ChangelogDelivery { source, .. } | Error::OutputDelivery { source, .. } => {
-                !crate::kafka::dooms_transaction_only(source)
+                !crate::kafka::dooms_transaction_only(source.inner())
             }
             Error::CommitTimeout(_) | Error::RecordTooLarge { .. } => true,
             _ => false,

@@ -37,9 +37,9 @@
 //! `acceptable_recovery_lag`, `max_warmup_replicas` and
 //! `probing_rebalance_interval` (kstate's defaults when absent).
 //!
-//! It stops cleanly when its stdin closes. `load` produces `--rate`
-//! records/s (new keys, 100-byte values, round robin over the partitions)
-//! until its stdin closes.
+//! It stops cleanly when its stdin closes, or on Ctrl-C or SIGTERM. `load`
+//! produces `--rate` records/s (new keys, 100-byte values, round robin over
+//! the partitions) until its stdin closes or either signal arrives.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
@@ -52,6 +52,7 @@ use kstate::{App, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
 use metrics::{Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tokio::signal::unix::{signal, SignalKind};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -228,6 +229,8 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
     };
     let app = app.build()?;
     let stop = app.shutdown_handle();
+    let on_term = stop.clone();
+    on_signal(move || on_term.shutdown());
     on_stdin_close(move || stop.shutdown());
 
     // partition -> (last offset, when processed (ms), record timestamp (ms))
@@ -295,7 +298,8 @@ fn load(o: &Opts) -> Result<(), BoxError> {
         .set("enable.idempotence", "true")
         .create()?;
     let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
+    let (flag, on_term) = (stop.clone(), stop.clone());
+    on_signal(move || on_term.store(true, Ordering::Relaxed));
     on_stdin_close(move || flag.store(true, Ordering::Relaxed));
     let nonce = now_ms();
     let value = [b'l'; 100];
@@ -319,4 +323,22 @@ fn load(o: &Opts) -> Result<(), BoxError> {
     producer.flush(Duration::from_secs(10))?;
     eprintln!("load: sent {sent} records in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
+/// sends): the app then stops cleanly (a final commit, stores closed).
+fn on_signal(stop: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
+        let signalled = rt.block_on(async {
+            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
+            tokio::select! {
+                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
+                terminated = term.recv() => terminated.is_some(),
+            }
+        });
+        if signalled {
+            stop();
+        }
+    });
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! bash testing/kafka.sh start          # or any broker; set KSTATE_BOOTSTRAP
-//! cargo run --example prometheus       # runs until Ctrl-C
+//! cargo run --example prometheus       # runs until Ctrl-C or SIGTERM
 //! curl -s http://127.0.0.1:9898/metrics | grep '^kstate_'
 //! ```
 //!
@@ -15,7 +15,7 @@
 //! - `KSTATE_EXAMPLE_RATE`: input records per second the background
 //!   producer writes (default 200; 0 writes nothing);
 //! - `KSTATE_EXAMPLE_SECONDS`: stop after this many seconds (default: run
-//!   until Ctrl-C).
+//!   until Ctrl-C or SIGTERM).
 //!
 //! A minimal `prometheus.yml` to scrape it:
 //!
@@ -37,8 +37,8 @@
 //! `kstate_task_move_seconds`) are rendered with explicit buckets, so
 //! Grafana can take `histogram_quantile` over their `_bucket` series (without
 //! buckets the exporter renders summaries, which cannot be aggregated across
-//! instances). RocksDB and disk gauges are refreshed every 10 s after a
-//! commit, so they appear a little after the first records are processed.
+//! instances). Disk gauges are set at start and every 10 s; RocksDB gauges
+//! every 10 s while the app runs, so they appear a little after it starts.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +52,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tokio::signal::unix::{signal, SignalKind};
 
 const TOPIC: &str = "kstate-example-metrics-words";
 const WORDS: [&str; 12] =
@@ -92,14 +93,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let stop = app.shutdown_handle();
 
-    // Ctrl-C stops the app cleanly (a final commit, stores closed).
-    let on_signal = stop.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
-        if rt.block_on(tokio::signal::ctrl_c()).is_ok() {
-            on_signal.shutdown();
-        }
-    });
+    // Ctrl-C or SIGTERM stops the app cleanly (a final commit, stores closed).
+    let on_term = stop.clone();
+    on_signal(move || on_term.shutdown());
     if let Some(run_for) = run_for {
         let on_timer = stop.clone();
         std::thread::spawn(move || {
@@ -158,4 +154,22 @@ fn feed(bootstrap: &str, rate: u64, producing: &AtomicBool) -> Result<(), rdkafk
         i += 1;
     }
     producer.flush(Duration::from_secs(10))
+}
+
+/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
+/// sends): the app then stops cleanly (a final commit, stores closed).
+fn on_signal(stop: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
+        let signalled = rt.block_on(async {
+            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
+            tokio::select! {
+                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
+                terminated = term.recv() => terminated.is_some(),
+            }
+        });
+        if signalled {
+            stop();
+        }
+    });
 }

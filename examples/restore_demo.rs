@@ -16,10 +16,12 @@
 //! KSTATE_DEMO_KEEP=1 bash testing/demo.sh   # ... and keeps the state dirs for `kstate inspect`
 //! cargo run --release --example restore_demo   # against KSTATE_BOOTSTRAP
 //! ```
+//!
+//! Ctrl-C or SIGTERM stops the running application cleanly and ends the demo.
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,8 +30,19 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tokio::signal::unix::{signal, SignalKind};
 
 const PARTITIONS: i32 = 4;
+
+/// Set by Ctrl-C or SIGTERM: the running application stops and the demo ends.
+static STOPPED: AtomicBool = AtomicBool::new(false);
+
+fn stopped_by_signal() -> Result<(), BoxError> {
+    if STOPPED.load(Ordering::Relaxed) {
+        return Err("stopped by a signal".into());
+    }
+    Ok(())
+}
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -41,6 +54,7 @@ fn main() -> Result<(), BoxError> {
         let total: u64 = args[4].parse()?;
         return child(&bootstrap, &args[2], Path::new(&args[3]), total);
     }
+    on_signal(|| STOPPED.store(true, Ordering::Relaxed));
     let records: u64 = std::env::var("KSTATE_DEMO_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
     let run_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let app_id = format!("kstate-restore-demo-{run_id}");
@@ -55,6 +69,7 @@ fn main() -> Result<(), BoxError> {
     let status = Command::new(std::env::current_exe()?)
         .args(["--child", &app_id, &state.display().to_string(), &records.to_string()])
         .status()?;
+    stopped_by_signal()?;
     println!(
         "child processed the input and crashed ({status}) after {:.2}s",
         started.elapsed().as_secs_f64()
@@ -98,7 +113,10 @@ fn app(bootstrap: &str, app_id: &str, state: &Path) -> kstate::AppBuilder {
 /// Stores the latest value per key, then aborts once everything was processed.
 fn child(bootstrap: &str, app_id: &str, state: &Path, total: u64) -> Result<(), BoxError> {
     let seen = AtomicU64::new(0);
-    app(bootstrap, app_id, state).build()?.run(move |ctx, rec| {
+    let app = app(bootstrap, app_id, state).build()?;
+    let stop = app.shutdown_handle();
+    on_signal(move || stop.shutdown());
+    app.run(move |ctx, rec| {
         ctx.store("latest")?.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())?;
         let n = seen.fetch_add(1, Ordering::Relaxed) + 1;
         // Stretch the work over several commit intervals (~1 s), so the
@@ -182,7 +200,8 @@ fn run_until(
         if running_at.is_none() && totals.0.lock().unwrap().len() >= PARTITIONS as usize {
             running_at = Some(started.elapsed().as_secs_f64());
         }
-        if (running_at.is_some() && done()) || runner.is_finished() || started.elapsed() > Duration::from_secs(600) {
+        let stopped = STOPPED.load(Ordering::Relaxed);
+        if (running_at.is_some() && done()) || stopped || runner.is_finished() || started.elapsed() > Duration::from_secs(600) {
             break;
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -191,6 +210,7 @@ fn run_until(
     let to_running_seconds = running_at.unwrap_or(done_seconds);
     stop.shutdown();
     runner.join().expect("runtime thread")?;
+    stopped_by_signal()?;
     let ends = totals.0.lock().unwrap();
     Ok(Restored {
         records: ends.iter().map(|e| e.records).sum(),
@@ -240,4 +260,22 @@ fn produce_input(bootstrap: &str, topic: &str, records: u64) -> Result<(), BoxEr
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())
+}
+
+/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
+/// sends): the app then stops cleanly (a final commit, stores closed).
+fn on_signal(stop: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
+        let signalled = rt.block_on(async {
+            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
+            tokio::select! {
+                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
+                terminated = term.recv() => terminated.is_some(),
+            }
+        });
+        if signalled {
+            stop();
+        }
+    });
 }

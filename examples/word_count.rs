@@ -5,7 +5,9 @@
 //! bash testing/kafka.sh start          # or any broker; set KSTATE_BOOTSTRAP
 //! cargo run --example word_count
 //! ```
-//! Run it twice: the second run continues from the stored counts.
+//! Run it twice: the second run continues from the stored counts. It stops
+//! by itself once this run's lines are counted, or cleanly on Ctrl-C or
+//! SIGTERM.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use tokio::signal::unix::{signal, SignalKind};
 
 const TOPIC: &str = "kstate-example-words";
 
@@ -50,6 +53,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Stop once this run's lines were counted (a real service runs until told to stop).
     let seen = Arc::new(AtomicUsize::new(0));
     let stop = app.shutdown_handle();
+    let on_term = stop.clone();
+    on_signal(move || on_term.shutdown());
     let seen_in = seen.clone();
     app.run(move |ctx, record| {
         let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
@@ -66,4 +71,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     println!("counted {} lines; counts are committed and survive restarts", seen.load(Ordering::Relaxed));
     Ok(())
+}
+
+/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
+/// sends): the app then stops cleanly (a final commit, stores closed).
+fn on_signal(stop: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
+        let signalled = rt.block_on(async {
+            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
+            tokio::select! {
+                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
+                terminated = term.recv() => terminated.is_some(),
+            }
+        });
+        if signalled {
+            stop();
+        }
+    });
 }

@@ -266,12 +266,23 @@ impl AppBuilder {
         self
     }
 
-    /// A librdkafka setting for every client (e.g. `security.protocol`).
-    /// `group.id`, `bootstrap.servers`, `enable.auto.commit` and
-    /// `enable.idempotence` are kstate's own. Settings given here win over
-    /// the defaults kstate picks for its clients (e.g. the processing
-    /// consumer's `fetch.wait.max.ms=100`, the producer's `linger.ms=5`;
-    /// BENCHMARKS.md lists them all).
+    /// A librdkafka setting for every client (e.g. `security.protocol`);
+    /// the security settings apply to kstate's own group connections too,
+    /// and the group settings (`session.timeout.ms`,
+    /// `heartbeat.interval.ms`, `max.poll.interval.ms`,
+    /// `group.instance.id`) are read by kstate's membership (librdkafka's
+    /// consumers never see them). `group.id`,
+    /// `bootstrap.servers`, `enable.auto.commit`, `enable.idempotence`,
+    /// `transactional.id` and `transaction.timeout.ms` are kstate's own
+    /// ([`build`](Self::build) refuses them). Settings given here win over
+    /// the defaults kstate picks for its clients: the processing
+    /// consumer's `auto.offset.reset=earliest`, `fetch.wait.max.ms=100` and
+    /// `fetch.queue.backoff.ms=10`; the restore consumer's
+    /// `fetch.queue.backoff.ms=10`, `fetch.wait.max.ms=10`,
+    /// `queued.min.messages=500000`, `queued.max.messages.kbytes=16384` and
+    /// `max.partition.fetch.bytes=8388608`; the producer's `linger.ms=5`,
+    /// `batch.size=1000000`, `queue.buffering.max.messages=1000000` and
+    /// `partitioner=murmur2_random`.
     pub fn kafka_config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config.kafka_overrides.push((key.into(), value.into()));
         self
@@ -355,8 +366,9 @@ impl AppBuilder {
         self
     }
 
-    /// This instance's `host:port` for interactive queries (Kafka Streams'
-    /// `application.server`); published to the group.
+    /// This instance's `host:port` (Kafka Streams' `application.server`),
+    /// published in its group metadata. Nothing in kstate reads it yet:
+    /// there are no interactive queries.
     pub fn application_server(mut self, host_port: impl Into<String>) -> Self {
         self.config.application_server = Some(host_port.into());
         self

@@ -1,8 +1,8 @@
 //! Codecs turn typed keys and values into the bytes a store keeps.
 //!
 //! A store holds bytes; a [`TypedStore`](crate::TypedStore) puts a codec for
-//! the key and one for the value in front of it. Four codecs come with the
-//! crate: [`RawBytes`], [`Utf8`], [`Json`] and [`Prost`]. Write your own by
+//! the key and one for the value in front of it. Five codecs come with the
+//! crate: [`RawBytes`], [`Utf8`], [`U64Be`], [`Json`] and [`Prost`]. Write your own by
 //! implementing [`Codec`].
 //!
 //! ```

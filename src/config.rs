@@ -83,15 +83,19 @@ pub(crate) struct AppConfig {
 }
 
 /// What a crash can do to the effects of processing (Kafka Streams'
-/// `processing.guarantee`). See the README's "Guarantees" section.
+/// `processing.guarantee`). See the README's "Guarantees and the data-loss
+/// boundary".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ProcessingGuarantee {
     /// Each commit sends its changelog and output records, waits for their
     /// acknowledgements, lands the stores, then commits the input offsets.
-    /// After a crash the records since the last commit are processed
-    /// again: stores end up exact (they restore to their checkpoint), but
-    /// output records may be duplicated. Never lost.
+    /// After a crash the records past the last committed offsets are
+    /// processed again, on top of stores restored from the changelog,
+    /// which may already hold their writes: an idempotent update (a `put`
+    /// of a value derived from the input) ends the same, a counter may
+    /// count an input twice, and output records may be duplicated. Nothing
+    /// acknowledged is lost.
     #[default]
     AtLeastOnce,
     /// Each commit is one Kafka transaction holding its changelog records,

@@ -10,6 +10,33 @@
 //! is rebuilt by replaying its changelog from the checkpoint kept inside the
 //! same RocksDB instance.
 //!
+//! ```no_run
+//! use kstate::codec::{U64Be, Utf8};
+//! use kstate::{App, ProcessingGuarantee, StoreDefinition};
+//!
+//! fn main() -> Result<(), kstate::Error> {
+//!     let app = App::builder()
+//!         .application_id("word-counts") // group id and changelog prefix
+//!         .bootstrap_servers("127.0.0.1:9092")
+//!         .input_topic("words")
+//!         .state_dir("/var/lib/word-counts")
+//!         .store(StoreDefinition::new("counts"))
+//!         // A count is not idempotent: under at-least-once (the default) a
+//!         // crash can count an input twice; exactly-once counts it once.
+//!         .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+//!         .build()?;
+//!     // `app.shutdown_handle()` stops `run` cleanly from another thread.
+//!     app.run(|ctx, record| {
+//!         let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
+//!         for word in record.value_str().unwrap_or_default().split_whitespace() {
+//!             let n = counts.get(&word.to_string())?.unwrap_or(0);
+//!             counts.put(&word.to_string(), &(n + 1))?;
+//!         }
+//!         Ok::<(), kstate::Error>(())
+//!     })
+//! }
+//! ```
+//!
 //! ## Guarantees
 //!
 //! * **Local state is always a prefix of the changelog.** Writes since the
@@ -17,47 +44,56 @@
 //!   waits until it has acknowledged them, then writes them to RocksDB
 //!   together with the changelog offset in one atomic batch (on a background
 //!   thread, while processing continues and reads still see them), then
-//!   commits the input offsets.
+//!   commits the input offsets (under exactly-once the offsets are part of
+//!   the commit's transaction, before RocksDB is written).
 //!   RocksDB writes skip its write-ahead log (the changelog is the log): a
 //!   crash at any point leaves RocksDB at some committed checkpoint (its
-//!   last flush), and restart replays only the changelog tail past it.
-//! * **At-least-once processing** (the default). Records processed after
-//!   the last commit are processed again after a crash; their writes may
-//!   then appear twice in the changelog, which is harmless for idempotent
-//!   updates (`put` of a computed value). A crash in the middle of a commit
-//!   can leave part of its records (the first keys in key order) in the
-//!   changelog; a restart replays them, then reprocesses the commit's input.
-//!   Output records ([`ProcessorContext::send`]) are never lost, may be
-//!   duplicated.
+//!   last flush); a restart replays the changelog tail past it, then
+//!   processes again the input past the last committed offsets.
+//! * **At-least-once processing** (the default). Input past the last
+//!   committed offsets is processed again after a crash, and the restored
+//!   stores may already hold its writes: a commit whose changelog records
+//!   were acknowledged but whose offsets were not committed yet, or the
+//!   first keys (in key order) of a commit a crash cut short, are restored,
+//!   then their input is applied again. An idempotent update (a `put` of a
+//!   value derived from the input alone) ends the same; a counter may count
+//!   an input twice. Output records ([`ProcessorContext::send`]) are never
+//!   lost, may be duplicated.
 //! * **Exactly-once processing**
 //!   ([`ProcessingGuarantee::ExactlyOnce`]): each commit is one Kafka
 //!   transaction of its changelog records, output records and input offsets
 //!   (sent under the member's group generation); the stores land in RocksDB
 //!   only after it committed. After a crash, a rebalance or a zombie
 //!   instance, every input's effect is in the stores and in the outputs
-//!   exactly once for `read_committed` readers. The data-loss
-//!   boundary is the changelog itself: what the brokers acknowledged
-//!   (`acks=all`) survives; a changelog topic deleted or truncated behind
-//!   kstate's back is detected (by its offsets or its new topic id) and
-//!   leads to a full restore of what remains.
+//!   exactly once for `read_committed` readers.
+//! * **The data-loss boundary is the changelog**: what the brokers
+//!   acknowledged (`acks=all`) survives the loss of local state. A changelog
+//!   topic deleted and recreated, or records deleted past a store's
+//!   checkpoint, is detected (by its new topic id or its offsets) and leads
+//!   to a full restore of what remains; records deleted from the start of a
+//!   changelog that a local store already covers are not (startup warns,
+//!   `kstate verify` finds the difference).
 //! * **Faults stay small.** A rebalance that refuses an offset commit, or a
 //!   broker or group coordinator that is away for a while (up to
 //!   `task_timeout`), does not stop the application; a fault of one task's
 //!   store (another writer in its changelog, a failed restore, a RocksDB
-//!   error) re-initialises that task only. See README's "What happens when".
+//!   error) re-initialises that task only (under exactly-once, while a
+//!   transaction is open, every running task: they share it). See README's
+//!   "What happens when".
 //!
 //! ## Layout
 //!
 //! | module | concept |
 //! |---|---|
 //! | [`App`], [`AppBuilder`] | configuring and running an application |
-//! | [`ProcessorContext`], [`Record`] | what the processing function sees |
+//! | [`ProcessorContext`], [`Record`], [`Output`] | what the processing function sees and sends |
 //! | [`KeyValueStore`], [`TypedStore`], [`codec`] | stores and typed access |
 //! | [`restore`] | restore listener and events |
 //! | [`metrics`] | metric names |
 //! | [`admin`] | operator tooling behind the `kstate` CLI: inspect, sample, verify, estimate restores, snapshot, import, wipe |
 //!
-//! See `examples/` for a word counter and a crash/restore demo.
+//! See `examples/` for a word counter, a crash/restore demo, a Prometheus
+//! exporter and the failover benchmark's instance.
 
 #![warn(missing_docs)]
 

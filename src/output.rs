@@ -4,8 +4,10 @@
 //! Outputs go through kstate's producer (idempotent, `acks=all`) as soon
 //! as the processor sends them. A commit waits until every output sent
 //! before it was acknowledged, then commits the input offsets: after a
-//! crash the records since the last commit are processed again and their
-//! outputs sent again (duplicates are possible, loss is not: at-least-once).
+//! crash the records past the last committed offsets are processed again
+//! and their outputs sent again (duplicates are possible, loss is not:
+//! at-least-once). Under exactly-once they are part of the commit's
+//! transaction.
 
 
 

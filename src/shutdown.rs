@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Stops a running [`App`]; cheap to clone and send.
+/// Stops a running [`App`](crate::App); cheap to clone and send.
 #[derive(Clone, Default, Debug)]
 pub struct ShutdownHandle(Arc<AtomicBool>);
 

@@ -1,6 +1,6 @@
 //! Availability: instances joining and leaving, a broker restart, one
 //! task's fault or a held directory lock never stop the application, and
-//! nothing is lost (DESIGN.md §3a).
+//! nothing is lost (docs/architecture.md §3a).
 //!
 //! The multi-instance test runs each instance as a child process: this test
 //! binary started again with `child_instance` and its settings in

@@ -1,6 +1,6 @@
 //! How kstate reacts to a failure: which Kafka errors mean "the group moved
 //! on", which are worth retrying, and how long retrying may go on
-//! (DESIGN.md §3a: a fault is handled at the smallest unit it touches).
+//! (docs/architecture.md §3a: a fault is handled at the smallest unit it touches).
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! kstate's own membership in the application's consumer group (DESIGN.md
+//! kstate's own membership in the application's consumer group (docs/architecture.md
 //! §3): the classic group protocol spoken with the `kafka-protocol` codec
 //! over connections of kstate's own, so that the leader can run kstate's
 //! state-aware assignor and tell members their standby tasks.

@@ -1,4 +1,4 @@
-//! Offset commits under the member's generation (DESIGN.md §3): the
+//! Offset commits under the member's generation (docs/architecture.md §3): the
 //! coordinator accepts them only from a current member of the current
 //! generation, so a fenced member (a zombie) cannot commit.
 

@@ -4,7 +4,7 @@
 //! `default` holds the store's data, `kstate_meta` holds the changelog
 //! checkpoint. Data and checkpoint are only ever written together in one
 //! `WriteBatch`, so the database always reflects exactly the changelog prefix
-//! `[0, checkpoint]` (DESIGN.md §1).
+//! `[0, checkpoint]` (docs/architecture.md §1).
 //!
 //! Every write skips RocksDB's WAL: the changelog is the log. `atomic_flush`
 //! keeps both column families flushed together, so a crash (which loses the

@@ -2,7 +2,7 @@
 //! uncommitted overlay over RocksDB, writes go to the overlay, and a commit
 //! sends the overlay's entries (the latest write of each key) to the
 //! changelog, waits for their acknowledgements, then moves them into RocksDB
-//! together with the checkpoint (DESIGN.md §1).
+//! together with the checkpoint (docs/architecture.md §1).
 //!
 //! Processors get stores from their [`ProcessorContext`](crate::ProcessorContext);
 //! [`TypedStore`] adds codecs on top.

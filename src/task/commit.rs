@@ -44,7 +44,7 @@ pub(super) enum Offsets {
 }
 
 /// A pipelined commit whose changelog sends and RocksDB writes run on a
-/// background thread while processing goes on. DESIGN.md §1's order holds
+/// background thread while processing goes on. docs/architecture.md §1's order holds
 /// there: its changelog records are acknowledged before RocksDB is written,
 /// and its input offsets are committed only after every store's write has
 /// landed.
@@ -204,7 +204,7 @@ impl TaskManager {
         Ok(true)
     }
 
-    /// The commit protocol (DESIGN.md §1) for tasks that are closing (`only`
+    /// The commit protocol (docs/architecture.md §1) for tasks that are closing (`only`
     /// these partitions, or all at shutdown): send each store's writes to
     /// the changelog and wait for every acknowledgement, write each store's
     /// writes and checkpoint in one RocksDB batch, then commit the input

@@ -80,22 +80,7 @@ impl TaskManager {
             }
             let incarnation = self.incarnation();
             let mut task = Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now());
-            // A standby promoted in place: its stores are open and nearly
-            // up to date, so the restore replays only its lag.
-            let mut promoted = None;
-            if self.standbys.tasks.remove(&p) == Some(Standby::Following) {
-                if let Some(job) = self.restorer.cancel(p) {
-                    tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
-                    task.open_at = None;
-                    if self.exactly_once() {
-                        // Its restore waits for stable offsets, as an opened task's does.
-                        promoted = Some(job.stores);
-                    } else {
-                        task.state = TaskState::Restoring;
-                        self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false });
-                    }
-                }
-            }
+            let promoted = self.promote_standby(&mut task);
             self.tasks.insert(p, task);
             if let Some(stores) = promoted {
                 self.start_opening(p, incarnation, Some(stores))?;

@@ -5,9 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
+use crate::restore::RestoreJob;
+use crate::store::KeyValueStore;
 
-use super::TaskManager;
 use super::opening::MAX_OPENING;
+use super::{Task, TaskManager, TaskState};
 
 /// A standby task's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,5 +85,27 @@ impl TaskManager {
             self.start_opening(p, incarnation, None)?;
         }
         Ok(())
+    }
+
+    /// A new active `task` that is a standby here is promoted in place: its
+    /// stores are open and nearly up to date, so the restore replays only
+    /// its lag. At-least-once the stores go to the restore at once;
+    /// exactly-once they are returned, to be restored once the committed
+    /// offsets are stable (as an opened task's are).
+    pub(super) fn promote_standby(&mut self, task: &mut Task) -> Option<Vec<KeyValueStore>> {
+        let p = task.partition;
+        if self.standbys.tasks.remove(&p) != Some(Standby::Following) {
+            return None;
+        }
+        let job = self.restorer.cancel(p)?;
+        tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
+        task.open_at = None;
+        if self.exactly_once() {
+            // Its restore waits for stable offsets, as an opened task's does.
+            return Some(job.stores);
+        }
+        task.state = TaskState::Restoring;
+        self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false });
+        None
     }
 }

@@ -13,7 +13,7 @@ use crate::kafka::OutputSink;
 use crate::kafka::{ChangelogProducer, DeliveryTracker};
 use crate::store::SealedCommit;
 
-use super::commit::{CommitInfo, FailedTasks, InFlightCommit, await_acknowledgements, land_stores};
+use super::commit::{await_acknowledgements, land_stores, CommitInfo, FailedTasks, InFlightCommit};
 use super::offsets::offsets_of;
 use super::standby::Standby;
 use super::{TaskManager, TaskState};

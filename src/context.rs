@@ -8,12 +8,13 @@ use crate::error::{Error, Result};
 use crate::kafka::OutputSink;
 use crate::output::Output;
 use crate::store::{KeyValueStore, TypedStore};
-use crate::task::Task;
 
 /// What the processor can reach while handling a record: the stores of the
 /// record's partition, and kstate's producer for output records.
 pub struct ProcessorContext<'t> {
-    task: &'t mut Task,
+    partition: i32,
+    /// The partition's stores, in definition order.
+    stores: &'t mut [KeyValueStore],
     store_index: &'t HashMap<String, usize>,
     outputs: &'t OutputSink,
     /// The input record's timestamp (the outputs' default).
@@ -21,25 +22,27 @@ pub struct ProcessorContext<'t> {
 }
 
 impl<'t> ProcessorContext<'t> {
-    /// The context for one record of `task` (timestamp: the outputs' default).
+    /// The context for one record of `partition`, whose stores are
+    /// `stores` (timestamp: the outputs' default).
     pub(crate) fn new(
-        task: &'t mut Task,
+        partition: i32,
+        stores: &'t mut [KeyValueStore],
         store_index: &'t HashMap<String, usize>,
         outputs: &'t OutputSink,
         timestamp: Option<i64>,
     ) -> Self {
-        ProcessorContext { task, store_index, outputs, timestamp }
+        ProcessorContext { partition, stores, store_index, outputs, timestamp }
     }
 
     /// The partition being processed.
     pub fn partition(&self) -> i32 {
-        self.task.partition
+        self.partition
     }
 
     /// The byte store named `name` for this partition.
     pub fn store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
         let i = *self.store_index.get(name).ok_or_else(|| Error::UnknownStore(name.to_string()))?;
-        Ok(&mut self.task.stores[i])
+        Ok(&mut self.stores[i])
     }
 
     /// The store named `name` with key codec `K` and value codec `V`.

@@ -137,6 +137,12 @@ impl RestoreLoop {
         }
     }
 
+    /// The tracing span of the job of task `partition` (its changelog
+    /// partitions have the same number), if it is here.
+    fn job_span(&self, partition: i32) -> tracing::Span {
+        self.jobs.get(&partition).map_or_else(tracing::Span::none, |j| j.span.clone())
+    }
+
     fn publish_standby(&self, partition: i32, index: usize, checkpoint: Option<i64>) {
         let mut offsets = self.standby_offsets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match checkpoint {
@@ -317,6 +323,7 @@ impl RestoreLoop {
     }
 
     fn start_job(&mut self, job: RestoreJob) {
+        let _in_job = job.span.clone().entered();
         let partition = job.partition;
         let n = job.stores.len();
         self.jobs.insert(partition, job);
@@ -509,6 +516,7 @@ impl RestoreLoop {
 
     /// Completes one store partition: last batch, checkpoint at `end - 1`, flush.
     fn finish(&mut self, key: &(String, i32)) {
+        let _in_job = self.job_span(key.1).entered();
         self.write_batch(key);
         let Some(a) = self.remove_active(key) else { return };
         let Some(job) = self.jobs.get_mut(&a.partition) else { return };
@@ -594,6 +602,7 @@ impl RestoreLoop {
     }
 
     fn fail(&mut self, partition: i32, error: Error) {
+        let _in_job = self.job_span(partition).entered();
         for k in self.active_keys(partition) {
             self.remove_active(&k);
         }
@@ -609,6 +618,7 @@ impl RestoreLoop {
     }
 
     fn cancel_job(&mut self, partition: i32) -> Option<RestoreJob> {
+        let _in_job = self.job_span(partition).entered();
         for k in self.active_keys(partition) {
             self.write_batch(&k);
             self.remove_active(&k);
@@ -727,6 +737,7 @@ impl RestoreLoop {
     /// A standby that copied its changelog in bulk reached the end it saw
     /// when it began: from now on it follows in normal mode.
     fn standby_caught_up(&mut self, key: &(String, i32)) {
+        let _in_job = self.job_span(key.1).entered();
         let Some((a, store)) = self.store_of(key) else { return };
         if !a.bulk {
             return;

@@ -23,6 +23,8 @@ pub(crate) struct RestoreJob {
     /// A standby: follow the changelogs until cancelled instead of
     /// completing at their end.
     pub(crate) standby: bool,
+    /// The task's tracing span: the restore thread logs the job's lines in it.
+    pub(crate) span: tracing::Span,
 }
 
 /// What the restore thread hands back.

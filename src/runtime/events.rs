@@ -50,6 +50,8 @@ pub(super) fn apply_group_events(
         };
         match event {
             GroupEvent::Assigned { generation, active, standby, since } => {
+                // Revocations, commits and closes of this rebalance log in its span.
+                let _in_rebalance = tracing::info_span!("rebalance", app = %tasks.application_id(), generation = generation.id).entered();
                 let owned = tasks.partitions();
                 tasks.set_generation(Some(generation.clone()));
                 // Exactly-once: a commit caught by this rebalance completes
@@ -93,6 +95,7 @@ pub(super) fn apply_group_events(
                 metrics::gauge!(crate::metrics::TASKS, "role" => "standby").set(standby.len() as f64);
             }
             GroupEvent::Lost { reason } => {
+                let _in_rebalance = tracing::info_span!("rebalance", app = %tasks.application_id(), lost = true).entered();
                 let tps = input_partitions_of(topics, tasks.partitions());
                 tracing::warn!(%reason, partitions = ?tps, "tasks lost; closing them without commit");
                 tasks.set_generation(None);

@@ -204,8 +204,12 @@ where
         *r = (*r).min(offset);
         return Ok(());
     }
-    let mut ctx = ProcessorContext::new(task, store_index, outputs, record.timestamp);
-    if let Err(e) = processor(&mut ctx, record) {
+    // The processor's own log lines belong to the task.
+    let in_task = task.span.enter();
+    let mut ctx = ProcessorContext::new(task.partition, &mut task.stores, store_index, outputs, record.timestamp);
+    let processed = processor(&mut ctx, record);
+    drop(in_task);
+    if let Err(e) = processed {
         let source: Box<dyn std::error::Error + Send + Sync> = e.into();
         // kstate's own output failure, passed on by the processor's `?`: the
         // typed error, whatever a handler would say (skipping the record

@@ -9,6 +9,7 @@ impl TaskManager {
     /// its stores stay at their checkpoints.
     /// Returns its stores, for [`Closer::close`].
     pub(super) fn close_task(&mut self, mut task: Task, lost: bool) -> Vec<KeyValueStore> {
+        let _in_task = task.span.enter();
         let mut stores = std::mem::take(&mut task.stores);
         if task.state == TaskState::Restoring {
             // Partially restored stores are consistent at their checkpoint.

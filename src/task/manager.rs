@@ -81,6 +81,11 @@ impl TaskManager {
         }
     }
 
+    /// The application this task manager serves (for log spans).
+    pub(crate) fn application_id(&self) -> &str {
+        &self.config.application_id
+    }
+
     /// Installs (or, with `None`, removes) the waker of the fetcher of
     /// resumed partitions, while the runtime's fetch-wake thread runs.
     pub(crate) fn set_fetch_waker(&mut self, waker: Option<FetchWaker>) {
@@ -150,8 +155,9 @@ impl TaskManager {
             let Some(task) = self.tasks.remove(&p) else { continue };
             let closed = self.close_task(task, lost);
             if !lost && self.standbys.target.contains(&p) && !self.standbys.tasks.contains_key(&p) && !closed.is_empty() {
-                tracing::info!(partition = p, "active task demoted to standby; its stores stay open");
-                self.restorer.submit(RestoreJob { partition: p, stores: closed, standby: true });
+                let span = self.standby_span(p);
+                span.in_scope(|| tracing::info!(partition = p, "active task demoted to standby; its stores stay open"));
+                self.restorer.submit(RestoreJob { partition: p, stores: closed, standby: true, span });
                 self.standbys.tasks.insert(p, Standby::Following);
             } else {
                 stores.extend(closed);

@@ -97,6 +97,19 @@ pub(crate) struct Task {
     pub(crate) processed: metrics::Counter,
     /// When to start opening the stores (`None` once started).
     open_at: Option<Instant>,
+    /// The task's tracing span (application, partition): the lines of its
+    /// opening, restore, processing and closing are logged in it.
+    pub(crate) span: tracing::Span,
+}
+
+/// The tracing span of active task `partition` of `application_id`.
+pub(crate) fn task_span(application_id: &str, partition: i32) -> tracing::Span {
+    tracing::info_span!("task", app = %application_id, partition)
+}
+
+/// The tracing span of standby task `partition` of `application_id`.
+pub(crate) fn standby_span(application_id: &str, partition: i32) -> tracing::Span {
+    tracing::info_span!("standby", app = %application_id, partition)
 }
 
 impl Task {
@@ -106,6 +119,7 @@ impl Task {
         rewind: HashMap<String, i64>,
         incarnation: u64,
         open_at: Instant,
+        span: tracing::Span,
     ) -> Task {
         Task {
             partition,
@@ -118,6 +132,7 @@ impl Task {
             incarnation,
             processed: metrics::counter!(crate::metrics::RECORDS_PROCESSED, "partition" => partition.to_string()),
             open_at: Some(open_at),
+            span,
         }
     }
 

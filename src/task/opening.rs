@@ -16,7 +16,7 @@ use crate::store::{KeyValueStore, StoreOpenArgs};
 
 use super::manager::resume_now;
 use super::standby::{STANDBY_RETRY_AFTER, Standby};
-use super::{Task, TaskManager, TaskState};
+use super::{task_span, Task, TaskManager, TaskState};
 
 /// Tasks whose stores open at the same time (each on a thread of its own;
 /// a large assignment opens in waves instead of thousands of threads and
@@ -79,7 +79,8 @@ impl TaskManager {
                 continue;
             }
             let incarnation = self.incarnation();
-            let mut task = Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now());
+            let span = task_span(&self.config.application_id, p);
+            let mut task = Task::new(p, BTreeSet::from([topic]), HashMap::new(), incarnation, Instant::now(), span);
             let promoted = self.promote_standby(&mut task);
             self.tasks.insert(p, task);
             if let Some(stores) = promoted {
@@ -124,9 +125,11 @@ impl TaskManager {
         let retention = self.openers.tombstone_retention.clone();
         let max_record_bytes = self.openers.max_record_bytes;
         let done = self.openers.tx.clone();
+        let span = self.tasks.get(&partition).map_or_else(|| self.standby_span(partition), |t| t.span.clone());
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
             .spawn(move || {
+                let _in_task = span.enter();
                 type OpenedStores = (Vec<KeyValueStore>, Option<crate::group::StableOffsets>);
                 let open_all = move || -> Result<OpenedStores> {
                     let wait_stable = |stores: Vec<KeyValueStore>| -> Result<OpenedStores> {
@@ -184,10 +187,12 @@ impl TaskManager {
             self.openers.running -= 1;
             if let Some(Standby::Opening { incarnation: wanted, .. }) = self.standbys.tasks.get(&partition) {
                 if *wanted == incarnation {
+                    let span = self.standby_span(partition);
+                    let _in_standby = span.enter();
                     match stores {
                         Ok(stores) => {
                             tracing::info!(partition, "standby task opened; following its changelogs");
-                            self.restorer.submit(RestoreJob { partition, stores, standby: true });
+                            self.restorer.submit(RestoreJob { partition, stores, standby: true, span: span.clone() });
                             self.standbys.tasks.insert(partition, Standby::Following);
                         }
                         Err(e) => {
@@ -214,6 +219,8 @@ impl TaskManager {
                 }
                 continue;
             }
+            let span = task.span.clone();
+            let _in_task = span.enter();
             match stores {
                 Ok(stores) => {
                     // Exactly-once: the restored state stands exactly at the
@@ -233,7 +240,7 @@ impl TaskManager {
                     }
                     task.state = TaskState::Restoring;
                     tracing::info!(partition, "task assigned; restoring its stores");
-                    self.restorer.submit(RestoreJob { partition, stores, standby: false });
+                    self.restorer.submit(RestoreJob { partition, stores, standby: false, span: span.clone() });
                 }
                 Err(e) => self.reinitialise(consumer, partition, e)?,
             }
@@ -258,6 +265,7 @@ impl TaskManager {
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
                 RestoreOutcome::Failed(job, e) if job.standby => {
+                    let _in_standby = job.span.clone().entered();
                     let partition = job.partition;
                     self.closer.close(job.stores);
                     if self.standbys.tasks.get(&partition) == Some(&Standby::Following) {
@@ -270,6 +278,7 @@ impl TaskManager {
                     continue;
                 }
                 RestoreOutcome::Failed(job, e) => {
+                    let _in_task = job.span.clone().entered();
                     let partition = job.partition;
                     self.closer.close(job.stores);
                     if self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Restoring) {
@@ -285,6 +294,7 @@ impl TaskManager {
                 continue;
             }
             let task = self.tasks.get_mut(&job.partition).expect("checked");
+            let _in_task = job.span.enter();
             task.stores = job.stores;
             task.state = TaskState::Running;
             for topic in &task.topics {

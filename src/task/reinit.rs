@@ -58,6 +58,8 @@ impl TaskManager {
             self.land_inflight(consumer, Offsets::Commit)?;
         }
         let Some(mut task) = self.tasks.remove(&partition) else { return Ok(()) };
+        let span = task.span.clone();
+        let _in_task = span.clone().entered();
         let now = Instant::now();
         let failures = self.failures.entry(partition).or_default();
         if failures.last.is_some_and(|t| now - t >= TASK_FAILURES_FORGOTTEN_AFTER) {
@@ -111,7 +113,7 @@ impl TaskManager {
         let stores = self.close_task(task, false);
         self.closer.close(stores);
         let incarnation = self.incarnation();
-        self.tasks.insert(partition, Task::new(partition, topics, rewind, incarnation, now + backoff));
+        self.tasks.insert(partition, Task::new(partition, topics, rewind, incarnation, now + backoff, span));
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use crate::restore::RestoreJob;
 use crate::store::KeyValueStore;
 
 use super::opening::MAX_OPENING;
-use super::{Task, TaskManager, TaskState};
+use super::{standby_span, Task, TaskManager, TaskState};
 
 /// A standby task's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl TaskManager {
                     stores.extend(job.stores);
                 }
             }
-            tracing::info!(partition = p, "standby task dropped");
+            self.standby_span(p).in_scope(|| tracing::info!(partition = p, "standby task dropped"));
         }
         self.closer.close(stores);
         let now = Instant::now();
@@ -98,6 +98,7 @@ impl TaskManager {
             return None;
         }
         let job = self.restorer.cancel(p)?;
+        let _in_task = task.span.clone().entered();
         tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
         task.open_at = None;
         if self.exactly_once() {
@@ -105,7 +106,12 @@ impl TaskManager {
             return Some(job.stores);
         }
         task.state = TaskState::Restoring;
-        self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false });
+        self.restorer.submit(RestoreJob { partition: p, stores: job.stores, standby: false, span: task.span.clone() });
         None
+    }
+
+    /// The tracing span of standby task `p` (see [`standby_span`]).
+    pub(super) fn standby_span(&self, p: i32) -> tracing::Span {
+        standby_span(&self.config.application_id, p)
     }
 }

@@ -2,8 +2,8 @@
 //! classic group protocol's opaque metadata.
 //!
 //! The outer layer is Kafka's consumer protocol (ConsumerProtocolSubscription
-//! and ConsumerProtocolAssignment, protocol type `consumer`), so the usual
-//! tools list the group's members, their partitions and lag. kstate's own
+//! and ConsumerProtocolAssignment, protocol type `consumer`), the format
+//! Kafka's own tools read for consumer groups (not tested here). kstate's own
 //! part travels in their `user_data` as a JSON object with a `version`:
 //! a newer member's extra fields are ignored by an older leader, and the
 //! leader answers in the lowest version any member speaks.
@@ -35,7 +35,8 @@ pub(crate) struct SubscriptionInfo {
     pub(crate) latest_supported_version: u32,
     /// Identifies the instance across restarts of its member id.
     pub(crate) process_id: String,
-    /// `application_server` (host:port) for interactive queries, if set.
+    /// `application_server` (host:port), if set: published to the group,
+    /// read by nothing in kstate yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) endpoint: Option<String>,
     /// Client tags (rack awareness).

@@ -13,7 +13,8 @@ use rdkafka::{ClientContext, Message};
 
 use crate::error::{ClientError, Error, Result};
 
-/// Delivery bookkeeping of one changelog partition.
+/// Delivery bookkeeping of one changelog partition, or of the output
+/// records sent since a commit (partition -1, any topics).
 ///
 /// The sending thread and the delivery thread each write their own
 /// counters, so that a record costs no cache line passed between cores.

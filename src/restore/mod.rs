@@ -5,10 +5,13 @@
 //! parallel). Per store partition it:
 //!
 //! 1. reads the changelog's watermarks `[low, high)`;
-//! 2. checks the local checkpoint `c`: valid if `low - 1 <= c <= high - 1`;
-//!    otherwise (changelog truncated, deleted and recreated) or if the local
-//!    store was unreadable, it wipes the store and restores from `low`,
-//!    logging why and counting `kstate_restore_full_total`;
+//! 2. checks the local checkpoint `c` ([`full_restore_reason`]): valid if
+//!    `low - 1 <= c <= high - 1`, the changelog's topic id is the one the
+//!    store recorded, and the state is younger than the changelog's
+//!    `delete.retention.ms`; otherwise (changelog truncated, deleted and
+//!    recreated, tombstones possibly gone) or if the local store was
+//!    unreadable, it wipes the store and restores from `low`, logging why
+//!    and counting `kstate_restore_full_total`;
 //! 3. replays `[c + 1, high)` into RocksDB in large WAL-less batches, each
 //!    with its checkpoint, then flushes before handing the store back.
 //!

@@ -62,7 +62,8 @@ pub(crate) struct Restorer {
     commands: Sender<Command>,
     pub(crate) outcomes: Receiver<RestoreOutcome>,
     thread: Option<JoinHandle<()>>,
-    /// Per standby partition, the sum of its stores' checkpoints.
+    /// Per (standby partition, store index), the store's checkpoint
+    /// ([`StandbyOffsets::sums`] adds them up per partition).
     standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
 }
 

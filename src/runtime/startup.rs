@@ -11,11 +11,12 @@ use crate::error::{Error, Result};
 use crate::group::Brokers;
 use crate::kafka::ChangelogSpec;
 
+/// The file under `<state_dir>/<application_id>` that holds this instance's process id.
+pub(crate) const PROCESS_ID_FILE: &str = "kstate.process-id";
+
 /// A process id that survives restarts, kept in the application's state
 /// directory (Kafka Streams keeps one there too): the group tells an
 /// instance that restarted apart from a new one.
-/// The file under `<state_dir>/<application_id>` that holds this instance's process id.
-pub(crate) const PROCESS_ID_FILE: &str = "kstate.process-id";
 
 pub(super) fn process_id(config: &AppConfig) -> Result<String> {
     let dir = config.state_dir.join(&config.application_id);

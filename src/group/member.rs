@@ -151,13 +151,7 @@ impl Membership {
             owned: BTreeSet::new(),
             standby: BTreeSet::new(),
             pending: BTreeSet::new(),
-            warmup: BTreeSet::new(),
-            awaited: BTreeSet::new(),
-            warming_since: BTreeMap::new(),
-            probe_at: None,
-            warmups_reported: false,
-            caught_up: BTreeSet::new(),
-            lag_probe: None,
+            warmups: Warmups::default(),
             stopping: stopping.clone(),
             failures: 0,
             refused_since: None,
@@ -245,8 +239,22 @@ pub(super) struct Member {
     standby: BTreeSet<TaskId>,
     /// Tasks the last assignment meant for us once released elsewhere.
     pending: BTreeSet<TaskId>,
+    /// Warmup tasks and the tasks on their way here (KIP-441).
+    warmups: Warmups,
+    stopping: Arc<AtomicBool>,
+    silent: Arc<AtomicBool>,
+    /// Retriable failures in a row (for backoff and logs).
+    failures: u32,
+    /// Since when TLS or SASL refuse this member, if they do.
+    refused_since: Option<Instant>,
+}
+
+/// A member's warmup state (KIP-441): the warmups of this generation, the
+/// tasks that move here once caught up, and the probe of their lag.
+#[derive(Default)]
+struct Warmups {
     /// Warmup tasks of the current generation.
-    warmup: BTreeSet<TaskId>,
+    tasks: BTreeSet<TaskId>,
     /// Tasks that move here once this member's copy caught up (warmups and
     /// standbys the balance wants here).
     awaited: BTreeSet<TaskId>,
@@ -255,18 +263,12 @@ pub(super) struct Member {
     /// When to rejoin for a probing rebalance (the leader's assignment says).
     probe_at: Option<Instant>,
     /// This generation's warmups were found caught up and a rebalance asked for.
-    warmups_reported: bool,
+    reported: bool,
     /// The tasks this member last found caught up (told to the leader in
     /// its next subscription).
     caught_up: BTreeSet<TaskId>,
     /// End offsets being read for the warmup check.
     lag_probe: Option<JoinHandle<Result<BTreeMap<TaskId, i64>>>>,
-    stopping: Arc<AtomicBool>,
-    silent: Arc<AtomicBool>,
-    /// Retriable failures in a row (for backoff and logs).
-    failures: u32,
-    /// Since when TLS or SASL refuse this member, if they do.
-    refused_since: Option<Instant>,
 }
 
 /// How a group request ended, apart from success.
@@ -318,7 +320,7 @@ impl Member {
                 revoked = ?revoked, "assignment received"
             );
             self.track_moves(&tasks);
-            self.caught_up.clear();
+            self.warmups.caught_up.clear();
             // A member that rejoined into an unchanged generation (the group
             // did not rebalance yet) waits for its heartbeat to say so.
             let rejoin_now = tasks.rejoin_now && Some(generation.id) != last_generation;
@@ -326,10 +328,10 @@ impl Member {
             self.owned = tasks.active.clone();
             self.standby = tasks.standby.clone();
             self.pending = tasks.pending.clone();
-            self.warmup = tasks.warmup.clone();
-            self.awaited = tasks.awaited.clone();
-            self.warmups_reported = false;
-            self.probe_at = tasks.probe_in_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+            self.warmups.tasks = tasks.warmup.clone();
+            self.warmups.awaited = tasks.awaited.clone();
+            self.warmups.reported = false;
+            self.warmups.probe_at = tasks.probe_in_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
             let followed = tasks.standby.union(&tasks.warmup).copied().collect();
             let event = GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: followed, since };
             if self.events.send(event).is_err() {
@@ -369,10 +371,10 @@ impl Member {
         let mut next_warmup_check = Instant::now() + WARMUP_CHECK_EVERY;
         loop {
             let mut wake = next_heartbeat;
-            if let Some(at) = self.probe_at {
+            if let Some(at) = self.warmups.probe_at {
                 wake = wake.min(at);
             }
-            if !self.awaited.is_empty() && !self.warmups_reported {
+            if !self.warmups.awaited.is_empty() && !self.warmups.reported {
                 wake = wake.min(next_warmup_check);
             }
             match self.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
@@ -387,15 +389,15 @@ impl Member {
             if !self.poll.alive() {
                 return self.processing_stuck();
             }
-            if self.probe_at.is_some_and(|at| Instant::now() >= at) {
-                self.probe_at = None;
+            if self.warmups.probe_at.is_some_and(|at| Instant::now() >= at) {
+                self.warmups.probe_at = None;
                 metrics::counter!(crate::metrics::PROBING_REBALANCES, "reason" => "interval").increment(1);
                 return Ok(Some(Outcome::Probe("probing rebalance: moves wait for warmups".into())));
             }
-            if !self.awaited.is_empty() && !self.warmups_reported && Instant::now() >= next_warmup_check {
+            if !self.warmups.awaited.is_empty() && !self.warmups.reported && Instant::now() >= next_warmup_check {
                 next_warmup_check = Instant::now() + WARMUP_CHECK_EVERY;
                 if let Some(why) = self.warmups_caught_up() {
-                    self.warmups_reported = true;
+                    self.warmups.reported = true;
                     metrics::counter!(crate::metrics::PROBING_REBALANCES, "reason" => "warmups_caught_up").increment(1);
                     return Ok(Some(Outcome::Probe(why)));
                 }
@@ -426,17 +428,17 @@ impl Member {
     fn track_moves(&mut self, tasks: &MemberTasks) {
         let now = Instant::now();
         for &t in &tasks.active {
-            if let Some(since) = self.warming_since.remove(&t) {
+            if let Some(since) = self.warmups.warming_since.remove(&t) {
                 let took = now.duration_since(since);
                 metrics::histogram!(crate::metrics::TASK_MOVE_SECONDS).record(took.as_secs_f64());
                 tracing::info!(group = %self.settings.group, task = t, took = ?took, "task moved here after warming up");
             }
         }
         for &t in tasks.awaited.iter().chain(&tasks.pending) {
-            self.warming_since.entry(t).or_insert(now);
+            self.warmups.warming_since.entry(t).or_insert(now);
         }
-        self.warming_since.retain(|t, _| tasks.awaited.contains(t) || tasks.pending.contains(t));
-        for t in self.warmup.difference(&tasks.warmup) {
+        self.warmups.warming_since.retain(|t, _| tasks.awaited.contains(t) || tasks.pending.contains(t));
+        for t in self.warmups.tasks.difference(&tasks.warmup) {
             metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(0.0);
         }
     }
@@ -446,21 +448,21 @@ impl Member {
     /// (instead of waiting for the probing interval). `None`: not yet, or
     /// the end offsets are not available now (checked again later).
     fn warmups_caught_up(&mut self) -> Option<String> {
-        let tasks: Vec<TaskId> = self.awaited.iter().copied().collect();
+        let tasks: Vec<TaskId> = self.warmups.awaited.iter().copied().collect();
         // The end offsets come from a thread of their own: connections to
         // brokers that are away must not hold back this thread's heartbeats.
-        let ends = match self.lag_probe.take() {
+        let ends = match self.warmups.lag_probe.take() {
             None => {
                 let (brokers, topics, wanted, start) =
                     (self.brokers.clone(), self.settings.changelog_topics.clone(), tasks.clone(), self.rotate);
-                self.lag_probe = std::thread::Builder::new()
+                self.warmups.lag_probe = std::thread::Builder::new()
                     .name("kstate-lags".into())
                     .spawn(move || end_offsets(&brokers, &topics, &wanted, start))
                     .ok();
                 return None;
             }
             Some(probe) if !probe.is_finished() => {
-                self.lag_probe = Some(probe);
+                self.warmups.lag_probe = Some(probe);
                 return None;
             }
             Some(probe) => match probe.join() {
@@ -478,7 +480,7 @@ impl Member {
         let mut lags = BTreeMap::new();
         for &t in &tasks {
             let lag = (ends[&t] - local.get(&t).copied().unwrap_or(0)).max(0) as u64;
-            if self.warmup.contains(&t) {
+            if self.warmups.tasks.contains(&t) {
                 metrics::gauge!(crate::metrics::WARMUP_LAG, "partition" => t.to_string()).set(lag as f64);
             }
             lags.insert(t, lag);
@@ -489,7 +491,7 @@ impl Member {
             tracing::info!(group = %self.settings.group, lags = ?lags, "warmups caught up; asking for a rebalance to move their tasks");
             // The leader measures later, with more input in the changelogs:
             // it takes this member's word that these copies are caught up.
-            self.caught_up = lags.keys().copied().collect();
+            self.warmups.caught_up = lags.keys().copied().collect();
             Some(format!("warmups caught up: {lags:?}"))
         } else {
             tracing::debug!(group = %self.settings.group, lags = ?lags, "warmups not caught up yet");
@@ -670,7 +672,7 @@ impl Member {
                 client_tags: self.settings.client_tags.clone(),
                 standby: self.standby.clone(),
                 pending: self.pending.clone(),
-                caught_up: self.caught_up.clone(),
+                caught_up: self.warmups.caught_up.clone(),
                 task_offsets,
             },
         }

@@ -17,7 +17,6 @@ pub(crate) const PROCESS_ID_FILE: &str = "kstate.process-id";
 /// A process id that survives restarts, kept in the application's state
 /// directory (Kafka Streams keeps one there too): the group tells an
 /// instance that restarted apart from a new one.
-
 pub(super) fn process_id(config: &AppConfig) -> Result<String> {
     let dir = config.state_dir.join(&config.application_id);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display().to_string(), e))?;

@@ -41,6 +41,8 @@
 //! produces `--rate` records/s (new keys, 100-byte values, round robin over
 //! the partitions) until its stdin closes or either signal arrives.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::PathBuf;
@@ -52,7 +54,8 @@ use kstate::{App, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
 use metrics::{Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use tokio::signal::unix::{signal, SignalKind};
+
+use common::on_signal;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -323,22 +326,4 @@ fn load(o: &Opts) -> Result<(), BoxError> {
     producer.flush(Duration::from_secs(10))?;
     eprintln!("load: sent {sent} records in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
-/// sends): the app then stops cleanly (a final commit, stores closed).
-fn on_signal(stop: impl FnOnce() + Send + 'static) {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
-        let signalled = rt.block_on(async {
-            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
-            tokio::select! {
-                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
-                terminated = term.recv() => terminated.is_some(),
-            }
-        });
-        if signalled {
-            stop();
-        }
-    });
 }

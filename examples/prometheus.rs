@@ -40,6 +40,8 @@
 //! instances). Disk gauges are set at start and every 10 s; RocksDB gauges
 //! every 10 s while the app runs, so they appear a little after it starts.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -52,7 +54,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use tokio::signal::unix::{signal, SignalKind};
+
+use common::on_signal;
 
 const TOPIC: &str = "kstate-example-metrics-words";
 const WORDS: [&str; 12] =
@@ -154,22 +157,4 @@ fn feed(bootstrap: &str, rate: u64, producing: &AtomicBool) -> Result<(), rdkafk
         i += 1;
     }
     producer.flush(Duration::from_secs(10))
-}
-
-/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
-/// sends): the app then stops cleanly (a final commit, stores closed).
-fn on_signal(stop: impl FnOnce() + Send + 'static) {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
-        let signalled = rt.block_on(async {
-            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
-            tokio::select! {
-                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
-                terminated = term.recv() => terminated.is_some(),
-            }
-        });
-        if signalled {
-            stop();
-        }
-    });
 }

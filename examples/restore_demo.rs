@@ -19,6 +19,8 @@
 //!
 //! Ctrl-C or SIGTERM stops the running application cleanly and ends the demo.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +32,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use tokio::signal::unix::{signal, SignalKind};
+
+use common::on_signal;
 
 const PARTITIONS: i32 = 4;
 
@@ -260,22 +263,4 @@ fn produce_input(bootstrap: &str, topic: &str, records: u64) -> Result<(), BoxEr
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(())
-}
-
-/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
-/// sends): the app then stops cleanly (a final commit, stores closed).
-fn on_signal(stop: impl FnOnce() + Send + 'static) {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
-        let signalled = rt.block_on(async {
-            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
-            tokio::select! {
-                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
-                terminated = term.recv() => terminated.is_some(),
-            }
-        });
-        if signalled {
-            stop();
-        }
-    });
 }

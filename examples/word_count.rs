@@ -9,6 +9,8 @@
 //! by itself once this run's lines are counted, or cleanly on Ctrl-C or
 //! SIGTERM.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +21,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use tokio::signal::unix::{signal, SignalKind};
+
+use common::on_signal;
 
 const TOPIC: &str = "kstate-example-words";
 
@@ -71,22 +74,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     println!("counted {} lines; counts are committed and survive restarts", seen.load(Ordering::Relaxed));
     Ok(())
-}
-
-/// Calls `stop` once on Ctrl-C (SIGINT) or SIGTERM (what a container runtime
-/// sends): the app then stops cleanly (a final commit, stores closed).
-fn on_signal(stop: impl FnOnce() + Send + 'static) {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("signal runtime");
-        let signalled = rt.block_on(async {
-            let Ok(mut term) = signal(SignalKind::terminate()) else { return tokio::signal::ctrl_c().await.is_ok() };
-            tokio::select! {
-                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
-                terminated = term.recv() => terminated.is_some(),
-            }
-        });
-        if signalled {
-            stop();
-        }
-    });
 }

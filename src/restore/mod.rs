@@ -5,7 +5,7 @@
 //! parallel). Per store partition it:
 //!
 //! 1. reads the changelog's watermarks `[low, high)`;
-//! 2. checks the local checkpoint `c` ([`full_restore_reason`]): valid if
+//! 2. checks the local checkpoint `c` (`checkpoint.rs`): valid if
 //!    `low - 1 <= c <= high - 1`, the changelog's topic id is the one the
 //!    store recorded, and the state is younger than the changelog's
 //!    `delete.retention.ms`; otherwise (changelog truncated, deleted and
@@ -24,11 +24,11 @@
 //! checkpoint in one atomic RocksDB batch, until it is cancelled (promoted
 //! to active: the restore that follows replays only its lag; or dropped).
 //!
-//! - [`checkpoint`]: whether a local checkpoint is usable against the changelog;
-//! - [`rate`]: the measured restore rate (saved for `estimate-restore`);
-//! - [`restorer`]: the handle the task manager holds (jobs, outcomes, standby checkpoints);
-//! - [`restore_loop`]: the restore thread (begin, write, finish, standby following);
-//! - [`batch`]: the sorted batch written to RocksDB.
+//! - `checkpoint.rs`: whether a local checkpoint is usable against the changelog;
+//! - `rate.rs`: the measured restore rate (saved for `estimate-restore`);
+//! - `restorer.rs`: the handle the task manager holds (jobs, outcomes, standby checkpoints);
+//! - `restore_loop.rs`: the restore thread (begin, write, finish, standby following);
+//! - `batch.rs`: the sorted batch written to RocksDB.
 
 pub(crate) mod batch;
 pub(crate) mod checkpoint;

@@ -316,31 +316,10 @@ pub(crate) fn store_partition_dir(state_dir: &Path, app: &str, store: &str, part
     Ok(dir)
 }
 
-/// Names of the directories in `dir`, sorted.
-pub(crate) fn subdirs(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .collect();
-    names.sort();
-    names
-}
-
 /// The store directories of an application directory.
 pub(crate) fn stores_of(app_dir: &Path) -> Vec<String> {
     subdirs(app_dir)
 }
-
-/// The partition directories (numeric names) of a store directory, sorted.
-pub(crate) fn partitions_of(store_dir: &Path) -> Vec<i32> {
-    let mut ps: Vec<i32> = subdirs(store_dir).iter().filter_map(|n| n.parse().ok()).filter(|p| *p >= 0).collect();
-    ps.sort_unstable();
-    ps
-}
-
 
 /// A directory of our own under the system's temporary directory, removed
 /// on drop.
@@ -415,7 +394,7 @@ impl ReadOnly {
     }
 }
 
-pub(crate) use crate::store::state_dir::dir_bytes;
+pub(crate) use crate::store::state_dir::{dir_bytes, partitions_of, subdirs};
 
 /// A key or value for display: printable ASCII as is, `\\` and other bytes
 /// as `\xNN`.

@@ -1,6 +1,7 @@
 //! Small file-system helpers: the bytes under a directory and the free
 //! space on its file system (the state dir's gauges, the operator CLI's
-//! reports), and replacing a small file atomically.
+//! reports), the store and partition directories under an application's
+//! directory, and replacing a small file atomically.
 
 use std::path::Path;
 
@@ -33,4 +34,24 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()>
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+/// Names of the directories in `dir`, sorted.
+pub(crate) fn subdirs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The partition directories (numeric names) of a store directory, sorted.
+pub(crate) fn partitions_of(store_dir: &Path) -> Vec<i32> {
+    let mut ps: Vec<i32> = subdirs(store_dir).iter().filter_map(|n| n.parse().ok()).filter(|p| *p >= 0).collect();
+    ps.sort_unstable();
+    ps
 }

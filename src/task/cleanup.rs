@@ -44,8 +44,7 @@ impl TaskManager {
         let mut on_disk = BTreeSet::new();
         for store in &self.config.stores {
             let dir = self.config.state_dir.join(&self.config.application_id).join(store.name());
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            on_disk.extend(entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()));
+            on_disk.extend(crate::store::state_dir::partitions_of(&dir));
         }
         self.cleanup.unowned.retain(|p, _| on_disk.contains(p) && !held.contains(p));
         for p in on_disk.difference(&held) {

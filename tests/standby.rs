@@ -124,7 +124,9 @@ impl std::ops::DerefMut for Instance {
 }
 
 fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    let start = line.find(&format!("{name}="))? + name.len() + 1;
+    // The last occurrence: a log line's own fields follow its spans' (a
+    // `rebalance{app=.. generation=..}` span prefixes the assignment line).
+    let start = line.rfind(&format!("{name}="))? + name.len() + 1;
     let rest = &line[start..];
     if rest.starts_with('{') {
         Some(&rest[..=rest.find('}')?])

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""A/B of kstate's write path: two builds of benches/kstate_bench.rs run the
-`kstate-write` contender alternately on the same input, so machine and
-broker drift hit both alike.
+"""A/B of kstate's write path (or, with `restore`, of a full restore): two
+builds of benches/kstate_bench.rs run the `kstate-write` (`kstate-restore`)
+contender alternately on the same input, so machine and broker drift hit
+both alike. A restore A/B also runs the plain consumer on the same
+changelog in every repetition (the limit both sides are measured against).
 
     # build each side and keep its binary (cargo reuses one path for both:
     # touch the sources so it rebuilds)
@@ -11,6 +13,7 @@ broker drift hit both alike.
     (touch src/*.rs && cargo bench --bench kstate_bench --no-run)
     cp "$CARGO_TARGET_DIR"/release/deps/kstate_bench-<hash> /tmp/bench-new
     python3 testing/bench/ab_write.py /tmp/bench-old /tmp/bench-new 5000000
+    python3 testing/bench/ab_write.py /tmp/bench-old /tmp/bench-new 2000000 5 restore
 
 Needs a broker (KSTATE_BOOTSTRAP, default 127.0.0.1:9092) and the Kafka
 Streams jar for the data generator (built by testing/bench/run.py).
@@ -41,6 +44,8 @@ def main():
     bins = {"old": sys.argv[1], "new": sys.argv[2]}
     records = int(sys.argv[3]) if len(sys.argv) > 3 else 5_000_000
     reps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+    if len(sys.argv) > 5 and sys.argv[5] == "restore":
+        return ab_restore(bins, records, reps)
     bootstrap = os.environ.get("KSTATE_BOOTSTRAP", "127.0.0.1:9092")
     run_id = f"ab{int(time.time())}"
     source = f"{run_id}-in"
@@ -64,6 +69,38 @@ def main():
                        stdout=subprocess.DEVNULL)
     for side, values in rates.items():
         print(f"{side}: median {statistics.median(values):,.0f} rec/s, runs {[round(v) for v in values]}")
+
+
+def ab_restore(bins, records, reps):
+    """Full restores of one compacted changelog of `records` records into an
+    empty state dir, old and new alternately, and the plain consumer."""
+    bootstrap = os.environ.get("KSTATE_BOOTSTRAP", "127.0.0.1:9092")
+    run_id = f"abr{int(time.time())}"
+    app, store = f"{run_id}-r", "kv"
+    changelog, inp = f"{app}-{store}-changelog", f"{app}-input"
+    for topic, n, compact in ((changelog, records, "true"), (inp, 0, "false")):
+        run(["java", "-Xmx1g", "-jar", JAR, "generate", "--bootstrap", bootstrap, "--topic", topic,
+             "--partitions", "4", "--records", str(n), "--seed", "42", "--compact", compact])
+    rates = {"old": [], "new": [], "plain-consumer": []}
+    try:
+        for rep in range(reps):
+            r = run([bins["new"], "consume", "--bootstrap", bootstrap, "--topic", changelog])
+            rates["plain-consumer"].append(r["records_per_sec"])
+            print(f"plain-consumer rep {rep}: {r['records_per_sec']:,.0f} rec/s", flush=True)
+            for side in (["new", "old"] if rep % 2 == 0 else ["old", "new"]):
+                state = f"/tmp/ab-state-{run_id}-{side}{rep}"
+                r = run([bins[side], "kstate-restore", "--bootstrap", bootstrap, "--app", app, "--store", store,
+                         "--input", inp, "--state-dir", state])
+                rates[side].append(r["records_per_sec"])
+                print(f"{side} rep {rep}: {r['records_per_sec']:,.0f} rec/s", flush=True)
+                shutil.rmtree(state, ignore_errors=True)
+    finally:
+        subprocess.run([bins["new"], "delete-topics", "--bootstrap", bootstrap, "--prefix", run_id],
+                       stdout=subprocess.DEVNULL)
+    limit = statistics.median(rates["plain-consumer"])
+    for side, values in rates.items():
+        print(f"{side}: median {statistics.median(values):,.0f} rec/s ({statistics.median(values) / limit:.2f} of the "
+              f"plain consumer), runs {[round(v) for v in values]}")
 
 
 if __name__ == "__main__":

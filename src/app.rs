@@ -11,7 +11,11 @@ use crate::error::Result;
 use crate::restore::RestoreListener;
 use crate::record::Record;
 use crate::context::ProcessorContext;
+use crate::processor::Processor;
+use crate::runtime::{Closure, PerTask};
 use crate::shutdown::ShutdownHandle;
+use crate::time::InvalidTimestamp;
+use crate::timers::TIME_STORE;
 
 /// A configured kstate application: a consumer-group member that owns the
 /// stores of the input partitions it is assigned.
@@ -57,12 +61,62 @@ impl App {
     /// calling thread. `processor` sees every input record after the stores
     /// of its partition are restored. On return every store was committed
     /// (or, on error, left at its last checkpoint) and closed.
+    /// One closure serves every task; it has no timer or punctuation
+    /// callbacks (see [`App::run_processor`]).
     pub fn run<F, E>(self, processor: F) -> Result<()>
     where
         F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        crate::runtime::run(self.config, self.shutdown, processor)
+        crate::runtime::run(self.config, self.shutdown, Closure::new(processor))
+    }
+
+    /// [`App::run`] with a [`Processor`] per task: `factory(partition)`
+    /// builds one each time a task starts running here (after its stores
+    /// are restored), its [`init`](Processor::init) runs before its first
+    /// record, and it is dropped when the task closes. It gets the timer and
+    /// punctuation callbacks.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use kstate::{App, Processor, ProcessorContext, ProcessorError, Record, TimeDomain, Timer};
+    ///
+    /// /// Emits each key's last value one minute (stream time) after it was last seen.
+    /// struct Debounce;
+    /// impl Processor for Debounce {
+    ///     fn process(&mut self, ctx: &mut ProcessorContext<'_>, record: &Record<'_>) -> Result<(), ProcessorError> {
+    ///         let (Some(key), Some(value), Some(ts)) = (record.key, record.value, ctx.timestamp()) else { return Ok(()) };
+    ///         let last = ctx.store("last")?;
+    ///         last.put(key, value)?;
+    ///         ctx.register_timer(TimeDomain::StreamTime, key, ts + 60_000)?;
+    ///         Ok(())
+    ///     }
+    ///     fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
+    ///         // (a later record re-registered its own timer; a real debouncer checks the time)
+    ///         if let Some(v) = ctx.store("last")?.get(&timer.key)? {
+    ///             ctx.send(kstate::Output::to("debounced").key(&timer.key).value(&v))?;
+    ///         }
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let app = App::builder()
+    ///     .application_id("debounce")
+    ///     .bootstrap_servers("127.0.0.1:9092")
+    ///     .input_topic("events")
+    ///     .state_dir("/var/lib/debounce")
+    ///     .store(kstate::StoreDefinition::new("last"))
+    ///     .timers(true)
+    ///     .build()?;
+    /// app.run_processor(|_partition| Debounce)?;
+    /// # Ok::<(), kstate::Error>(())
+    /// ```
+    pub fn run_processor<P, F>(self, factory: F) -> Result<()>
+    where
+        P: Processor,
+        F: FnMut(i32) -> P,
+    {
+        crate::runtime::run(self.config, self.shutdown, PerTask::new(factory))
     }
 
     /// [`App::run`] on a blocking thread of the current tokio runtime.
@@ -125,6 +179,9 @@ impl Default for AppBuilder {
                 client_tags: Default::default(),
                 processing_guarantee: ProcessingGuarantee::AtLeastOnce,
                 transaction_timeout: Duration::from_secs(10),
+                timers: false,
+                timestamp_extractor: None,
+                invalid_timestamp: InvalidTimestamp::Fail,
             },
         }
     }
@@ -388,9 +445,60 @@ impl AppBuilder {
         self
     }
 
+    /// Keeps each task's stream time and per-key timers durable (default
+    /// off): they live in an internal store, `kstate-time`, written in the
+    /// task's commits, changelogged (topic
+    /// `<application_id>-kstate-time-changelog`), restored, and followed by
+    /// standbys like any store, so a restart or a failover neither loses
+    /// nor fires early any timer. Needed by
+    /// [`ProcessorContext::register_timer`]; without it stream time starts
+    /// again from the first record processed after a task starts.
+    pub fn timers(mut self, enabled: bool) -> Self {
+        self.config.timers = enabled;
+        self
+    }
+
+    /// Reads each record's timestamp (default: the record's own, as Kafka
+    /// Streams' `FailOnInvalidTimestamp`), e.g. an event time inside the
+    /// value. It gets the record and the task's stream time so far; a
+    /// negative result is invalid (see [`on_invalid_timestamp`](Self::on_invalid_timestamp)).
+    /// Stream time, stream-time timers and punctuations, and the default
+    /// timestamp of output records follow what it returns.
+    ///
+    /// ```
+    /// let builder = kstate::App::builder().timestamp_extractor(|record, _stream_time| {
+    ///     // Event time in the first 8 bytes of the value; -1 (invalid) if missing.
+    ///     record.value.and_then(|v| v.get(..8)).map_or(-1, |b| i64::from_be_bytes(b.try_into().unwrap()))
+    /// });
+    /// ```
+    pub fn timestamp_extractor<F>(mut self, extractor: F) -> Self
+    where
+        F: Fn(&Record<'_>, Option<i64>) -> i64 + Send + Sync + 'static,
+    {
+        self.config.timestamp_extractor = Some(Arc::new(extractor));
+        self
+    }
+
+    /// Stamps each record with the wall clock when it is processed
+    /// (processing time; Kafka Streams' `WallclockTimestampExtractor`)
+    /// instead of its own timestamp.
+    pub fn wall_clock_timestamps(self) -> Self {
+        self.timestamp_extractor(|_, _| crate::time::wall_clock_ms())
+    }
+
+    /// What happens to a record whose timestamp is invalid (default
+    /// [`InvalidTimestamp::Fail`]).
+    pub fn on_invalid_timestamp(mut self, policy: InvalidTimestamp) -> Self {
+        self.config.invalid_timestamp = policy;
+        self
+    }
+
     /// Checks the configuration; fails with [`Error::Config`](crate::Error::Config).
-    pub fn build(self) -> Result<App> {
+    pub fn build(mut self) -> Result<App> {
         self.config.validate()?;
+        if self.config.timers {
+            self.config.stores.push(StoreDefinition::new(TIME_STORE));
+        }
         Ok(App { config: Arc::new(self.config), shutdown: ShutdownHandle::default() })
     }
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use crate::assignment::AssignmentStrategy;
 use crate::error::{Error, Result};
 use crate::restore::RestoreListener;
+use crate::time::{InvalidTimestamp, TimestampExtractor};
+use crate::timers::TIME_STORE;
 
 /// Defines one state store: its name and extra settings for its changelog topic.
 ///
@@ -80,6 +82,12 @@ pub(crate) struct AppConfig {
     pub(crate) processing_guarantee: ProcessingGuarantee,
     /// `transaction.timeout.ms` of the transactional producer (exactly-once).
     pub(crate) transaction_timeout: Duration,
+    /// Whether tasks keep stream time and timers in the time store (the
+    /// last of `stores` once built).
+    pub(crate) timers: bool,
+    /// Reads each record's timestamp (`None`: the record's own).
+    pub(crate) timestamp_extractor: Option<TimestampExtractor>,
+    pub(crate) invalid_timestamp: InvalidTimestamp,
 }
 
 /// What a crash can do to the effects of processing (Kafka Streams'
@@ -163,6 +171,16 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
 }
 
 impl AppConfig {
+    /// Where the time store is among a task's stores, if timers are on.
+    pub(crate) fn time_store_index(&self) -> Option<usize> {
+        self.timers.then(|| self.stores.len() - 1)
+    }
+
+    /// The stores the processor can name (every store but the time store).
+    pub(crate) fn user_stores(&self) -> &[StoreDefinition] {
+        &self.stores[..self.stores.len() - usize::from(self.timers)]
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         check_name("application_id", &self.application_id)?;
         if self.bootstrap_servers.trim().is_empty() {
@@ -180,6 +198,9 @@ impl AppConfig {
         let mut seen = std::collections::HashSet::new();
         for s in &self.stores {
             check_name("store name", s.name())?;
+            if s.name() == TIME_STORE {
+                return Err(Error::Config(format!("store name `{TIME_STORE}` is kstate's own (the time store of AppBuilder::timers)")));
+            }
             if !seen.insert(s.name()) {
                 return Err(Error::Config(format!("store `{}` is defined twice", s.name())));
             }

@@ -1,37 +1,54 @@
-//! What the processing function sees besides the record: the stores of the
-//! record's partition and the output producer.
+//! What the processor sees besides the record: the stores of the record's
+//! partition, the output producer, the task's clocks, timers and
+//! punctuations.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::kafka::OutputSink;
 use crate::output::Output;
 use crate::store::{KeyValueStore, TypedStore};
+use crate::time::{PunctuationId, TimeDomain};
+use crate::timers::TaskTime;
 
-/// What the processor can reach while handling a record: the stores of the
-/// record's partition, and kstate's producer for output records.
+/// What the processor can reach while handling a record, a timer or a
+/// punctuation: the stores of its task's partition, kstate's producer for
+/// output records, and the task's time.
 pub struct ProcessorContext<'t> {
     partition: i32,
-    /// The partition's stores, in definition order.
+    /// The partition's stores, in definition order (the time store last).
     stores: &'t mut [KeyValueStore],
     store_index: &'t HashMap<String, usize>,
     outputs: &'t OutputSink,
-    /// The input record's timestamp (the outputs' default).
+    /// The record's (extracted) timestamp, or the time of the timer or
+    /// punctuation being run: the outputs' default.
     timestamp: Option<i64>,
+    time: &'t mut TaskTime,
+    /// Where the time store is in `stores` (timers enabled).
+    time_store: Option<usize>,
+    /// Whether the processor takes timer and punctuation callbacks (a
+    /// [`Processor`](crate::Processor), not a closure).
+    callbacks: bool,
+}
+
+/// What a [`ProcessorContext`] is made of (built by the runtime).
+pub(crate) struct ContextParts<'t> {
+    pub(crate) partition: i32,
+    pub(crate) stores: &'t mut [KeyValueStore],
+    pub(crate) store_index: &'t HashMap<String, usize>,
+    pub(crate) outputs: &'t OutputSink,
+    pub(crate) timestamp: Option<i64>,
+    pub(crate) time: &'t mut TaskTime,
+    pub(crate) time_store: Option<usize>,
+    pub(crate) callbacks: bool,
 }
 
 impl<'t> ProcessorContext<'t> {
-    /// The context for one record of `partition`, whose stores are
-    /// `stores` (timestamp: the outputs' default).
-    pub(crate) fn new(
-        partition: i32,
-        stores: &'t mut [KeyValueStore],
-        store_index: &'t HashMap<String, usize>,
-        outputs: &'t OutputSink,
-        timestamp: Option<i64>,
-    ) -> Self {
-        ProcessorContext { partition, stores, store_index, outputs, timestamp }
+    pub(crate) fn new(parts: ContextParts<'t>) -> Self {
+        let ContextParts { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks } = parts;
+        ProcessorContext { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks }
     }
 
     /// The partition being processed.
@@ -53,7 +70,8 @@ impl<'t> ProcessorContext<'t> {
     /// Sends an output record (see [`Output`]). It is part of the commit
     /// of the record being processed: input offsets are committed only once
     /// every output sent before the commit is acknowledged, so a crash may
-    /// send an output again but never loses one (at-least-once).
+    /// send an output again but never loses one (at-least-once). Its
+    /// timestamp defaults to [`timestamp`](Self::timestamp).
     ///
     /// Fails with [`Error::OutputDelivery`] if the producer refuses the
     /// record at once (larger than `message.max.bytes`, a partition that
@@ -62,5 +80,83 @@ impl<'t> ProcessorContext<'t> {
     /// commit fail with the same error, which ends `run`.
     pub fn send(&mut self, output: Output<'_>) -> Result<()> {
         self.outputs.send(&output, self.timestamp)
+    }
+
+    /// The timestamp of what is being processed: the record's (as the
+    /// timestamp extractor read it), or the time of the timer or
+    /// punctuation being run.
+    pub fn timestamp(&self) -> Option<i64> {
+        self.timestamp
+    }
+
+    /// The task's stream time: the largest record timestamp it has
+    /// processed (committed with the task when timers are enabled, so it
+    /// survives restarts and failovers); `None` before its first record.
+    pub fn stream_time(&self) -> Option<i64> {
+        self.time.stream_time()
+    }
+
+    /// The wall clock, in milliseconds since the Unix epoch.
+    pub fn wall_clock_time(&self) -> i64 {
+        crate::time::wall_clock_ms()
+    }
+
+    fn time_store(&self, what: &str) -> Result<usize> {
+        if !self.callbacks {
+            return Err(Error::InvalidUse(format!(
+                "{what} needs a Processor (App::run_processor) to call back; a closure processor has none"
+            )));
+        }
+        match self.time_store {
+            Some(i) => Ok(i),
+            None => Err(Error::InvalidUse(format!("{what} needs timers enabled: AppBuilder::timers(true)"))),
+        }
+    }
+
+    /// Registers a timer for `key` at `timestamp` on `domain`'s clock: once
+    /// the clock reaches `timestamp`, the timer is removed and
+    /// [`Processor::on_timer`](crate::Processor::on_timer) runs, in
+    /// timestamp order (then key order). A timer is state: it is written in
+    /// the task's next commit and survives crashes, restarts and
+    /// failovers; the removal and the callback's writes land in the same
+    /// commit. Registering the same key and time again is one timer; a
+    /// time already reached fires right after the current callback.
+    /// Needs [`AppBuilder::timers`](crate::AppBuilder::timers) and
+    /// [`App::run_processor`](crate::App::run_processor), else
+    /// [`Error::InvalidUse`]. Nothing checks that `key` belongs to this
+    /// partition: the timer belongs to the task.
+    pub fn register_timer(&mut self, domain: TimeDomain, key: &[u8], timestamp: i64) -> Result<()> {
+        let i = self.time_store("a timer")?;
+        self.time.register_timer(&mut self.stores[i], domain, key, timestamp)
+    }
+
+    /// Deletes the timer for `key` at `timestamp` on `domain`'s clock, if
+    /// there is one.
+    pub fn delete_timer(&mut self, domain: TimeDomain, key: &[u8], timestamp: i64) -> Result<()> {
+        let i = self.time_store("a timer")?;
+        self.time.delete_timer(&mut self.stores[i], domain, key, timestamp)
+    }
+
+    /// Schedules [`Processor::punctuate`](crate::Processor::punctuate)
+    /// every `interval` of `domain`'s clock for this task (Kafka Streams'
+    /// `schedule`): on stream time first at the task's first record, then
+    /// whenever stream time reaches the next multiple of `interval` (a
+    /// jump over several intervals runs it once); on the wall clock first
+    /// `interval` from now, then every `interval`, idle or not. Schedules
+    /// are not state: schedule them in
+    /// [`Processor::init`](crate::Processor::init), which runs whenever
+    /// the task starts. An interval under 1 ms is [`Error::InvalidUse`].
+    pub fn schedule(&mut self, domain: TimeDomain, interval: Duration) -> Result<PunctuationId> {
+        if !self.callbacks {
+            return Err(Error::InvalidUse(
+                "a punctuation needs a Processor (App::run_processor) to call back; a closure processor has none".into(),
+            ));
+        }
+        self.time.schedule(domain, interval, crate::time::wall_clock_ms())
+    }
+
+    /// Cancels a punctuation; `false` if it was not scheduled.
+    pub fn cancel(&mut self, id: PunctuationId) -> bool {
+        self.time.cancel(id)
     }
 }

@@ -195,6 +195,42 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// A record's extracted timestamp is invalid (negative, or the record
+    /// has none) and [`InvalidTimestamp::Fail`](crate::InvalidTimestamp::Fail)
+    /// applies: the processing exception handler, if any, decides, else `run` stops.
+    #[error("invalid timestamp {timestamp:?} of {topic} [{partition}] @ {offset} (a timestamp extractor or AppBuilder::on_invalid_timestamp can handle it)")]
+    InvalidTimestamp {
+        /// Input topic of the record.
+        topic: String,
+        /// Input partition of the record.
+        partition: i32,
+        /// Offset of the record.
+        offset: i64,
+        /// The timestamp extracted (`None`: the record has none).
+        timestamp: Option<i64>,
+    },
+
+    /// A processor callback other than `process` failed (`init`,
+    /// `on_timer`, `punctuate`): `run` stops; the task's uncommitted
+    /// writes are discarded and a restart runs the callback again.
+    #[error("processor's {callback} failed on partition {partition}: {source}")]
+    Callback {
+        /// Which callback: `init`, `on_timer` or `punctuate`.
+        callback: &'static str,
+        /// The task's partition.
+        partition: i32,
+        /// The processor's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// A call the arguments or the configuration do not allow: a
+    /// punctuation interval of zero, a timer without
+    /// [`AppBuilder::timers`](crate::AppBuilder::timers), timers or
+    /// punctuations from a closure processor (they need a [`Processor`](crate::Processor)).
+    #[error("invalid use: {0}")]
+    InvalidUse(String),
+
     /// Restoring a store from its changelog failed.
     #[error("restore of `{topic}` [{partition}] failed: {detail}")]
     Restore {

@@ -45,7 +45,12 @@
 //! | `kstate_transactions_aborted_total` | counter | exactly-once: transactions aborted (a failed commit, a fenced producer, lost tasks; no store labels) |
 //! | `kstate_offset_commit_failures_total` | counter | offset commits refused or failed, label `kind` (`group_changed`, `retriable`, `fatal`) |
 //! | `kstate_task_reinitialisations_total` | counter | tasks closed and restored after a fault of their own, label `partition` |
-//! | `kstate_skipped_records_total` | counter | records skipped by the processing-exception handler, labels `topic`, `partition` |
+//! | `kstate_skipped_records_total` | counter | records skipped by the processing-exception handler or for an invalid timestamp, labels `topic`, `partition` |
+//! | `kstate_stream_time_ms` | gauge | a task's stream time (largest record timestamp processed), updated at each commit, label `partition` only |
+//! | `kstate_timers_fired_total` | counter | timers fired, labels `partition`, `domain` (`stream_time`, `wall_clock`) |
+//! | `kstate_timer_lateness_seconds` | histogram | how long after its time a timer fired, on its own clock, labels `partition`, `domain` |
+//! | `kstate_punctuations_total` | counter | punctuations run, labels `partition`, `domain` |
+//! | `kstate_punctuation_seconds` | histogram | how long a punctuation ran, labels `partition`, `domain` |
 //! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
 //! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
 //! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
@@ -53,6 +58,16 @@
 
 use metrics::{counter, gauge, Counter, Gauge};
 
+/// Stream time gauge name.
+pub const STREAM_TIME: &str = "kstate_stream_time_ms";
+/// Timers fired counter name.
+pub const TIMERS_FIRED: &str = "kstate_timers_fired_total";
+/// Timer lateness histogram name.
+pub const TIMER_LATENESS: &str = "kstate_timer_lateness_seconds";
+/// Punctuations run counter name.
+pub const PUNCTUATIONS: &str = "kstate_punctuations_total";
+/// Punctuation duration histogram name.
+pub const PUNCTUATION_SECONDS: &str = "kstate_punctuation_seconds";
 /// Puts counter name.
 pub const STORE_PUTS: &str = "kstate_store_puts_total";
 /// Deletes counter name.

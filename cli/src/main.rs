@@ -336,6 +336,19 @@ fn print_inspect(r: &admin::InspectReport) {
             ]);
         }
         t.print();
+        for p in &a.partitions {
+            if let Some(timers) = &p.timers {
+                println!(
+                    "time of partition {}: stream time {}; {} stream-time timers (earliest {}); {} wall-clock timers (earliest {})",
+                    p.partition,
+                    opt(timers.stream_time),
+                    count(timers.stream_time_timers),
+                    opt(timers.earliest_stream_time_timer),
+                    count(timers.wall_clock_timers),
+                    opt(timers.earliest_wall_clock_timer),
+                );
+            }
+        }
     }
 }
 

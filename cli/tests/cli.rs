@@ -471,3 +471,46 @@ fn errors_are_clear_and_never_panics() {
     let r = kstate_json(0, &["--state-dir", &s, "--bootstrap", &bootstrap, "estimate-restore", "--app", &app]);
     assert!(r["partitions"][0]["note"].as_str().is_some_and(|n| n.contains("full restore")), "{r}");
 }
+
+#[test]
+fn inspect_shows_a_tasks_stream_time_and_pending_timers() {
+    use kstate::{Processor, ProcessorContext, ProcessorError, Record, TimeDomain, Timer};
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("cli-timers", 1);
+    // Value `i` (record timestamp 1000 + i): a stream-time timer at
+    // 1000 + i + 5 and a wall-clock timer far ahead, for key `i`.
+    struct Timers;
+    impl Processor for Timers {
+        fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+            let (key, ts) = (rec.value.unwrap(), ctx.timestamp().unwrap());
+            ctx.register_timer(TimeDomain::StreamTime, key, ts + 5)?;
+            ctx.register_timer(TimeDomain::WallClock, key, 4_000_000_000_000 + ts)?;
+            Ok(())
+        }
+        fn on_timer(&mut self, _: &mut ProcessorContext<'_>, _: &Timer) -> Result<(), ProcessorError> {
+            Ok(())
+        }
+    }
+    produce(&input, &(0..10).map(|i| (0, b"k".to_vec(), Some(i.to_string().into_bytes()))).collect::<Vec<_>>());
+    let built = builder(&app, &input, state.path())
+        .timers(true)
+        .timestamp_extractor(|rec, _| 1000 + rec.value_str().unwrap().parse::<i64>().unwrap())
+        .build()
+        .unwrap();
+    let stop = built.shutdown_handle();
+    let thread = std::thread::spawn(move || built.run_processor(|_| Timers));
+    wait_all_committed_at(&bootstrap(), &app, &input, 1, TIMEOUT);
+    stop.shutdown();
+    thread.join().unwrap().unwrap();
+    let r = kstate_json(0, &["--state-dir", &sd(state.path()), "inspect"]);
+    let a = r["applications"].as_array().unwrap().iter().find(|a| a["application_id"] == app.as_str()).unwrap().clone();
+    let time = a["partitions"].as_array().unwrap().iter().find(|p| p["store"] == kstate::TIME_STORE).unwrap().clone();
+    let t = &time["timers"];
+    // Stream time 1009: the timers of values 0..=4 (due by 1009) fired.
+    assert_eq!(t["stream_time"], 1009, "{time}");
+    assert_eq!((t["stream_time_timers"].as_u64(), t["earliest_stream_time_timer"].as_i64()), (Some(5), Some(1010)), "{time}");
+    assert_eq!((t["wall_clock_timers"].as_u64(), t["earliest_wall_clock_timer"].as_i64()), (Some(10), Some(4_000_000_001_000)), "{time}");
+    let (code, out, _) = kstate(&["--state-dir", &sd(state.path()), "inspect"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("stream time 1009; 5 stream-time timers (earliest 1010); 10 wall-clock timers"), "{out}");
+}

@@ -93,6 +93,9 @@ pub struct StorePartitionReport {
     pub disk_bytes: u64,
     /// Seconds since the newest SST file was written (the last flush), if any.
     pub last_flush_age_secs: Option<f64>,
+    /// The time store (`kstate-time`) only: the task's stream time and
+    /// its pending timers.
+    pub timers: Option<crate::timers::TimersSummary>,
     /// Why the database could not be read, if it could not.
     pub problem: Option<String>,
 }
@@ -139,6 +142,7 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         pending_compaction_bytes: 0,
         disk_bytes: dir_bytes(dir),
         last_flush_age_secs: newest_sst_age(&dir.join("db")),
+        timers: None,
         problem: None,
     };
     match crate::store::lock::is_held(dir) {
@@ -153,6 +157,9 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         r.logical_bytes = stats.logical_bytes;
         r.physical_bytes = stats.physical_bytes;
         r.pending_compaction_bytes = stats.pending_compaction_bytes;
+        if store == crate::timers::TIME_STORE {
+            r.timers = Some(crate::timers::TimersSummary::of(ro.db.iter())?);
+        }
         Ok(())
     });
     if let Err(e) = read {

@@ -11,10 +11,12 @@
 //! - `disk_gauges.rs`: the thread that measures the state dir.
 
 mod disk_gauges;
+mod dispatch;
 mod events;
 mod poll_loop;
 mod startup;
 
+pub(crate) use dispatch::{Closure, PerTask, ProcessorSet};
 pub(crate) use startup::PROCESS_ID_FILE;
 
 use std::collections::HashMap;
@@ -28,7 +30,6 @@ use rdkafka::ClientContext;
 
 use crate::shutdown::ShutdownHandle;
 use crate::kafka::{self, ChangelogProducer, ChangelogSpec};
-use crate::context::ProcessorContext;
 use crate::kafka::consumer_batch::QueueHandle;
 use crate::config::{AppConfig, ProcessingGuarantee};
 use crate::store::engine::EngineResources;
@@ -37,7 +38,6 @@ use crate::kafka::fetch_wake::{self, FetchWaker};
 use crate::group::Brokers;
 use crate::group::{GroupSettings, Membership};
 use crate::group::Committer;
-use crate::record::Record;
 use crate::restore::{NoopListener, Restorer};
 use crate::task::{TaskManager, TaskManagerParts};
 
@@ -80,11 +80,7 @@ struct RuntimeContext;
 impl ClientContext for RuntimeContext {}
 impl ConsumerContext for RuntimeContext {}
 
-pub(crate) fn run<F, E>(config: Arc<AppConfig>, shutdown: ShutdownHandle, mut processor: F) -> Result<()>
-where
-    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHandle, mut processors: S) -> Result<()> {
     let base = client_config(&config);
     // TLS and SASL failures are typed errors at once, not a startup timeout.
     let security = crate::group::Security::from_kafka_config(&config.kafka_overrides)?;
@@ -255,7 +251,7 @@ where
         tracing::info!(application_id = %config.application_id, topics = ?config.input_topics, partitions, "kstate started");
 
         let store_index: HashMap<String, usize> =
-            config.stores.iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
+            config.user_stores().iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
         let parts = LoopParts {
             config: &config,
             shutdown: &shutdown,
@@ -265,7 +261,7 @@ where
             shared: &shared,
             store_index: &store_index,
         };
-        let result = process_loop(parts, &mut processor);
+        let result = process_loop(parts, &mut processors);
 
         let mut tasks = shared.tasks.lock().expect("task lock");
         // Events that arrived meanwhile first: tasks lost must not be

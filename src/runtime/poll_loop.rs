@@ -10,14 +10,14 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset};
 
 use crate::shutdown::ShutdownHandle;
-use crate::context::ProcessorContext;
 use crate::kafka::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
-use crate::config::{AppConfig, ProcessingDecision};
+use crate::config::AppConfig;
 use crate::error::{Error, Result};
 use crate::group::Membership;
 use crate::record::{Headers, Record, TimestampType};
-use crate::task::{TaskManager, TaskState};
 
+
+use super::dispatch::{Dispatch, ProcessorSet};
 use super::disk_gauges::DiskGauges;
 use super::events::apply_group_events;
 use super::{RuntimeContext, Shared};
@@ -39,12 +39,9 @@ pub(super) struct LoopParts<'a> {
     pub(super) store_index: &'a HashMap<String, usize>,
 }
 
-pub(super) fn process_loop<F, E>(parts: LoopParts<'_>, processor: &mut F) -> Result<()>
-where
-    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &mut S) -> Result<()> {
     let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
+    let dispatch = Dispatch { config, store_index };
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
@@ -61,6 +58,7 @@ where
             tasks.poll_inflight(consumer)?;
             tasks.poll_offset_commit()?;
             tasks.refresh_metrics(consumer);
+            dispatch.serve_tasks(&mut tasks, processors)?;
         }
         // The consumer queue: errors and logs (served by rust-rdkafka, one
         // per call), and records of partitions that could not be forwarded
@@ -93,7 +91,7 @@ where
                         // SAFETY: the message outlives the record (this closure).
                         headers: unsafe { Headers::of_message(msg.ptr()) },
                     };
-                    process_one(&mut tasks, config, store_index, &record, processor)?;
+                    dispatch.process_one(&mut tasks, &record, processors)?;
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 // librdkafka's fatal errors leave the consumer unusable.
@@ -168,7 +166,7 @@ where
                     value: msg.payload(),
                     headers: msg.headers(),
                 };
-                process_one(&mut tasks, config, store_index, &record, processor)?;
+                dispatch.process_one(&mut tasks, &record, processors)?;
             }
             seek_back_to(consumer, seek_back);
             if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
@@ -177,69 +175,6 @@ where
         }
         if last_commit.elapsed() >= config.commit_interval && shared.tasks.lock().expect("task lock").commit_pipelined(consumer)? {
             last_commit = Instant::now();
-        }
-    }
-    Ok(())
-}
-
-fn process_one<F, E>(
-    tasks: &mut TaskManager,
-    config: &AppConfig,
-    store_index: &HashMap<String, usize>,
-    record: &Record<'_>,
-    processor: &mut F,
-) -> Result<()>
-where
-    F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let (topic, partition, offset) = (record.topic, record.partition, record.offset);
-    let outputs = &tasks.outputs;
-    let Some(task) = tasks.tasks.get_mut(&partition) else {
-        return Ok(()); // revoked while the record was in flight
-    };
-    if task.state != TaskState::Running || !task.topics.contains(topic) {
-        // Fetched before the pause took effect: replay it once the task runs.
-        let r = task.rewind.entry(topic.to_string()).or_insert(offset);
-        *r = (*r).min(offset);
-        return Ok(());
-    }
-    // The processor's own log lines belong to the task.
-    let in_task = task.span.enter();
-    let mut ctx = ProcessorContext::new(task.partition, &mut task.stores, store_index, outputs, record.timestamp);
-    let processed = processor(&mut ctx, record);
-    drop(in_task);
-    if let Err(e) = processed {
-        let source: Box<dyn std::error::Error + Send + Sync> = e.into();
-        // kstate's own output failure, passed on by the processor's `?`: the
-        // typed error, whatever a handler would say (skipping the record
-        // would not bring the output back).
-        let source = match source.downcast::<Error>() {
-            Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => return Err(*e),
-            Ok(e) => e as Box<dyn std::error::Error + Send + Sync>,
-            Err(source) => source,
-        };
-        let decision = match &config.processing_exception_handler {
-            Some(handler) => handler(record, &*source),
-            None => ProcessingDecision::Fail,
-        };
-        if decision != ProcessingDecision::Continue {
-            return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
-        }
-        tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
-        metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
-            .increment(1);
-    }
-    task.processed.increment(1);
-    // No String allocation per record: the topic's entry exists after its first record.
-    match task.offsets.get_mut(topic) {
-        Some(next) => *next = offset + 1,
-        None => {
-            task.offsets.insert(topic.to_string(), offset + 1);
-            // Where a re-initialised task restarts if nothing was committed yet.
-            if !task.restart_from.contains_key(topic) {
-                task.restart_from.insert(topic.to_string(), offset);
-            }
         }
     }
     Ok(())

@@ -539,6 +539,28 @@ fn decode_pair<K: Codec, V: Codec>(r: Result<(Vec<u8>, Vec<u8>)>) -> Result<(K::
     Ok((K::decode(&k)?, V::decode(&v)?))
 }
 
+/// A store in `dir` whose changelog producer never connects (unit tests
+/// of what is built on stores: nothing is committed).
+#[cfg(test)]
+pub(crate) fn scratch_store(dir: &Path) -> KeyValueStore {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", "127.0.0.1:1");
+    let producer = Arc::new(ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).expect("producer"));
+    let resources = EngineResources::new(8 << 20, 4 << 20);
+    KeyValueStore::open(StoreOpenArgs {
+        name: "scratch",
+        partition: 0,
+        dir: dir.to_path_buf(),
+        changelog_topic: "scratch-changelog".into(),
+        max_record_bytes: 1_000_000,
+        producer,
+        resources: &resources,
+        lock_timeout: Duration::from_secs(1),
+        tombstone_retention: None,
+    })
+    .expect("scratch store")
+}
+
 #[cfg(test)]
 mod tests {
     use super::prefix_successor;

@@ -271,6 +271,8 @@ impl TaskManager {
             for (topic, offset) in task.offsets.drain() {
                 offsets.add_partition_offset(&topic, task.partition, Offset::Offset(offset))?;
             }
+            let time_store = self.config.time_store_index().map(|i| &mut task.stores[i]);
+            task.time.persist(time_store)?;
             let before = sealed.len();
             for store in &mut task.stores {
                 sealed.extend(store.seal()?);

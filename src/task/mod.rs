@@ -42,6 +42,7 @@ use crate::kafka::fetch_wake::FetchWaker;
 use crate::restore::Restorer;
 use crate::store::KeyValueStore;
 use crate::store::engine::EngineResources;
+use crate::timers::TaskTime;
 
 use cleanup::StateCleanup;
 use closing::Closer;
@@ -100,6 +101,9 @@ pub(crate) struct Task {
     /// The task's tracing span (application, partition): the lines of its
     /// opening, restore, processing and closing are logged in it.
     pub(crate) span: tracing::Span,
+    /// Stream time, timers and punctuations (stream time and timers are
+    /// read from the time store when the task starts running).
+    pub(crate) time: TaskTime,
 }
 
 /// The tracing span of active task `partition` of `application_id`.
@@ -133,7 +137,14 @@ impl Task {
             processed: metrics::counter!(crate::metrics::RECORDS_PROCESSED, "partition" => partition.to_string()),
             open_at: Some(open_at),
             span,
+            time: TaskTime::new(partition),
         }
+    }
+
+    /// Tells this incarnation of the task apart from earlier ones (a
+    /// re-initialised task is a new incarnation).
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     fn input(&self) -> TopicPartitionList {

@@ -296,6 +296,12 @@ impl TaskManager {
             let task = self.tasks.get_mut(&job.partition).expect("checked");
             let _in_task = job.span.enter();
             task.stores = job.stores;
+            let time_store = self.config.time_store_index().map(|i| &task.stores[i]);
+            if let Err(e) = task.time.load(time_store) {
+                let partition = task.partition;
+                self.reinitialise(consumer, partition, e)?;
+                continue;
+            }
             task.state = TaskState::Running;
             for topic in &task.topics {
                 if let Some(offset) = task.rewind.remove(topic) {

@@ -1,0 +1,49 @@
+//! The [`Processor`] trait: one value per task, with callbacks for the
+//! task's start, its records, its timers and its punctuations.
+
+use crate::context::ProcessorContext;
+use crate::record::Record;
+use crate::time::{Punctuation, Timer};
+
+/// The error a processor callback returns (any error type converts into it with `?`).
+pub type ProcessorError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Processes one task's records (Kafka Streams' `Processor`). The factory
+/// given to [`App::run_processor`](crate::App::run_processor) builds one
+/// value per task when the task starts running (after its stores are
+/// restored), so per-task fields need no map keyed by partition; the value
+/// is dropped when the task closes (revoked, lost, re-initialised).
+///
+/// Every callback sees the same [`ProcessorContext`]: the task's stores,
+/// output records, its timers and punctuations. Their writes and outputs
+/// belong to the commit that follows, in the same transaction under
+/// exactly-once. An error from `process` goes to the processing exception
+/// handler; an error from any other callback stops `run` with
+/// [`Error::Callback`](crate::Error::Callback).
+pub trait Processor {
+    /// Called once when the task starts running, before its first record:
+    /// schedule punctuations here (they are not kept across restarts;
+    /// timers are).
+    fn init(&mut self, ctx: &mut ProcessorContext<'_>) -> Result<(), ProcessorError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// Processes one input record of the task.
+    fn process(&mut self, ctx: &mut ProcessorContext<'_>, record: &Record<'_>) -> Result<(), ProcessorError>;
+
+    /// A timer registered with [`ProcessorContext::register_timer`] is due.
+    /// It was removed before this call, in the same commit as this call's
+    /// writes. The default fails: a processor that registers timers must
+    /// handle them.
+    fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
+        let _ = ctx;
+        Err(format!("timer {timer:?} fired but the processor does not implement Processor::on_timer").into())
+    }
+
+    /// A punctuation scheduled with [`ProcessorContext::schedule`] is due.
+    fn punctuate(&mut self, ctx: &mut ProcessorContext<'_>, punctuation: &Punctuation) -> Result<(), ProcessorError> {
+        let _ = (ctx, punctuation);
+        Ok(())
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::assignment::AssignmentStrategy;
 use crate::error::{Error, Result};
 use crate::restore::RestoreListener;
-use crate::time::{InvalidTimestamp, TimestampExtractor};
+use crate::time::{InvalidTimestamp, TimeDomain, TimestampExtractor};
 use crate::timers::TIME_STORE;
 
 /// Defines one state store: its name and extra settings for its changelog topic.
@@ -21,12 +21,52 @@ use crate::timers::TIME_STORE;
 pub struct StoreDefinition {
     name: String,
     changelog_configs: Vec<(String, String)>,
+    ttl: Option<(Duration, TimeDomain)>,
+    ttl_cleanup_interval: Duration,
 }
 
 impl StoreDefinition {
     /// A store named `name` (letters, digits, `.`, `_`, `-`).
     pub fn new(name: impl Into<String>) -> Self {
-        StoreDefinition { name: name.into(), changelog_configs: Vec::new() }
+        StoreDefinition { name: name.into(), changelog_configs: Vec::new(), ttl: None, ttl_cleanup_interval: Duration::from_secs(600) }
+    }
+
+    /// Gives every entry a time to live since its last write, on
+    /// `domain`'s clock: the task's stream time, or the wall clock. An
+    /// expired entry is never returned by `get`, range or prefix scans,
+    /// from the moment it expires; a sweep deletes it, which sends its
+    /// tombstone to the changelog within
+    /// [`ttl_cleanup_interval`](Self::ttl_cleanup_interval) (so no restore
+    /// or standby brings it back), and RocksDB's compaction drops it.
+    /// Each value is stored with its write time in front (8 bytes, in
+    /// RocksDB and in the changelog): adding or removing a TTL changes the
+    /// store's format (use a new store name); changing the duration is
+    /// safe and applies to existing entries at once. A stream-time TTL
+    /// needs [`AppBuilder::timers`](crate::AppBuilder::timers) for stream
+    /// time to survive restarts (without it, stream time starts again at
+    /// the first record, which only delays expiry).
+    pub fn ttl(mut self, ttl: Duration, domain: TimeDomain) -> Self {
+        self.ttl = Some((ttl, domain));
+        self
+    }
+
+    /// How long a full TTL sweep of a store partition may take (default
+    /// 10 minutes): expired entries are tombstoned in the changelog at
+    /// most this long after they expired (plus a commit interval), at the
+    /// cost of reading every entry once per interval (in steps, each
+    /// second, on the processing thread).
+    pub fn ttl_cleanup_interval(mut self, interval: Duration) -> Self {
+        self.ttl_cleanup_interval = interval;
+        self
+    }
+
+    /// The store's time to live, if it has one.
+    pub fn time_to_live(&self) -> Option<(Duration, TimeDomain)> {
+        self.ttl
+    }
+
+    pub(crate) fn cleanup_interval(&self) -> Duration {
+        self.ttl_cleanup_interval
     }
 
     /// Adds a topic config used when kstate creates the changelog topic
@@ -207,6 +247,18 @@ impl AppConfig {
             let topic = crate::kafka::changelog_topic(&self.application_id, s.name());
             if topic.len() > 249 {
                 return Err(Error::Config(format!("changelog topic name `{topic}` is longer than Kafka's 249")));
+            }
+            if let Some((ttl, _)) = s.ttl {
+                if ttl < Duration::from_millis(1) {
+                    return Err(Error::Config(format!("store `{}`: a TTL must be at least 1 ms, not {ttl:?}", s.name())));
+                }
+                if s.ttl_cleanup_interval < Duration::from_secs(1) {
+                    return Err(Error::Config(format!(
+                        "store `{}`: ttl_cleanup_interval must be at least 1 s, not {:?}",
+                        s.name(),
+                        s.ttl_cleanup_interval
+                    )));
+                }
             }
             if s.changelog_configs().iter().any(|(k, _)| k == "cleanup.policy") {
                 return Err(Error::Config(format!(

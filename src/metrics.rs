@@ -24,6 +24,7 @@
 //! | `kstate_standby_lag_bytes` | gauge | bytes a standby is behind, estimated: lag in records × its average record size |
 //! | `kstate_store_puts_total` | counter | puts |
 //! | `kstate_store_deletes_total` | counter | deletes |
+//! | `kstate_ttl_expired_total` | counter | expired entries the TTL sweep deleted (each a changelog tombstone) |
 //! | `kstate_store_gets_total` | counter | point reads |
 //! | `kstate_store_overlay_bytes` | gauge | uncommitted writes held in memory |
 //! | `kstate_restore_records_total` | counter | changelog records restored |
@@ -58,6 +59,8 @@
 
 use metrics::{counter, gauge, Counter, Gauge};
 
+/// Expired entries deleted counter name.
+pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";
 /// Stream time gauge name.
 pub const STREAM_TIME: &str = "kstate_stream_time_ms";
 /// Timers fired counter name.
@@ -176,6 +179,7 @@ pub(crate) struct StoreMetrics {
     pub(crate) block_cache_misses: Counter,
     pub(crate) restore_remaining_bytes: Gauge,
     pub(crate) standby_lag_bytes: Gauge,
+    pub(crate) expired: Counter,
     store: String,
     partition: String,
 }
@@ -188,6 +192,7 @@ impl StoreMetrics {
         StoreMetrics {
             puts: counter!(STORE_PUTS, &labels),
             deletes: counter!(STORE_DELETES, &labels),
+            expired: counter!(TTL_EXPIRED, &labels),
             gets: counter!(STORE_GETS, &labels),
             overlay_bytes: gauge!(STORE_OVERLAY_BYTES, &labels),
             restore_records: counter!(RESTORE_RECORDS, &labels),

@@ -58,6 +58,7 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
             tasks.poll_inflight(consumer)?;
             tasks.poll_offset_commit()?;
             tasks.refresh_metrics(consumer);
+            tasks.sweep_expired(consumer)?;
             dispatch.serve_tasks(&mut tasks, processors)?;
         }
         // The consumer queue: errors and logs (served by rust-rdkafka, one

@@ -11,6 +11,7 @@ pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod overlay;
 pub(crate) mod state_dir;
+mod ttl;
 
 use std::marker::PhantomData;
 use std::ops::Bound;
@@ -26,6 +27,9 @@ use crate::error::{Error, Result};
 use crate::store::lock::DirLock;
 use crate::metrics::StoreMetrics;
 use crate::store::overlay::{layered, MergeIter, Overlay};
+use ttl::Ttl;
+
+pub(crate) use ttl::NO_TIME;
 
 /// Everything a store partition needs to open.
 pub(crate) struct StoreOpenArgs<'a> {
@@ -39,6 +43,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) lock_timeout: Duration,
     /// The changelog's `delete.retention.ms`, if known.
     pub(crate) tombstone_retention: Option<Duration>,
+    /// The store's time to live, if it has one.
+    pub(crate) ttl: Option<(Duration, crate::time::TimeDomain)>,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -73,6 +79,8 @@ pub struct KeyValueStore {
     pub(crate) open_problem: Option<String>,
     db_dir: PathBuf,
     resources: EngineResources,
+    /// Time to live of the entries, if the store has one.
+    ttl: Option<Ttl>,
     // Field order matters: the engine closes before the lock is released.
     /// Shared with the background writer while a commit is in flight.
     engine: Option<Arc<Engine>>,
@@ -234,6 +242,7 @@ impl KeyValueStore {
             open_problem,
             db_dir,
             resources: args.resources.clone(),
+            ttl: args.ttl.map(|(ttl, domain)| Ttl::new(ttl, domain)),
             engine: Some(Arc::new(engine)),
             _lock: lock,
         })
@@ -299,10 +308,14 @@ impl KeyValueStore {
     /// Reads a key, seeing uncommitted writes.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.metrics.gets.increment(1);
-        match self.overlay.get(key).or_else(|| self.sealed.get(key)) {
-            Some(v) => Ok(v.map(<[u8]>::to_vec)),
-            None => self.engine().get(key),
-        }
+        let stored = match self.overlay.get(key).or_else(|| self.sealed.get(key)) {
+            Some(v) => v.map(<[u8]>::to_vec),
+            None => self.engine().get(key)?,
+        };
+        Ok(match (&self.ttl, stored) {
+            (Some(ttl), Some(v)) => ttl.live(&v, ttl.read_time()).map(<[u8]>::to_vec),
+            (_, stored) => stored,
+        })
     }
 
     /// Writes a key. Fails with [`Error::RecordTooLarge`] before anything is
@@ -312,6 +325,8 @@ impl KeyValueStore {
     /// write of each key since the previous commit is sent (as Kafka
     /// Streams' record cache does).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        let stamped = self.ttl.as_ref().map(|ttl| ttl.stamp(value));
+        let value = stamped.as_deref().unwrap_or(value);
         self.check_size(key.len() + value.len())?;
         self.overlay.write(key, Some(value));
         self.metrics.puts.increment(1);
@@ -351,8 +366,68 @@ impl KeyValueStore {
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
+        let now = self.ttl.as_ref().and_then(Ttl::read_time);
+        self.stored_range(start, end).filter_map(move |entry| match (&self.ttl, entry) {
+            (Some(ttl), Ok((k, v))) => ttl.live(&v, now).map(|live| Ok((k, live.to_vec()))),
+            (_, entry) => Some(entry),
+        })
+    }
+
+    /// Entries within bounds as stored (TTL stamps included, expired ones too).
+    fn stored_range<'a>(
+        &'a self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+    ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
         let overlays = layered(self.overlay.range(start, end), self.sealed.range(start, end));
         MergeIter::new(overlays, self.engine().scan(start, end))
+    }
+
+    /// Whether the store has a TTL.
+    pub(crate) fn has_ttl(&self) -> bool {
+        self.ttl.is_some()
+    }
+
+    /// A stream-time TTL follows this clock (the task's stream time).
+    pub(crate) fn follow_stream_clock(&mut self, clock: &Arc<AtomicI64>) {
+        if let Some(ttl) = &mut self.ttl {
+            ttl.follow(clock.clone());
+        }
+    }
+
+    /// The next step of the TTL sweep: reads up to `budget` entries from
+    /// where the last step stopped (wrapping at the end) and deletes the
+    /// expired ones, so that their tombstones go out with the next commit.
+    /// Returns how many it deleted.
+    pub(crate) fn sweep_expired(&mut self, budget: usize) -> Result<u64> {
+        let Some(ttl) = &self.ttl else { return Ok(0) };
+        let now = ttl.read_time();
+        if now.is_none() {
+            return Ok(0);
+        }
+        let from = ttl.cursor().to_vec();
+        let (mut expired, mut last, mut read) = (Vec::new(), None, 0);
+        for entry in self.stored_range(Bound::Included(&from), Bound::Unbounded).take(budget) {
+            let (k, v) = entry?;
+            read += 1;
+            if ttl.live(&v, now).is_none() {
+                expired.push(k.clone());
+            }
+            last = Some(k);
+        }
+        let next = match last {
+            Some(mut k) if read == budget => {
+                k.push(0);
+                k
+            }
+            _ => Vec::new(), // the end: start over
+        };
+        self.ttl.as_mut().expect("checked").set_cursor(next);
+        for k in &expired {
+            self.delete(k)?;
+        }
+        self.metrics.expired.increment(expired.len() as u64);
+        Ok(expired.len() as u64)
     }
 
     /// Every entry whose key starts with `prefix`, in key order.
@@ -557,6 +632,7 @@ pub(crate) fn scratch_store(dir: &Path) -> KeyValueStore {
         resources: &resources,
         lock_timeout: Duration::from_secs(1),
         tombstone_retention: None,
+        ttl: None,
     })
     .expect("scratch store")
 }

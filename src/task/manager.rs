@@ -74,6 +74,7 @@ impl TaskManager {
             eos: ExactlyOnce::new(new_producer),
             cleanup: StateCleanup::new(),
             last_relief: Instant::now(),
+            last_sweep: Instant::now(),
             last_engine_metrics: Instant::now(),
             fetch_waker: None,
             generation: None,

@@ -24,6 +24,7 @@
 //! | `offsets.rs` | committing input offsets under the group generation |
 //! | `transaction.rs` | the exactly-once commit (one Kafka transaction), aborts, producer fencing, parked commits |
 //! | `cleanup.rs` | deleting state directories of tasks no longer held here |
+//! | `expiry.rs` | the TTL sweep: expired entries deleted, their tombstones sent with the next commit |
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -56,6 +57,7 @@ use transaction::ExactlyOnce;
 mod cleanup;
 mod closing;
 mod commit;
+mod expiry;
 mod manager;
 mod offsets;
 mod opening;
@@ -186,6 +188,8 @@ pub(crate) struct TaskManager {
     /// Exactly-once: fencing count and the commit parked over a rebalance.
     eos: ExactlyOnce,
     cleanup: StateCleanup,
+    /// When the TTL sweep last took a step.
+    last_sweep: Instant,
     /// When memtables were last flushed to stay within `max_state_memory`.
     last_relief: Instant,
     last_engine_metrics: Instant,

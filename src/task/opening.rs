@@ -157,6 +157,7 @@ impl TaskManager {
                             producer: producer.clone(),
                             resources: &resources,
                             lock_timeout: config.lock_timeout,
+                            ttl: def.time_to_live(),
                         })?);
                     }
                     wait_stable(stores)
@@ -301,6 +302,9 @@ impl TaskManager {
                 let partition = task.partition;
                 self.reinitialise(consumer, partition, e)?;
                 continue;
+            }
+            for store in &mut task.stores {
+                store.follow_stream_clock(task.time.clock());
             }
             task.state = TaskState::Running;
             for topic in &task.topics {

@@ -11,10 +11,12 @@
 //! | `queue.rs` | one clock's timers: their key layout, the in-memory cache of the earliest ones |
 //! | `punctuation.rs` | punctuation schedules and when each runs next |
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::KeyValueStore;
+use crate::store::{KeyValueStore, NO_TIME};
 use crate::time::{Punctuation, PunctuationId, TimeDomain, Timer};
 
 mod punctuation;
@@ -84,6 +86,8 @@ pub(crate) enum Due {
 /// One task's clocks, timers and punctuations.
 pub(crate) struct TaskTime {
     stream_time: Option<i64>,
+    /// Stream time for the task's stream-time TTL stores (`NO_TIME` until known).
+    clock: Arc<AtomicI64>,
     /// The stream time last written to the time store.
     persisted: Option<i64>,
     stream_timers: TimerQueue,
@@ -136,6 +140,7 @@ impl TaskTime {
     pub(crate) fn new(partition: i32) -> Self {
         TaskTime {
             stream_time: None,
+            clock: Arc::new(AtomicI64::new(NO_TIME)),
             persisted: None,
             stream_timers: TimerQueue::new(TimeDomain::StreamTime),
             wall_timers: TimerQueue::new(TimeDomain::WallClock),
@@ -155,6 +160,7 @@ impl TaskTime {
             })?);
             self.stream_time = Some(t);
             self.persisted = Some(t);
+            self.clock.store(t, Ordering::Relaxed);
             self.gauge.set(t as f64);
         }
         Ok(())
@@ -176,6 +182,11 @@ impl TaskTime {
         Ok(())
     }
 
+    /// The task's stream time as its stream-time TTL stores read it.
+    pub(crate) fn clock(&self) -> &Arc<AtomicI64> {
+        &self.clock
+    }
+
     /// The largest record timestamp the task has processed.
     pub(crate) fn stream_time(&self) -> Option<i64> {
         self.stream_time
@@ -185,6 +196,7 @@ impl TaskTime {
     pub(crate) fn advance(&mut self, timestamp: i64) -> bool {
         if self.stream_time.is_none_or(|t| timestamp > t) {
             self.stream_time = Some(timestamp);
+            self.clock.store(timestamp, Ordering::Relaxed);
             true
         } else {
             false

@@ -22,11 +22,15 @@
 //!
 //! Standbys, per task in ascending order: start from the task's previous standbys (best copy
 //! first, then least loaded), fill up with the members adding the most tag spread (then least
-//! loaded, then the best copy), then apply the best strictly-improving swap of tag spread until none is
-//! left. Then standbys move from a member to one with at least two tasks fewer (active +
-//! standby) while a move keeps the spread. Tag spread of a set = sum over tag keys of the
-//! number of distinct values among the active and its standbys. Because a swap must strictly improve spread, a previous standby set
-//! survives unless its spread can be improved, which makes every output a fixed point.
+//! loaded, then the best copy), then apply the best strictly-improving swap of tag spread until
+//! none is left. Then standbys move from a member to one with at least two tasks fewer
+//! (active + standby) while a move keeps the spread. When every such move is blocked (the lighter
+//! members already hold each of the heavy one's standby tasks), a chain of moves does it: the
+//! heavy member passes a standby to a member that passes another one on, and so on down to a
+//! lighter one (loads in between stay), so that without tags total loads end within one. Tag
+//! spread of a set = sum over tag keys of the number of distinct values among the active and
+//! its standbys. Because a swap must strictly improve spread, a previous standby set survives
+//! unless its spread can be improved, which makes every output a fixed point.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
@@ -464,8 +468,11 @@ impl<'a> Ctx<'a> {
     /// never lowers the task's tag spread and leaves no strictly better
     /// spread swap behind (so the result stays a fixed point). Each move
     /// takes the largest load difference, then the receiver's best copy,
-    /// then the smallest task and receiver. Terminates: every move lowers
-    /// the sum of squared loads.
+    /// then the smallest task and receiver. When every such move is blocked
+    /// (the lighter members already hold the heavy one's standby tasks), a
+    /// chain of moves through members that pass one standby on each is
+    /// tried (see [`Ctx::standby_chain`]). Terminates: every move or chain
+    /// lowers the sum of squared loads.
     fn balance_standbys(&self, owner: &[usize], sets: &mut [Vec<usize>], load: &mut [usize]) {
         let n = self.members.len();
         loop {
@@ -473,7 +480,6 @@ impl<'a> Ctx<'a> {
             type Move = ((Reverse<usize>, Reverse<CopyRank>, usize, usize), usize, usize, usize);
             let mut best: Option<Move> = None;
             for t in 0..sets.len() {
-                let before = self.spread(owner[t], &sets[t]);
                 for pos in 0..sets[t].len() {
                     let from = sets[t][pos];
                     for to in 0..n {
@@ -484,28 +490,116 @@ impl<'a> Ctx<'a> {
                         if best.as_ref().is_some_and(|(b, ..)| *b <= key) {
                             continue;
                         }
-                        let mut trial = sets[t].clone();
-                        trial[pos] = to;
-                        if self.num_keys > 0 {
-                            if self.spread(owner[t], &trial) < before {
-                                continue;
-                            }
-                            let mut check = trial.clone();
-                            self.improve_spread(t, owner[t], &mut check, load);
-                            if check != trial {
-                                continue;
-                            }
+                        if !self.move_keeps_spread(t, owner[t], &sets[t], pos, to, load) {
+                            continue;
                         }
                         best = Some((key, t, pos, to));
                     }
                 }
             }
-            let Some((_, t, pos, to)) = best else { return };
-            let from = sets[t][pos];
-            sets[t][pos] = to;
-            load[from] -= 1;
-            load[to] += 1;
+            let moves = match best {
+                Some((_, t, pos, to)) => vec![(t, pos, to)],
+                None => self.standby_chain(owner, sets, load),
+            };
+            if moves.is_empty() {
+                return;
+            }
+            for (t, pos, to) in moves {
+                let from = sets[t][pos];
+                sets[t][pos] = to;
+                load[from] -= 1;
+                load[to] += 1;
+            }
         }
+    }
+
+    /// Whether replacing standby `set[pos]` of task `t` (active `active`) by `to` keeps the
+    /// tag spread and leaves no strictly improving swap behind (always true without tags).
+    fn move_keeps_spread(&self, t: usize, active: usize, set: &[usize], pos: usize, to: usize, load: &[usize]) -> bool {
+        if self.num_keys == 0 {
+            return true;
+        }
+        let mut trial = set.to_vec();
+        trial[pos] = to;
+        if self.spread(active, &trial) < self.spread(active, set) {
+            return false;
+        }
+        let mut check = trial.clone();
+        self.improve_spread(t, active, &mut check, load);
+        check == trial
+    }
+
+    /// A chain of standby moves s -> m1 -> ... -> r, each member passing one standby on to
+    /// the next, so that only s (one task less) and r (one more) change load, with
+    /// `load[r] + 2 <= load[s]`. Each step is a move `balance_standbys` allows, judged on the
+    /// current sets; the tasks along a chain are distinct, so the steps do not interfere.
+    /// Breadth-first from every member; picks the largest load difference, then the
+    /// shortest chain, then the smallest s and r; a step to a member takes its best copy,
+    /// then the smallest task. Returns the moves as (task, position in its standby set,
+    /// receiver), empty if there is no chain.
+    fn standby_chain(&self, owner: &[usize], sets: &[Vec<usize>], load: &[usize]) -> Vec<(usize, usize, usize)> {
+        let n = self.members.len();
+        let max = *load.iter().max().expect("at least one member");
+        let min = *load.iter().min().expect("at least one member");
+        if max < min + 2 {
+            return Vec::new();
+        }
+        // steps[from]: (to, task, position) for every allowed single move.
+        let mut steps: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new(); n];
+        for (t, set) in sets.iter().enumerate() {
+            for (pos, &from) in set.iter().enumerate() {
+                for to in 0..n {
+                    if to != owner[t] && !set.contains(&to) && self.move_keeps_spread(t, owner[t], set, pos, to, load) {
+                        steps[from].push((to, t, pos));
+                    }
+                }
+            }
+        }
+        for v in &mut steps {
+            v.sort_by_key(|&(to, t, _)| (to, Reverse(self.copy_rank(to, t)), t));
+        }
+        // (key, chain)
+        type Chain = ((Reverse<usize>, usize, usize, usize), Vec<(usize, usize, usize)>);
+        let mut best: Option<Chain> = None;
+        for s in (0..n).filter(|&s| load[s] >= min + 2) {
+            // via[m]: the step that reached m, and m's depth.
+            let mut via: Vec<Option<(usize, usize, usize)>> = vec![None; n];
+            let mut depth = vec![usize::MAX; n];
+            depth[s] = 0;
+            let mut queue = std::collections::VecDeque::from([s]);
+            while let Some(u) = queue.pop_front() {
+                // The tasks already moved on the way to u.
+                let mut used = Vec::new();
+                let mut m = u;
+                while let Some((prev, t, _)) = via[m] {
+                    used.push(t);
+                    m = prev;
+                }
+                for &(to, t, pos) in &steps[u] {
+                    if depth[to] != usize::MAX || used.contains(&t) {
+                        continue;
+                    }
+                    depth[to] = depth[u] + 1;
+                    via[to] = Some((u, t, pos));
+                    queue.push_back(to);
+                }
+            }
+            for r in (0..n).filter(|&r| depth[r] != usize::MAX && load[r] + 2 <= load[s]) {
+                let key = (Reverse(load[s] - load[r]), depth[r], s, r);
+                if best.as_ref().is_some_and(|(b, _)| *b <= key) {
+                    continue;
+                }
+                let mut chain = Vec::new();
+                let mut m = r;
+                while let Some((prev, t, pos)) = via[m] {
+                    chain.push((t, pos, m));
+                    m = prev;
+                }
+                chain.reverse();
+                best = Some((key, chain));
+            }
+        }
+        best.map(|(_, chain)| chain).unwrap_or_default()
     }
 
     /// Applies the best strictly-improving single swap (standby out, other member in) of tag

@@ -459,6 +459,28 @@ fn standby_tag_greedy_order_is_stable() {
     }
 }
 
+/// Without tags the total load (active + standby) is balanced within one even when every
+/// direct standby move is blocked (the receiver already holds the task): the proptest case
+/// that found this ended at loads [4, 4, 4, 5, 3, 4].
+#[test]
+fn total_load_balanced_when_direct_moves_are_blocked() {
+    let members = vec![
+        member("bbc", &[], &[], &[(1, 825), (3, 825)], &[]),
+        member("cbh", &[], &[], &[(7, 87)], &[]),
+        member("ee", &[7], &[2], &[(6, 241)], &[]),
+        member("f", &[0, 6], &[1, 3, 4], &[(5, 825)], &[]),
+        member("ha", &[], &[3], &[(4, 0)], &[]),
+        member("he", &[], &[], &[(1, 0), (7, 0)], &[]),
+    ];
+    let out = assign(8, &members, 2);
+    check_invariants(8, &members, 2, &out).unwrap();
+    let loads: Vec<usize> = out.values().map(|m| m.active.len() + m.standby.len()).collect();
+    let (max, min) = (*loads.iter().max().unwrap(), *loads.iter().min().unwrap());
+    assert!(max - min <= 1, "loads {loads:?}: {out:?}");
+    let next = feed_back(&members, &out);
+    assert_eq!(assign(8, &next, 2), out, "a fixed point");
+}
+
 /// 8 members, 64 tasks, full state everywhere, conflicting claims, tags, 3 standbys.
 #[test]
 fn perf_8_members_64_tasks() {

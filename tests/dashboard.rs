@@ -210,10 +210,15 @@ const TOPICS: &[(&str, &[&str])] = &[
     ("input lag", &["kstate_input_lag_records"]),
     ("commit latency", &["kstate_commit_seconds"]),
     ("skew by task", &["kstate_records_processed_total", "kstate_store_logical_bytes"]),
+    (
+        "keys and timers, stream time, TTL",
+        &["kstate_stream_time_ms", "kstate_timers_fired_total", "kstate_punctuations_total", "kstate_timer_lateness_seconds", "kstate_ttl_expired_total"],
+    ),
 ];
 
 /// The sections of docs/runbook.md the panels' hints point to.
-const RUNBOOK_SECTIONS: &[&str] = &["State growth", "Slow restore", "Compaction stalls", "Disk full", "Lagging standby"];
+const RUNBOOK_SECTIONS: &[&str] =
+    &["State growth", "Slow restore", "Compaction stalls", "Disk full", "Lagging standby", "TTL and timer cleanup"];
 
 #[test]
 fn dashboard_covers_every_required_topic() {
@@ -365,6 +370,10 @@ fn dashboard_metrics_are_exported() {
         "kstate_commit_seconds_count",
         "kstate_restore_records_total",
         "kstate_restore_bytes_total",
+        "kstate_stream_time_ms",
+        "kstate_timers_fired_total",
+        "kstate_punctuations_total",
+        "kstate_ttl_expired_total",
     ];
 
     let documented = documented();
@@ -382,17 +391,37 @@ fn dashboard_metrics_are_exported() {
     const PARTITIONS: i32 = 2;
     let Fixture { input, app, state } = fixture("dashboard", PARTITIONS);
     let second_state = tempfile::tempdir().unwrap();
-    let start = |dir: &Path| {
-        let builder = builder(&app, &input, dir)
-            .store(StoreDefinition::new("s"))
-            .num_standby_replicas(1)
-            .commit_interval(Duration::from_millis(200));
-        Running::start(builder, |ctx, rec| {
+    // Each record: a put into a TTL store (entries expire after 1 s) and
+    // a wall-clock timer 100 ms ahead; a stream-time punctuation.
+    struct Writer;
+    impl kstate::Processor for Writer {
+        fn init(&mut self, ctx: &mut kstate::ProcessorContext<'_>) -> Result<(), kstate::ProcessorError> {
+            ctx.schedule(kstate::TimeDomain::StreamTime, Duration::from_millis(100))?;
+            Ok(())
+        }
+        fn process(&mut self, ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
             let s = ctx.store("s")?;
             s.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())?;
             let _ = s.get(rec.key.unwrap_or_default())?;
+            let at = ctx.wall_clock_time() + 100;
+            ctx.register_timer(kstate::TimeDomain::WallClock, rec.key.unwrap_or_default(), at)?;
             Ok(())
-        })
+        }
+        fn on_timer(&mut self, _: &mut kstate::ProcessorContext<'_>, _: &kstate::Timer) -> Result<(), kstate::ProcessorError> {
+            Ok(())
+        }
+    }
+    let start = |dir: &Path| {
+        let builder = builder(&app, &input, dir)
+            .store(
+                StoreDefinition::new("s")
+                    .ttl(Duration::from_secs(1), kstate::TimeDomain::WallClock)
+                    .ttl_cleanup_interval(Duration::from_secs(1)),
+            )
+            .timers(true)
+            .num_standby_replicas(1)
+            .commit_interval(Duration::from_millis(200));
+        Running::start_processor(builder, |_| Writer)
     };
     let first = start(state.path());
     let second = start(second_state.path());

@@ -291,6 +291,18 @@ impl Running {
         Running { shutdown, thread }
     }
 
+    /// [`Running::start`] with a [`kstate::Processor`] per task.
+    pub fn start_processor<P, F>(builder: AppBuilder, factory: F) -> Running
+    where
+        P: kstate::Processor,
+        F: FnMut(i32) -> P + Send + 'static,
+    {
+        let app: App = builder.build().expect("valid config");
+        let shutdown = app.shutdown_handle();
+        let thread = std::thread::spawn(move || app.run_processor(factory));
+        Running { shutdown, thread }
+    }
+
     /// Shuts the app down; a shutdown that hangs fails the test instead of
     /// hanging it.
     pub fn stop(self) -> kstate::Result<()> {

@@ -104,6 +104,14 @@ fn run(args: &[String]) -> Result<String, BoxError> {
                 g => return Err(format!("--guarantee: expected exactly_once or at_least_once, got `{g}`").into()),
             },
         ),
+        "kstate-time" => kstate_time(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--input")?,
+            opt(args, "--records")?.parse()?,
+            opt(args, "--state-dir")?,
+            opt(args, "--variant")?,
+        ),
         "count" => count(&b, opt(args, "--topic")?, args.iter().any(|a| a == "--read-committed")),
         "delete-topics" => delete_topics(&b, opt(args, "--prefix")?),
         _ => Err(format!("unknown subcommand `{cmd}`").into()),
@@ -542,6 +550,101 @@ fn kstate_write(
     Ok(format!(
         "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output}}}",
         records as f64 / secs
+    ))
+}
+
+/// The time workloads, each a [`kstate::Processor`] writing every input
+/// record into store `kv` (a tombstone deletes):
+/// - `plain`: just that;
+/// - `timers`: plus a stream-time timer registered per record, 100 ms of
+///   event time ahead, keyed by the record key (in steady state one timer
+///   fires per record; the callback does nothing), with timers enabled;
+/// - `ttl`: `kv` has a one-hour wall-clock TTL;
+/// - `read` / `ttl-read`: `plain` / `ttl` plus a `get` of the key before the write.
+fn kstate_time(bootstrap: &str, app: &str, input: &str, records: u64, state: &str, variant: &str) -> Result<String, BoxError> {
+    use kstate::{Processor, ProcessorContext, ProcessorError, Record, TimeDomain, Timer};
+    let (timers, ttl, read) = match variant {
+        "plain" => (false, false, false),
+        "timers" => (true, false, false),
+        "ttl" => (false, true, false),
+        "read" => (false, false, true),
+        "ttl-read" => (false, true, true),
+        v => return Err(format!("--variant: expected plain, timers, ttl, read or ttl-read, got `{v}`").into()),
+    };
+    let mut store = StoreDefinition::new("kv");
+    if ttl {
+        store = store.ttl(Duration::from_secs(3600), TimeDomain::WallClock);
+    }
+    let app = with_env_kafka_config(App::builder())
+        .application_id(app)
+        .bootstrap_servers(bootstrap)
+        .input_topic(input)
+        .state_dir(state)
+        .store(store)
+        .timers(timers)
+        .commit_interval(Duration::from_millis(100))
+        .build()?;
+    struct Work {
+        timers: bool,
+        read: bool,
+        seen: Arc<AtomicU64>,
+        first: Arc<Mutex<Option<Instant>>>,
+        last: Arc<Mutex<Option<Instant>>>,
+        fired: Arc<AtomicU64>,
+        records: u64,
+        stop: kstate::ShutdownHandle,
+    }
+    impl Processor for Work {
+        fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+            if self.seen.load(Ordering::Relaxed) == 0 {
+                *self.first.lock().unwrap() = Some(Instant::now());
+            }
+            let key = rec.key.unwrap_or_default();
+            let store = ctx.store("kv")?;
+            if self.read {
+                std::hint::black_box(store.get(key)?);
+            }
+            match rec.value {
+                Some(v) => store.put(key, v)?,
+                None => store.delete(key)?,
+            }
+            if self.timers {
+                let at = ctx.timestamp().unwrap_or(0) + 100;
+                ctx.register_timer(TimeDomain::StreamTime, key, at)?;
+            }
+            if self.seen.fetch_add(1, Ordering::Relaxed) + 1 == self.records {
+                *self.last.lock().unwrap() = Some(Instant::now());
+                self.stop.shutdown();
+            }
+            Ok(())
+        }
+        fn on_timer(&mut self, _: &mut ProcessorContext<'_>, _: &Timer) -> Result<(), ProcessorError> {
+            self.fired.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+    let (seen, first, last, fired) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(None)), Arc::new(Mutex::new(None)), Arc::new(AtomicU64::new(0)));
+    let stop = app.shutdown_handle();
+    let (s, f, l, fi) = (seen.clone(), first.clone(), last.clone(), fired.clone());
+    let runner = std::thread::spawn(move || {
+        app.run_processor(move |_| Work {
+            timers,
+            read,
+            seen: s.clone(),
+            first: f.clone(),
+            last: l.clone(),
+            fired: fi.clone(),
+            records,
+            stop: stop.clone(),
+        })
+    });
+    runner.join().map_err(|_| "runtime panicked")??;
+    let (f, l) = (first.lock().unwrap().ok_or("nothing processed")?, last.lock().unwrap().ok_or("did not finish")?);
+    let secs = (l - f).as_secs_f64();
+    Ok(format!(
+        "{{\"contender\":\"kstate-time\",\"variant\":\"{variant}\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"timers_fired\":{}}}",
+        records as f64 / secs,
+        fired.load(Ordering::Relaxed)
     ))
 }
 

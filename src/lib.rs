@@ -132,3 +132,8 @@ pub use shutdown::ShutdownHandle;
 pub use store::{KeyValueStore, TypedStore};
 pub use time::{InvalidTimestamp, Punctuation, PunctuationId, TimeDomain, Timer, TimestampExtractor};
 pub use timers::{TimersSummary, TIME_STORE};
+
+/// The README's code blocks, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

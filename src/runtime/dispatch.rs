@@ -135,6 +135,12 @@ impl Dispatch<'_> {
     /// running, drops those of tasks gone, and runs the wall-clock timers
     /// and punctuations that are due.
     pub(super) fn serve_tasks<S: ProcessorSet>(&self, tasks: &mut TaskManager, set: &mut S) -> Result<()> {
+        // Exactly-once: a commit waits for the group's new generation, and
+        // nothing may add outputs to its transaction; at the bound on
+        // uncommitted bytes nothing new is written either.
+        if tasks.is_parked() || tasks.backpressure() {
+            return Ok(());
+        }
         let now = crate::time::wall_clock_ms();
         let outputs = &tasks.outputs;
         for task in tasks.tasks.values_mut().filter(|t| t.state == TaskState::Running) {

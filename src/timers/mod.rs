@@ -152,7 +152,12 @@ impl TaskTime {
 
     /// Reads the stream time the task committed last, when it starts running.
     pub(crate) fn load(&mut self, store: Option<&KeyValueStore>) -> Result<()> {
-        let Some(store) = store else { return Ok(()) };
+        let Some(store) = store else {
+            // No time store: no timers to look for.
+            self.stream_timers = TimerQueue::none(TimeDomain::StreamTime);
+            self.wall_timers = TimerQueue::none(TimeDomain::WallClock);
+            return Ok(());
+        };
         if let Some(v) = store.get(STREAM_TIME_KEY)? {
             let t = i64::from_be_bytes(v.as_slice().try_into().map_err(|_| Error::Codec {
                 codec: "stream time",

@@ -63,6 +63,11 @@ impl TimerQueue {
         TimerQueue { domain, cache: BTreeSet::new(), bound: Some(vec![domain_byte(domain)]), fill: CACHE_FILL }
     }
 
+    /// A queue that holds no timers and never reads the store (no time store).
+    pub(crate) fn none(domain: TimeDomain) -> Self {
+        TimerQueue { bound: None, ..Self::new(domain) }
+    }
+
     /// A time no pending timer fires before (`i64::MAX`: none pending).
     pub(crate) fn next_due(&self) -> i64 {
         let cached = self.cache.first().map_or(i64::MAX, |k| bound_time(k));

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Time features against the same workload without them, in one run:
+every variant of benches/kstate_bench.rs `kstate-time` processes the same
+input (N generated records, 4 partitions) REPS times, in rotating order, so
+machine and broker drift hit all alike.
+
+    python3 testing/bench/time_bench.py [RECORDS] [REPS]     # default 2000000 3
+
+Ratios printed: `timers` (one stream-time timer registered and, in steady
+state, one fired per record) / `plain` (goal >= 0.7); `ttl` (writes into a
+TTL store) / `plain` and `ttl-read` (a get and a write per record) / `read`
+(goal >= 0.9). Needs a broker (KSTATE_BOOTSTRAP, default 127.0.0.1:9092;
+started with testing/kafka.sh otherwise) and the Kafka Streams jar for the
+data generator (built here with Maven if missing). Builds the bench binary
+with `cargo bench --no-run`; a failing build shows the compiler's errors.
+"""
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+JAR = os.path.join(ROOT, "testing/bench/kstreams/target/kstreams-bench.jar")
+VARIANTS = ["plain", "timers", "ttl", "read", "ttl-read"]
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, **kw)
+
+
+def build():
+    if not os.path.exists(JAR):
+        if sh(["mvn", "-q", "-B", "-f", "testing/bench/kstreams/pom.xml", "package", "-DskipTests"]).returncode:
+            sys.exit("building the Kafka Streams jar (the data generator) failed; see Maven's output above")
+    out = sh(["cargo", "bench", "--bench", "kstate_bench", "--no-run", "--message-format", "json-render-diagnostics"],
+             stdout=subprocess.PIPE)
+    if out.returncode:
+        sys.exit("building benches/kstate_bench.rs failed; the compiler's errors are above")
+    for line in out.stdout.decode().splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "kstate_bench" and msg.get("executable"):
+            return msg["executable"]
+    sys.exit("cargo built no kstate_bench executable")
+
+
+def run(cmd):
+    os.sync()
+    time.sleep(1)
+    out = sh(cmd, stdout=subprocess.PIPE, check=True).stdout.decode()
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    records = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    if "KSTATE_BOOTSTRAP" not in os.environ:
+        bootstrap = sh(["bash", "testing/kafka.sh", "start"], stdout=subprocess.PIPE, check=True).stdout.decode().split()[-1]
+    else:
+        bootstrap = os.environ["KSTATE_BOOTSTRAP"]
+    binary = build()
+    run_id = f"tb{int(time.time())}"
+    source = f"{run_id}-in"
+    run(["java", "-Xmx1g", "-jar", JAR, "generate", "--bootstrap", bootstrap, "--topic", source,
+         "--partitions", "4", "--records", str(records), "--seed", "42", "--compact", "false"])
+    rates = {v: [] for v in VARIANTS}
+    try:
+        for rep in range(reps):
+            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+            for v in order:
+                app = f"{run_id}-{v}{rep}"
+                state = f"/tmp/time-bench-{app}"
+                r = run([binary, "kstate-time", "--bootstrap", bootstrap, "--app", app, "--input", source,
+                         "--records", str(records), "--state-dir", state, "--variant", v])
+                rates[v].append(r["records_per_sec"])
+                print(f"{v} rep {rep}: {r['records_per_sec']:,.0f} rec/s (timers fired {r['timers_fired']:,})", flush=True)
+                sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", app], stdout=subprocess.DEVNULL)
+                shutil.rmtree(state, ignore_errors=True)
+    finally:
+        sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", run_id], stdout=subprocess.DEVNULL)
+    med = {v: statistics.median(x) for v, x in rates.items()}
+    for v in VARIANTS:
+        print(f"{v}: median {med[v]:,.0f} rec/s, runs {[round(x) for x in rates[v]]}")
+    for a, b, goal in (("timers", "plain", 0.7), ("ttl", "plain", 0.9), ("ttl-read", "read", 0.9)):
+        per_rep = [round(x / y, 2) for x, y in zip(rates[a], rates[b])]
+        print(f"{a} / {b}: {med[a] / med[b]:.2f} (goal >= {goal}; per repetition {per_rep})")
+
+
+if __name__ == "__main__":
+    main()

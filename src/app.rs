@@ -496,6 +496,11 @@ impl AppBuilder {
     /// Checks the configuration; fails with [`Error::Config`](crate::Error::Config).
     pub fn build(mut self) -> Result<App> {
         self.config.validate()?;
+        // A stream-time TTL needs stream time to survive restarts, or
+        // expired entries would show again until the clock caught up.
+        if self.config.stores.iter().any(|s| matches!(s.time_to_live(), Some((_, crate::time::TimeDomain::StreamTime)))) {
+            self.config.timers = true;
+        }
         if self.config.timers {
             self.config.stores.push(StoreDefinition::new(TIME_STORE));
         }

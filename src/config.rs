@@ -41,10 +41,13 @@ impl StoreDefinition {
     /// Each value is stored with its write time in front (8 bytes, in
     /// RocksDB and in the changelog): adding or removing a TTL changes the
     /// store's format (use a new store name); changing the duration is
-    /// safe and applies to existing entries at once. A stream-time TTL
-    /// needs [`AppBuilder::timers`](crate::AppBuilder::timers) for stream
-    /// time to survive restarts (without it, stream time starts again at
-    /// the first record, which only delays expiry).
+    /// safe and applies to existing entries at once. Nothing detects a
+    /// TTL added to a store that holds values written without one (they
+    /// would be misread). A stream-time TTL keeps the task's stream time
+    /// durable (it turns [`AppBuilder::timers`](crate::AppBuilder::timers)
+    /// on), and a write to such a store before the task's first record
+    /// ever fails with [`Error::InvalidUse`](crate::Error::InvalidUse):
+    /// it would have no time to expire from.
     pub fn ttl(mut self, ttl: Duration, domain: TimeDomain) -> Self {
         self.ttl = Some((ttl, domain));
         self

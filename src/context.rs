@@ -139,9 +139,10 @@ impl<'t> ProcessorContext<'t> {
 
     /// Schedules [`Processor::punctuate`](crate::Processor::punctuate)
     /// every `interval` of `domain`'s clock for this task (Kafka Streams'
-    /// `schedule`): on stream time first at the task's first record, then
-    /// whenever stream time reaches the next multiple of `interval` (a
-    /// jump over several intervals runs it once); on the wall clock first
+    /// `schedule`): on stream time first as soon as the task has a stream
+    /// time (its first record, or right away when its committed stream
+    /// time came back with it), then whenever stream time reaches the next
+    /// multiple of `interval` (a jump over several intervals runs it once); on the wall clock first
     /// `interval` from now, then every `interval`, idle or not. Schedules
     /// are not state: schedule them in
     /// [`Processor::init`](crate::Processor::init), which runs whenever

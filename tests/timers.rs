@@ -407,3 +407,112 @@ fn bad_calls_are_typed_errors() {
         other => panic!("expected a config error, got {:?}", other.err()),
     }
 }
+
+/// The ops processor: input `<event time> reg <key> <time>` registers a
+/// stream-time timer, `... del <key> <time>` deletes one, `... now <key>`
+/// registers one at the current stream time; a wall-clock punctuation
+/// scheduled in `init` is cancelled by the first record. Every callback is
+/// logged in order.
+struct Ops {
+    log: Arc<Mutex<Vec<String>>>,
+    punctuation: Option<kstate::PunctuationId>,
+}
+
+impl Processor for Ops {
+    fn init(&mut self, ctx: &mut ProcessorContext<'_>) -> Result<(), ProcessorError> {
+        self.punctuation = Some(ctx.schedule(TimeDomain::WallClock, Duration::from_millis(20))?);
+        Ok(())
+    }
+
+    fn process(&mut self, ctx: &mut ProcessorContext<'_>, record: &Record<'_>) -> Result<(), ProcessorError> {
+        let value = record.value_str().unwrap().to_string();
+        if let Some(id) = self.punctuation.take() {
+            assert!(ctx.cancel(id), "the punctuation was scheduled");
+            self.log.lock().unwrap().push("cancelled".into());
+        }
+        self.log.lock().unwrap().push(format!("process {value}"));
+        let parts: Vec<&str> = value.split(' ').collect();
+        match parts[1..] {
+            ["reg", key, at] => ctx.register_timer(TimeDomain::StreamTime, key.as_bytes(), at.parse()?)?,
+            ["del", key, at] => ctx.delete_timer(TimeDomain::StreamTime, key.as_bytes(), at.parse()?)?,
+            ["now", key] => ctx.register_timer(TimeDomain::StreamTime, key.as_bytes(), ctx.stream_time().unwrap())?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_timer(&mut self, _: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
+        self.log.lock().unwrap().push(format!("timer {}@{}", String::from_utf8_lossy(&timer.key), timer.timestamp));
+        Ok(())
+    }
+
+    fn punctuate(&mut self, _: &mut ProcessorContext<'_>, p: &Punctuation) -> Result<(), ProcessorError> {
+        self.log.lock().unwrap().push(format!("punctuate {:?}", p.domain));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_timer_due_when_registered_fires_right_after_a_deleted_one_never_and_a_cancelled_punctuation_stops() {
+    let Fixture { input, app, state } = fixture("timer-ops", 1);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let b = builder(&app, &input, state.path())
+        .timers(true)
+        .timestamp_extractor(|r, _| r.value_str().and_then(|v| v.split(' ').next()?.parse().ok()).unwrap_or(-1));
+    let l = log.clone();
+    let r = Running::start_processor(b, move |_| Ops { log: l.clone(), punctuation: None });
+    let values = ["1000 reg a 1500", "1000 reg b 1600", "1000 del b 1600", "1000 now c", "1700 tick"];
+    produce(&input, &values.iter().map(|v| (0, b"k".to_vec(), Some(v.as_bytes().to_vec()))).collect::<Vec<_>>());
+    wait_until("the last timer", TIMEOUT, || log.lock().unwrap().iter().any(|l| l.starts_with("timer a")));
+    std::thread::sleep(Duration::from_millis(300)); // a cancelled punctuation would run meanwhile
+    r.stop().unwrap();
+    let log = log.lock().unwrap();
+    let after_cancel: Vec<&String> = log.iter().skip_while(|l| *l != "cancelled").filter(|l| !l.starts_with("punctuate")).collect();
+    assert_eq!(
+        after_cancel,
+        [
+            "cancelled",
+            "process 1000 reg a 1500",
+            "process 1000 reg b 1600",
+            "process 1000 del b 1600",
+            "process 1000 now c",
+            "timer c@1000",
+            "process 1700 tick",
+            "timer a@1500",
+        ],
+        "whole log: {log:?}"
+    );
+    let cancelled_at = log.iter().position(|l| l == "cancelled").unwrap();
+    assert!(!log[cancelled_at..].iter().any(|l| l.starts_with("punctuate")), "a cancelled punctuation ran: {log:?}");
+}
+
+#[test]
+fn use_stream_time_and_wall_clock_timestamps() {
+    let Fixture { input, app, state } = fixture("ts-policies", 1);
+    produce(&input, &[(0, b"k".to_vec(), Some(b"5".to_vec())), (0, b"k".to_vec(), Some(b"oops".to_vec()))]);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let r = Running::start(
+        builder(&app, &input, state.path()).timestamp_extractor(event_time).on_invalid_timestamp(InvalidTimestamp::UseStreamTime),
+        move |ctx, rec| {
+            s.lock().unwrap().push((rec.offset, ctx.timestamp()));
+            Ok(())
+        },
+    );
+    wait_until("both records", TIMEOUT, || seen.lock().unwrap().len() == 2);
+    r.stop().unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![(0, Some(50)), (1, Some(50))], "the invalid record gets the stream time");
+    // Processing time: the wall clock when the record is processed.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let other = unique("ts-wall");
+    let r = Running::start(builder(&other, &input, state.path()).wall_clock_timestamps(), move |ctx, _| {
+        s.lock().unwrap().push((ctx.timestamp().unwrap(), ctx.wall_clock_time()));
+        Ok(())
+    });
+    wait_until("both records", TIMEOUT, || seen.lock().unwrap().len() == 2);
+    r.stop().unwrap();
+    for (ts, wall) in seen.lock().unwrap().iter() {
+        assert!((wall - ts).abs() < 1_000, "stamped {ts}, wall clock {wall}");
+    }
+}

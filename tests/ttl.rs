@@ -140,3 +140,34 @@ fn stream_time_ttl_follows_the_tasks_stream_time_across_a_restart() {
     assert_eq!(visible(check(&input, &checks, "950 check")), (vec![], 0), "still expired after a restart");
     r.stop().unwrap();
 }
+
+#[test]
+fn a_stream_time_ttl_store_refuses_writes_before_the_first_record_and_turns_timers_on() {
+    use kstate::{Processor, ProcessorError};
+    let Fixture { input, app, state } = fixture("ttl-early", 1);
+    struct Early(Arc<Mutex<Vec<String>>>);
+    impl Processor for Early {
+        fn init(&mut self, ctx: &mut ProcessorContext<'_>) -> Result<(), ProcessorError> {
+            let e = ctx.store("s")?.put(b"k", b"v").unwrap_err();
+            self.0.lock().unwrap().push(e.to_string());
+            Ok(())
+        }
+        fn process(&mut self, ctx: &mut ProcessorContext<'_>, _: &Record<'_>) -> Result<(), ProcessorError> {
+            ctx.store("s")?.put(b"k", b"v")?;
+            self.0.lock().unwrap().push("written".into());
+            Ok(())
+        }
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let b = builder(&app, &input, state.path()).store(StoreDefinition::new("s").ttl(Duration::from_secs(60), TimeDomain::StreamTime));
+    let r = Running::start_processor(b, move |_| Early(l.clone()));
+    produce(&input, &[(0, b"k".to_vec(), Some(b"v".to_vec()))]);
+    wait_until("the record", TIMEOUT, || log.lock().unwrap().len() == 2);
+    r.stop().unwrap();
+    let log = log.lock().unwrap();
+    assert!(log[0].contains("has no stream time yet"), "{}", log[0]);
+    assert_eq!(log[1], "written", "after the first record the store takes writes");
+    // The time store exists: stream time is durable for the TTL.
+    assert!(state.path().join(&app).join(kstate::TIME_STORE).is_dir(), "a stream-time TTL keeps stream time in the time store");
+}

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::time::Instant;
 
+use rdkafka::consumer::BaseConsumer;
+
 use crate::config::{AppConfig, ProcessingDecision};
 use crate::context::{ContextParts, ProcessorContext};
 use crate::error::{Error, Result};
@@ -18,10 +20,11 @@ use crate::time::{InvalidTimestamp, TimeDomain};
 use crate::store::KeyValueStore;
 use crate::timers::{Due, TaskTime};
 
+use super::RuntimeContext;
+
 /// Timers and punctuations run for one task in one go at most; the rest
-/// run at the next record (stream time) or loop pass (wall clock), so a
-/// callback that keeps registering timers already due cannot hold the
-/// loop forever.
+/// run after the next record or in the next loop pass, so a callback that
+/// keeps registering timers already due cannot hold the loop forever.
 const MAX_FIRINGS: usize = 10_000;
 
 /// The processors of this instance's tasks.
@@ -104,12 +107,17 @@ where
 pub(super) struct Dispatch<'a> {
     pub(super) config: &'a AppConfig,
     pub(super) store_index: &'a HashMap<String, usize>,
+    /// For re-initialising a task whose time store failed.
+    pub(super) consumer: &'a BaseConsumer<RuntimeContext>,
 }
+
+/// A store fault of one task while its timers were read (the task is
+/// re-initialised, the others go on), as opposed to a fatal error.
+struct TaskFault(i32, Error);
 
 impl Dispatch<'_> {
     /// The context of a task (its fields apart, so that its span can be
     /// entered meanwhile).
-    #[allow(clippy::too_many_arguments)]
     fn context<'t>(
         &'t self,
         partition: i32,
@@ -132,8 +140,10 @@ impl Dispatch<'_> {
     }
 
     /// Builds and initialises the processors of tasks that started
-    /// running, drops those of tasks gone, and runs the wall-clock timers
-    /// and punctuations that are due.
+    /// running, drops those of tasks gone, and runs the timers and
+    /// punctuations that are due: on the wall clock, and on stream time
+    /// those left over (registered already due by a callback, beyond
+    /// [`MAX_FIRINGS`], or due at the stream time a task started with).
     pub(super) fn serve_tasks<S: ProcessorSet>(&self, tasks: &mut TaskManager, set: &mut S) -> Result<()> {
         // Exactly-once: a commit waits for the group's new generation, and
         // nothing may add outputs to its transaction; at the bound on
@@ -143,6 +153,7 @@ impl Dispatch<'_> {
         }
         let now = crate::time::wall_clock_ms();
         let outputs = &tasks.outputs;
+        let mut fault = None;
         for task in tasks.tasks.values_mut().filter(|t| t.state == TaskState::Running) {
             let (processor, fresh) = set.get(task.partition, task.incarnation());
             if fresh {
@@ -151,26 +162,58 @@ impl Dispatch<'_> {
                 let partition = task.partition;
                 processor.init(&mut ctx).map_err(|source| Error::Callback { callback: "init", partition, source })?;
             }
-            if S::CALLBACKS && task.time.maybe_due(TimeDomain::WallClock, now) {
-                self.fire(task, outputs, processor, TimeDomain::WallClock, now)?;
+            if !S::CALLBACKS {
+                continue;
+            }
+            let mut due = vec![(TimeDomain::WallClock, now)];
+            due.extend(task.time.stream_time().map(|t| (TimeDomain::StreamTime, t)));
+            for (domain, at) in due {
+                if task.time.maybe_due(domain, at) {
+                    if let Err(f) = self.fire(task, outputs, processor, domain, at)? {
+                        fault = Some(f);
+                        break;
+                    }
+                }
+            }
+            if fault.is_some() {
+                break;
             }
         }
         let live = &tasks.tasks;
         set.retain(&|p, i| live.get(&p).is_some_and(|t| t.state == TaskState::Running && t.incarnation() == i));
+        if let Some(TaskFault(partition, e)) = fault {
+            tasks.reinitialise_task(self.consumer, partition, e)?;
+        }
         Ok(())
     }
 
-    /// Runs the timers and punctuations of `domain` due at `now`, in time order.
-    fn fire<P: Processor>(&self, task: &mut Task, outputs: &OutputSink, processor: &mut P, domain: TimeDomain, now: i64) -> Result<()> {
+    /// Runs the timers and punctuations of `domain` due at `now`, in time
+    /// order. `Ok(Err(fault))`: reading the task's time store failed (the
+    /// task is to be re-initialised); `Err`: a callback failed (fatal).
+    fn fire<P: Processor>(
+        &self,
+        task: &mut Task,
+        outputs: &OutputSink,
+        processor: &mut P,
+        domain: TimeDomain,
+        now: i64,
+    ) -> Result<std::result::Result<(), TaskFault>> {
         let _in_task = task.span.enter();
         let time_store = self.config.time_store_index();
+        let partition = task.partition;
         for _ in 0..MAX_FIRINGS {
             let store = time_store.map(|i| &mut task.stores[i]);
-            let Some(due) = task.time.pop_due(store, domain, now)? else { break };
-            let partition = task.partition;
+            let due = match task.time.pop_due(store, domain, now) {
+                Ok(Some(due)) => due,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the task's timers failed; re-initialising the task");
+                    return Ok(Err(TaskFault(partition, e)));
+                }
+            };
             match due {
                 Due::Timer(timer) => {
-                    task.time.metrics.timer_fired(domain, now - timer.timestamp);
+                    task.time.metrics.timer_fired(domain, now.saturating_sub(timer.timestamp));
                     let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timer.timestamp), true);
                     processor.on_timer(&mut ctx, &timer).map_err(|source| Error::Callback { callback: "on_timer", partition, source })?;
                 }
@@ -183,7 +226,7 @@ impl Dispatch<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// Hands one input record to its task's processor: reads its
@@ -226,7 +269,7 @@ impl Dispatch<'_> {
             mark_processed(task, topic, offset);
             return Ok(());
         };
-        let moved = task.time.advance(timestamp);
+        task.time.advance(timestamp);
         let (processor, fresh) = set.get(partition, task.incarnation());
         // The processor's own log lines belong to the task.
         let in_task = task.span.enter();
@@ -256,10 +299,14 @@ impl Dispatch<'_> {
             skipped(topic, partition);
         }
         mark_processed(task, topic, offset);
-        if S::CALLBACKS && moved {
-            let now = task.time.stream_time().expect("just moved");
+        // Due timers and punctuations: those the record's time reached, and
+        // any the callback registered already due.
+        if S::CALLBACKS {
+            let now = task.time.stream_time().expect("set by this record or before");
             if task.time.maybe_due(TimeDomain::StreamTime, now) {
-                self.fire(task, outputs, processor, TimeDomain::StreamTime, now)?;
+                if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now)? {
+                    tasks.reinitialise_task(self.consumer, partition, e)?;
+                }
             }
         }
         Ok(())

@@ -41,7 +41,7 @@ pub(super) struct LoopParts<'a> {
 
 pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &mut S) -> Result<()> {
     let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
-    let dispatch = Dispatch { config, store_index };
+    let dispatch = Dispatch { config, store_index, consumer };
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();

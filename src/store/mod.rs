@@ -325,7 +325,15 @@ impl KeyValueStore {
     /// write of each key since the previous commit is sent (as Kafka
     /// Streams' record cache does).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        let stamped = self.ttl.as_ref().map(|ttl| ttl.stamp(value));
+        let stamped = match &self.ttl {
+            Some(ttl) => Some(ttl.stamp(value).ok_or_else(|| {
+                Error::InvalidUse(format!(
+                    "store `{}` has a stream-time TTL and partition {} has no stream time yet (no record processed): a write now has no time to expire from",
+                    self.name, self.partition
+                ))
+            })?),
+            None => None,
+        };
         let value = stamped.as_deref().unwrap_or(value);
         self.check_size(key.len() + value.len())?;
         self.overlay.write(key, Some(value));

@@ -50,18 +50,19 @@ impl Ttl {
         }
     }
 
-    /// `value` with the time of this write in front (stream time unknown,
-    /// before the task's first record: written at 0).
-    pub(crate) fn stamp(&self, value: &[u8]) -> Vec<u8> {
+    /// `value` with the time of this write in front; `None` on stream
+    /// time while the task has none yet (before its first record ever):
+    /// such a write has no time to expire from.
+    pub(crate) fn stamp(&self, value: &[u8]) -> Option<Vec<u8>> {
         let mut v = Vec::with_capacity(STAMP + value.len());
-        v.extend_from_slice(&self.now().unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&self.now()?.to_be_bytes());
         v.extend_from_slice(value);
-        v
+        Some(v)
     }
 
     /// What a reader sees of a stored value: the value without its stamp,
-    /// or `None` if it expired (a value too short to carry a stamp is
-    /// shown whole: it was written before the store had a TTL).
+    /// or `None` if it expired (a value too short to carry a stamp, which
+    /// a TTL store never writes, is shown whole).
     pub(crate) fn live<'v>(&self, stored: &'v [u8], now: Option<i64>) -> Option<&'v [u8]> {
         if stored.len() < STAMP {
             return Some(stored);
@@ -96,12 +97,12 @@ mod tests {
         let mut ttl = Ttl::new(Duration::from_millis(100), TimeDomain::StreamTime);
         let clock = Arc::new(AtomicI64::new(NO_TIME));
         ttl.follow(clock.clone());
-        assert_eq!(&ttl.stamp(b"v")[..], &[0, 0, 0, 0, 0, 0, 0, 0, b'v'], "no stream time yet: written at 0");
+        assert_eq!(ttl.stamp(b"v"), None, "no stream time yet: no write");
         clock.store(1_000, Ordering::Relaxed);
-        let stored = ttl.stamp(b"v");
+        let stored = ttl.stamp(b"v").unwrap();
         assert_eq!(ttl.live(&stored, Some(1_099)), Some(&b"v"[..]));
         assert_eq!(ttl.live(&stored, Some(1_100)), None);
         assert_eq!(ttl.live(&stored, None), Some(&b"v"[..]), "no clock: nothing expires");
-        assert_eq!(ttl.live(b"old", Some(i64::MAX)), Some(&b"old"[..]), "unstamped");
+        assert_eq!(ttl.live(b"short", Some(i64::MAX)), Some(&b"short"[..]), "too short to be stamped");
     }
 }

@@ -20,9 +20,10 @@ impl TaskManager {
         &mut self,
         consumer: &rdkafka::consumer::BaseConsumer<C>,
     ) -> Result<()> {
-        // Exactly-once: nothing is written while a commit waits for the
-        // group's new generation.
-        if !self.config.stores.iter().any(|s| s.time_to_live().is_some()) || self.last_sweep.elapsed() < STEP_EVERY || self.is_parked() {
+        // Nothing is written while an exactly-once commit waits for the
+        // group's new generation (back-pressure says so too) or at the
+        // bound on uncommitted bytes.
+        if !self.config.stores.iter().any(|s| s.time_to_live().is_some()) || self.last_sweep.elapsed() < STEP_EVERY || self.backpressure() {
             return Ok(());
         }
         self.last_sweep = Instant::now();
@@ -40,7 +41,10 @@ impl TaskManager {
                 }
             }
         }
-        for (partition, e) in failed {
+        // One at a time: under exactly-once re-initialising one task
+        // re-initialises every running task; another failing store fails
+        // again at its next step.
+        if let Some((partition, e)) = failed.into_iter().next() {
             self.reinitialise(consumer, partition, e)?;
         }
         Ok(())

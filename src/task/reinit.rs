@@ -37,6 +37,12 @@ impl TaskManager {
     /// Exactly-once: a running task may have sent outputs into the open
     /// transaction, beside every other running task's: the transaction is
     /// aborted and every running task re-initialised.
+    /// A running task's store failed outside a commit (reading its timers):
+    /// re-initialise it as any task fault.
+    pub(crate) fn reinitialise_task<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
+        self.reinitialise(consumer, partition, cause)
+    }
+
     pub(super) fn reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
         let running = self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Running);
         if running && self.producer.in_transaction() {

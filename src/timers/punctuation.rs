@@ -43,7 +43,7 @@ impl Punctuations {
 
     /// The earliest time a punctuation of `domain` runs (`i64::MAX`: none).
     pub(crate) fn next_due(&self, domain: TimeDomain) -> i64 {
-        self.schedules.iter().filter(|s| s.domain == domain).map(|s| s.next).min().unwrap_or(i64::MAX)
+        self.schedules.iter().filter(|s| s.domain == domain && s.next < i64::MAX).map(|s| s.next).min().unwrap_or(i64::MAX)
     }
 
     /// The earliest punctuation of `domain` due at `now`, moved to its
@@ -51,9 +51,14 @@ impl Punctuations {
     /// from its last due time, so a clock that jumped over several
     /// intervals runs it once, not once per interval.
     pub(crate) fn pop_due(&mut self, domain: TimeDomain, now: i64) -> Option<Punctuation> {
-        let s = self.schedules.iter_mut().filter(|s| s.domain == domain && s.next <= now).min_by_key(|s| (s.next, s.id))?;
-        let missed = (now - s.next) / s.interval;
-        s.next = s.next.saturating_add((missed + 1).saturating_mul(s.interval));
+        // (A schedule whose next time saturated at i64::MAX runs no more.)
+        let s = self
+            .schedules
+            .iter_mut()
+            .filter(|s| s.domain == domain && s.next <= now && s.next < i64::MAX)
+            .min_by_key(|s| (s.next, s.id))?;
+        let missed = now.saturating_sub(s.next) / s.interval;
+        s.next = s.next.saturating_add(missed.saturating_add(1).saturating_mul(s.interval));
         Some(Punctuation { id: s.id, domain, timestamp: now })
     }
 }
@@ -88,5 +93,14 @@ mod tests {
         assert!(p.pop_due(TimeDomain::WallClock, 1_100).is_some());
         assert_eq!(p.next_due(TimeDomain::WallClock), 1_200);
         assert_eq!(p.pop_due(TimeDomain::StreamTime, i64::MAX - 1), None);
+    }
+
+    #[test]
+    fn a_clock_at_its_end_runs_a_punctuation_once() {
+        let mut p = Punctuations::default();
+        p.schedule(TimeDomain::StreamTime, 1, 0);
+        assert!(p.pop_due(TimeDomain::StreamTime, i64::MAX).is_some());
+        assert_eq!(p.pop_due(TimeDomain::StreamTime, i64::MAX), None);
+        assert_eq!(p.next_due(TimeDomain::StreamTime), i64::MAX);
     }
 }

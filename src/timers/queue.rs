@@ -40,6 +40,12 @@ pub(crate) fn domain_byte(domain: TimeDomain) -> u8 {
     }
 }
 
+/// A key in a time store's timer range that is no timer key (a damaged
+/// store or changelog).
+fn not_a_timer(k: &[u8]) -> crate::error::Error {
+    crate::error::Error::Codec { codec: "timer key", source: format!("{} bytes in the timer range of a time store: {k:02x?}", k.len()).into() }
+}
+
 /// The timestamp a cache bound stands for: every stored timer at or past
 /// the bound is due at this time or later.
 fn bound_time(bound: &[u8]) -> i64 {
@@ -102,7 +108,7 @@ impl TimerQueue {
                 }
                 let k = self.cache.pop_first().expect("non-empty");
                 store.delete(&k)?;
-                let (_, ts, key) = decode_timer_key(&k).expect("a timer key");
+                let (_, ts, key) = decode_timer_key(&k).ok_or_else(|| not_a_timer(&k))?;
                 return Ok(Some((ts, key.to_vec())));
             }
             match &self.bound {
@@ -114,20 +120,24 @@ impl TimerQueue {
 
     /// Reads the next timers past the bound into the (empty) cache.
     fn fill(&mut self, store: &KeyValueStore) -> Result<()> {
-        let Some(from) = self.bound.take() else { return Ok(()) };
+        let Some(from) = &self.bound else { return Ok(()) };
         let end = [domain_byte(self.domain) + 1];
-        let mut last = None;
-        for entry in store.range(&from, &end).take(self.fill) {
+        // Read first, then change the cache and the bound together: a read
+        // error leaves the queue as it was.
+        let mut read = Vec::new();
+        for entry in store.range(from, &end).take(self.fill) {
             let (k, _) = entry?;
-            last = Some(k.clone());
-            self.cache.insert(k);
+            if decode_timer_key(&k).is_none() {
+                return Err(not_a_timer(&k));
+            }
+            read.push(k);
         }
-        if self.cache.len() >= self.fill {
+        self.bound = match read.last() {
             // More may follow: the bound is just past the last one read.
-            let mut next = last.expect("read some");
-            next.push(0);
-            self.bound = Some(next);
-        }
+            Some(last) if read.len() >= self.fill => Some([last.as_slice(), &[0]].concat()),
+            _ => None,
+        };
+        self.cache.extend(read);
         Ok(())
     }
 
@@ -139,7 +149,7 @@ impl TimerQueue {
             .range(&from, &end)
             .map(|e| {
                 let (k, _) = e?;
-                let (_, ts, key) = decode_timer_key(&k).expect("a timer key");
+                let (_, ts, key) = decode_timer_key(&k).ok_or_else(|| not_a_timer(&k))?;
                 Ok((ts, key.to_vec()))
             })
             .collect()

@@ -48,6 +48,7 @@
 //! | `kstate_task_reinitialisations_total` | counter | tasks closed and restored after a fault of their own, label `partition` |
 //! | `kstate_skipped_records_total` | counter | records skipped by the processing-exception handler or for an invalid timestamp, labels `topic`, `partition` |
 //! | `kstate_stream_time_ms` | gauge | a task's stream time (largest record timestamp processed), updated at each commit, label `partition` only |
+//! | `kstate_timers_pending` | gauge | a task's pending timers at its last commit, labels `partition`, `domain` (an estimate: a timer registered again, or deleted, while its page of time is not in memory counts one too high) |
 //! | `kstate_timers_fired_total` | counter | timers fired, labels `partition`, `domain` (`stream_time`, `wall_clock`) |
 //! | `kstate_timer_lateness_seconds` | histogram | how long after its time a timer fired, on its own clock, labels `partition`, `domain` |
 //! | `kstate_punctuations_total` | counter | punctuations run, labels `partition`, `domain` |
@@ -63,6 +64,8 @@ use metrics::{counter, gauge, Counter, Gauge};
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";
 /// Stream time gauge name.
 pub const STREAM_TIME: &str = "kstate_stream_time_ms";
+/// Pending timers gauge name.
+pub const TIMERS_PENDING: &str = "kstate_timers_pending";
 /// Timers fired counter name.
 pub const TIMERS_FIRED: &str = "kstate_timers_fired_total";
 /// Timer lateness histogram name.

@@ -212,7 +212,7 @@ const TOPICS: &[(&str, &[&str])] = &[
     ("skew by task", &["kstate_records_processed_total", "kstate_store_logical_bytes"]),
     (
         "keys and timers, stream time, TTL",
-        &["kstate_stream_time_ms", "kstate_timers_fired_total", "kstate_punctuations_total", "kstate_timer_lateness_seconds", "kstate_ttl_expired_total"],
+        &["kstate_stream_time_ms", "kstate_timers_pending", "kstate_timers_fired_total", "kstate_punctuations_total", "kstate_timer_lateness_seconds", "kstate_ttl_expired_total"],
     ),
 ];
 

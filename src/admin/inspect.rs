@@ -158,7 +158,7 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         r.physical_bytes = stats.physical_bytes;
         r.pending_compaction_bytes = stats.pending_compaction_bytes;
         if store == crate::timers::TIME_STORE {
-            r.timers = Some(crate::timers::TimersSummary::of(ro.db.iter())?);
+            r.timers = Some(crate::timers::TimersSummary::of(|| ro.db.iter())?);
         }
         Ok(())
     });

@@ -8,7 +8,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `queue.rs` | one clock's timers: their key layout, the in-memory cache of the earliest ones |
+//! | `queue.rs` | one clock's timers: segments of timers per commit and page, the watermark of fired ones, the loaded pages |
 //! | `punctuation.rs` | punctuation schedules and when each runs next |
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -41,27 +41,28 @@ pub struct TimersSummary {
 }
 
 impl TimersSummary {
-    /// Summarises a time store's entries, given in key order.
-    pub(crate) fn of<K: AsRef<[u8]>, V: AsRef<[u8]>>(entries: impl Iterator<Item = Result<(K, V)>>) -> Result<TimersSummary> {
+    /// Summarises a time store; `entries` gives its entries in key order
+    /// (called once per clock).
+    pub(crate) fn of<K, V, I>(entries: impl Fn() -> I) -> Result<TimersSummary>
+    where
+        K: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+        I: Iterator<Item = Result<(K, V)>>,
+    {
         let mut s = TimersSummary::default();
-        for entry in entries {
+        for entry in entries() {
             let (k, v) = entry?;
-            let (k, v) = (k.as_ref(), v.as_ref());
-            if k == STREAM_TIME_KEY {
-                s.stream_time = v.try_into().ok().map(i64::from_be_bytes);
-            }
-            match queue::decode_timer_key(k) {
-                Some((TimeDomain::StreamTime, t, _)) => {
-                    s.stream_time_timers += 1;
-                    s.earliest_stream_time_timer.get_or_insert(t);
-                }
-                Some((TimeDomain::WallClock, t, _)) => {
-                    s.wall_clock_timers += 1;
-                    s.earliest_wall_clock_timer.get_or_insert(t);
-                }
-                None => {}
+            if k.as_ref() == STREAM_TIME_KEY {
+                s.stream_time = v.as_ref().try_into().ok().map(i64::from_be_bytes);
+                break;
             }
         }
+        let stream = queue::live_timers(entries(), TimeDomain::StreamTime)?;
+        s.stream_time_timers = stream.len() as u64;
+        s.earliest_stream_time_timer = stream.first().map(|tk| queue::split_timer_key(tk).0);
+        let wall = queue::live_timers(entries(), TimeDomain::WallClock)?;
+        s.wall_clock_timers = wall.len() as u64;
+        s.earliest_wall_clock_timer = wall.first().map(|tk| queue::split_timer_key(tk).0);
         Ok(s)
     }
 }
@@ -102,6 +103,7 @@ pub(crate) struct TaskTime {
 /// time 0, wall clock 1).
 pub(crate) struct TimeMetrics {
     fired: [metrics::Counter; 2],
+    pending: [metrics::Gauge; 2],
     lateness: [metrics::Histogram; 2],
     punctuations: [metrics::Counter; 2],
     punctuation_seconds: [metrics::Histogram; 2],
@@ -112,9 +114,13 @@ impl TimeMetrics {
         let p = partition.to_string();
         let per_domain = |f: &dyn Fn(&'static str) -> metrics::Counter| [f("stream_time"), f("wall_clock")];
         let per_domain_h = |f: &dyn Fn(&'static str) -> metrics::Histogram| [f("stream_time"), f("wall_clock")];
-        use crate::metrics::{PUNCTUATIONS, PUNCTUATION_SECONDS, TIMERS_FIRED, TIMER_LATENESS};
+        use crate::metrics::{PUNCTUATIONS, PUNCTUATION_SECONDS, TIMERS_FIRED, TIMERS_PENDING, TIMER_LATENESS};
         TimeMetrics {
             fired: per_domain(&|d| metrics::counter!(TIMERS_FIRED, "partition" => p.clone(), "domain" => d)),
+            pending: [
+                metrics::gauge!(TIMERS_PENDING, "partition" => p.clone(), "domain" => "stream_time"),
+                metrics::gauge!(TIMERS_PENDING, "partition" => p.clone(), "domain" => "wall_clock"),
+            ],
             lateness: per_domain_h(&|d| metrics::histogram!(TIMER_LATENESS, "partition" => p.clone(), "domain" => d)),
             punctuations: per_domain(&|d| metrics::counter!(PUNCTUATIONS, "partition" => p.clone(), "domain" => d)),
             punctuation_seconds: per_domain_h(&|d| metrics::histogram!(PUNCTUATION_SECONDS, "partition" => p.clone(), "domain" => d)),
@@ -158,6 +164,8 @@ impl TaskTime {
             self.wall_timers = TimerQueue::none(TimeDomain::WallClock);
             return Ok(());
         };
+        self.stream_timers.load(store)?;
+        self.wall_timers.load(store)?;
         if let Some(v) = store.get(STREAM_TIME_KEY)? {
             let t = i64::from_be_bytes(v.as_slice().try_into().map_err(|_| Error::Codec {
                 codec: "stream time",
@@ -171,13 +179,22 @@ impl TaskTime {
         Ok(())
     }
 
-    /// Writes the stream time to the time store if it moved, before the
-    /// task's stores are sealed for a commit.
+    /// Writes the timers registered and fired since the last commit, and
+    /// the stream time if it moved, before the task's stores are sealed
+    /// for a commit.
     pub(crate) fn persist(&mut self, store: Option<&mut KeyValueStore>) -> Result<()> {
+        let Some(store) = store else {
+            self.persisted = self.stream_time;
+            return Ok(());
+        };
+        self.stream_timers.persist(store)?;
+        self.wall_timers.persist(store)?;
+        self.metrics.pending[0].set(self.stream_timers.count() as f64);
+        self.metrics.pending[1].set(self.wall_timers.count() as f64);
         if self.stream_time == self.persisted {
             return Ok(());
         }
-        if let (Some(store), Some(t)) = (store, self.stream_time) {
+        if let Some(t) = self.stream_time {
             store.put(STREAM_TIME_KEY, &t.to_be_bytes())?;
         }
         self.persisted = self.stream_time;
@@ -251,11 +268,8 @@ impl TaskTime {
     pub(crate) fn pop_due(&mut self, store: Option<&mut KeyValueStore>, domain: TimeDomain, now: i64) -> Result<Option<Due>> {
         let punctuation_at = self.punctuations.next_due(domain);
         if let Some(store) = store {
-            let queue = self.queue(domain);
-            if queue.next_due() <= now.min(punctuation_at) {
-                if let Some((timestamp, key)) = queue.pop_due(store, now.min(punctuation_at))? {
-                    return Ok(Some(Due::Timer(Timer { domain, key, timestamp })));
-                }
+            if let Some((timestamp, key)) = self.queue(domain).pop_due(store, now.min(punctuation_at))? {
+                return Ok(Some(Due::Timer(Timer { domain, key, timestamp })));
             }
         }
         Ok(self.punctuations.pop_due(domain, now).map(Due::Punctuation))

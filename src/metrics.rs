@@ -48,7 +48,7 @@
 //! | `kstate_task_reinitialisations_total` | counter | tasks closed and restored after a fault of their own, label `partition` |
 //! | `kstate_skipped_records_total` | counter | records skipped by the processing-exception handler or for an invalid timestamp, labels `topic`, `partition` |
 //! | `kstate_stream_time_ms` | gauge | a task's stream time (largest record timestamp processed), updated at each commit, label `partition` only |
-//! | `kstate_timers_pending` | gauge | a task's pending timers at its last commit, labels `partition`, `domain` (an estimate: a timer registered again, or deleted, while its page of time is not in memory counts one too high) |
+//! | `kstate_timers_pending` | gauge | a task's pending timers at its last commit, labels `partition`, `domain` (an estimate from above: a timer registered again while its page of time is not in memory counts twice, a deletion there counts when the page is read) |
 //! | `kstate_timers_fired_total` | counter | timers fired, labels `partition`, `domain` (`stream_time`, `wall_clock`) |
 //! | `kstate_timer_lateness_seconds` | histogram | how long after its time a timer fired, on its own clock, labels `partition`, `domain` |
 //! | `kstate_punctuations_total` | counter | punctuations run, labels `partition`, `domain` |

@@ -391,6 +391,11 @@ impl KeyValueStore {
         MergeIter::new(overlays, self.engine().scan(start, end))
     }
 
+    /// The largest changelog record (key + value + overhead) the store writes.
+    pub(crate) fn max_record_bytes(&self) -> usize {
+        self.max_record_bytes
+    }
+
     /// Whether the store has a TTL.
     pub(crate) fn has_ttl(&self) -> bool {
         self.ttl.is_some()

@@ -17,7 +17,7 @@
 //! |---|---|
 //! | `d ++ page (8) ++ seq (8)` | a segment: its timer keys, sorted, each `ts (8) ++ len (4) ++ key` |
 //! | `d + 2 ++ ts ++ key` | a timer registered at or below the watermark (empty) |
-//! | `d + 4 ++ ts ++ key` | a deletion marker (empty) |
+//! | `d + 4 ++ ts ++ key` | a deletion marker (`[1]` once taken off the count, else empty) |
 //! | `\x00fired-d` | the watermark: the last segment timer fired (`ts ++ key`) |
 //! | `\x00seq-d` | the next segment number (8 bytes) |
 //! | `\x00count-d` | pending timers, an estimate for the metric (8 bytes) |
@@ -92,6 +92,12 @@ fn seq_key(d: u8) -> Vec<u8> {
     [&b"\x00seq-"[..], &[b'0' + d]].concat()
 }
 
+/// The largest segment value a store takes: [`SEGMENT_BYTES`], or less
+/// if its changelog's records must be smaller.
+fn segment_cap(store: &KeyValueStore) -> usize {
+    SEGMENT_BYTES.min(store.max_record_bytes().saturating_sub(crate::kafka::RECORD_OVERHEAD + 17))
+}
+
 fn count_key(d: u8) -> Vec<u8> {
     [&b"\x00count-"[..], &[b'0' + d]].concat()
 }
@@ -106,7 +112,7 @@ pub(crate) fn decode_segment(v: &[u8]) -> Result<Vec<Vec<u8>>> {
     let mut rest = v;
     while !rest.is_empty() {
         let len = rest.get(8..12).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize);
-        let Some(entry) = len.and_then(|len| rest.get(..12 + len)) else {
+        let Some(entry) = len.and_then(|len| rest.get(..len.checked_add(12)?)) else {
             return Err(damaged("a segment cut short", &rest[..rest.len().min(16)]));
         };
         out.push([&entry[..8], &entry[12..]].concat());
@@ -144,7 +150,8 @@ pub(crate) struct TimerQueue {
     /// Timers registered at or below the watermark, each stored on its own.
     late: BTreeSet<Vec<u8>>,
     /// Deleted timers that may sit in a stored segment.
-    markers: BTreeSet<Vec<u8>>,
+    /// (With whether the deletion was taken off `count` already.)
+    markers: BTreeMap<Vec<u8>, bool>,
     /// Every segment timer up to it has fired.
     fired: Option<Tk>,
     persisted_fired: Option<Tk>,
@@ -154,8 +161,8 @@ pub(crate) struct TimerQueue {
     next_seq: u64,
     persisted_seq: u64,
     /// Pending timers, an estimate kept in the store (`kstate_timers_pending`):
-    /// exact but for timers registered again, or deleted, while their page
-    /// is not in memory (counted one too high).
+    /// exact but for a timer registered again while its page is not in
+    /// memory (counted twice until every page is in memory).
     count: i64,
     persisted_count: i64,
 }
@@ -169,7 +176,7 @@ impl TimerQueue {
             loaded_until: Some(0),
             pending: BTreeMap::new(),
             late: BTreeSet::new(),
-            markers: BTreeSet::new(),
+            markers: BTreeMap::new(),
             fired: None,
             persisted_fired: None,
             segments: BTreeMap::new(),
@@ -189,7 +196,10 @@ impl TimerQueue {
     /// own and the deletion markers (pages are read as they are needed).
     pub(crate) fn load(&mut self, store: &KeyValueStore) -> Result<()> {
         *self = TimerQueue::new(if self.d == 1 { TimeDomain::StreamTime } else { TimeDomain::WallClock });
-        self.fired = store.get(&watermark_key(self.d))?.filter(|w| w.len() >= 8).map(Tk::from);
+        self.fired = match store.get(&watermark_key(self.d))? {
+            Some(w) if w.len() < 8 => return Err(damaged("a watermark", &w)),
+            w => w.map(Tk::from),
+        };
         self.persisted_fired = self.fired.clone();
         if let Some(v) = store.get(&seq_key(self.d))? {
             self.next_seq = u64::from_be_bytes(v.as_slice().try_into().map_err(|_| damaged("a segment number", &v))?);
@@ -199,13 +209,17 @@ impl TimerQueue {
             self.count = i64::from_be_bytes(v.as_slice().try_into().map_err(|_| damaged("a timer count", &v))?);
             self.persisted_count = self.count;
         }
-        for (prefix, into) in [(self.d + 2, &mut self.late), (self.d + 4, &mut self.markers)] {
+        for prefix in [self.d + 2, self.d + 4] {
             for entry in store.range(&[prefix], &[prefix + 1]) {
-                let (k, _) = entry?;
+                let (k, v) = entry?;
                 if k.len() < 9 {
                     return Err(damaged("a timer key", &k));
                 }
-                into.insert(k[1..].to_vec());
+                if prefix == self.d + 2 {
+                    self.late.insert(k[1..].to_vec());
+                } else {
+                    self.markers.insert(k[1..].to_vec(), !v.is_empty());
+                }
             }
         }
         Ok(())
@@ -233,6 +247,13 @@ impl TimerQueue {
 
     /// Registers a timer (again: the same key and time is one timer).
     pub(crate) fn register(&mut self, store: &mut KeyValueStore, timestamp: i64, key: &[u8]) -> Result<()> {
+        if 12 + key.len() > segment_cap(store) {
+            return Err(Error::RecordTooLarge {
+                store: store.name().to_string(),
+                size: 12 + key.len() + 17 + crate::kafka::RECORD_OVERHEAD,
+                limit: store.max_record_bytes(),
+            });
+        }
         // One allocation, shared by `loaded` and `pending`.
         let tk: Tk = flip(timestamp).to_be_bytes().iter().chain(key).copied().collect();
         if self.passed(&tk) {
@@ -242,7 +263,7 @@ impl TimerQueue {
             }
             return Ok(());
         }
-        if !self.markers.is_empty() && self.markers.remove(&tk[..]) {
+        if !self.markers.is_empty() && self.markers.remove(&tk[..]).is_some() {
             store.delete(&prefixed(self.d + 4, &tk))?;
         }
         let page = page_of(&tk);
@@ -269,18 +290,23 @@ impl TimerQueue {
         }
         let page = page_of(&tk);
         let was_loaded = self.loaded.remove(tk.as_slice());
-        if was_loaded {
-            self.count -= 1;
-        }
+        let mut was_pending = false;
         if let Some(timers) = self.pending.get_mut(&page) {
+            let before = timers.len();
             timers.retain(|t| **t != *tk);
+            was_pending = timers.len() < before;
+        }
+        if was_loaded || was_pending {
+            self.count -= 1;
         }
         if self.loaded_until.is_none_or(|until| page < until) && !was_loaded {
             return Ok(()); // its page is loaded and it is not there: not registered
         }
         // It may also sit in a stored segment.
-        if self.markers.insert(tk.clone()) {
-            store.put(&prefixed(self.d + 4, &tk), &[])?;
+        let counted = was_loaded || was_pending;
+        if self.markers.get(&tk) != Some(&true) {
+            self.markers.insert(tk.clone(), counted);
+            store.put(&prefixed(self.d + 4, &tk), if counted { &[1] } else { &[] })?;
         }
         Ok(())
     }
@@ -321,22 +347,54 @@ impl TimerQueue {
                 _ => return Ok(None),
             }
             let tk = self.loaded.pop_first().expect("checked");
-            // Segments and markers the watermark passed are done with.
-            while self.segments.first_key_value().is_some_and(|(max, _)| max.as_slice() <= &tk[..]) {
-                for k in self.segments.pop_first().expect("checked").1 {
-                    store.delete(&k)?;
-                }
-            }
-            while self.markers.first().is_some_and(|m| m.as_slice() <= &tk[..]) {
-                let m = self.markers.pop_first().expect("checked");
-                store.delete(&prefixed(self.d + 4, &m))?;
-            }
             let (ts, key) = split_timer_key(&tk);
             let fired = (ts, key.to_vec());
             self.count -= 1;
             self.fired = Some(tk);
+            self.drop_passed(store)?;
             return Ok(Some(fired));
         }
+    }
+
+    /// Deletes the segments and markers the watermark passed.
+    fn drop_passed(&mut self, store: &mut KeyValueStore) -> Result<()> {
+        let Some(w) = self.fired.clone() else { return Ok(()) };
+        while self.segments.first_key_value().is_some_and(|(max, _)| max.as_slice() <= &w[..]) {
+            for k in self.segments.pop_first().expect("checked").1 {
+                store.delete(&k)?;
+            }
+        }
+        while self.markers.first_key_value().is_some_and(|(m, _)| m.as_slice() <= &w[..]) {
+            let (m, _) = self.markers.pop_first().expect("checked");
+            store.delete(&prefixed(self.d + 4, &m))?;
+        }
+        Ok(())
+    }
+
+    /// Moves the watermark over what is dead: every segment timer and
+    /// marker of the loaded pages below the first live timer has fired or
+    /// was deleted (the loaded pages' live timers are all in `loaded`), so
+    /// the watermark may pass the last of them, and their segments and
+    /// markers go, even when nothing fires (timers deleted and registered
+    /// again, never due).
+    fn pass_dead(&mut self, store: &mut KeyValueStore) -> Result<()> {
+        let bound: Option<Vec<u8>> = match (self.loaded.first(), self.loaded_until) {
+            (Some(tk), _) => Some(tk.to_vec()),
+            (None, Some(page)) => Some(page.saturating_mul(PAGE_MS).to_be_bytes().to_vec()),
+            (None, None) => None, // nothing live in any page
+        };
+        let below = |k: &Vec<u8>| bound.as_ref().is_none_or(|b| k < b);
+        let dead_segment = self.segments.keys().rev().find(|k| below(k)).cloned();
+        let dead_marker = self.markers.keys().rev().find(|k| below(k)).cloned();
+        let Some(last) = dead_segment.max(dead_marker) else { return Ok(()) };
+        if self.fired.as_deref().is_none_or(|w| last.as_slice() > w) {
+            self.fired = Some(Tk::from(last));
+        }
+        if self.loaded_until.is_none() {
+            // Every page is in memory: the count is exact again.
+            self.count = (self.loaded.len() + self.late.len()) as i64;
+        }
+        self.drop_passed(store)
     }
 
     /// The pending timers of `page` still to be written: sorted, once
@@ -396,8 +454,21 @@ impl TimerQueue {
                 }
                 self.segments.entry(max).or_default().push(k);
                 for tk in timers {
-                    if !self.passed(&tk) && !self.markers.contains(&tk) {
-                        self.loaded.insert(Tk::from(tk));
+                    if self.passed(&tk) {
+                        continue;
+                    }
+                    match self.markers.get_mut(&tk) {
+                        None => {
+                            self.loaded.insert(Tk::from(tk));
+                        }
+                        Some(counted) => {
+                            // Deleted while its page was not in memory: off the count now, once.
+                            if !*counted {
+                                *counted = true;
+                                self.count -= 1;
+                                store.put(&prefixed(self.d + 4, &tk), &[1])?;
+                            }
+                        }
                     }
                 }
             }
@@ -408,11 +479,22 @@ impl TimerQueue {
         Ok(())
     }
 
+    /// Writes one segment of `page` whose largest timer is `last`.
+    fn write_segment(&mut self, store: &mut KeyValueStore, page: u64, value: &[u8], last: &Tk) -> Result<()> {
+        let k = segment_key(self.d, page, self.next_seq);
+        self.next_seq += 1;
+        store.put(&k, value)?;
+        if self.loaded_until.is_none_or(|until| page < until) {
+            self.segments.entry(last.to_vec()).or_default().push(k);
+        }
+        Ok(())
+    }
+
     /// Writes what changed since the last commit: the timers registered
     /// meanwhile as segments, the watermark, the segment number. Runs
     /// before the task's stores are sealed for a commit.
     pub(crate) fn persist(&mut self, store: &mut KeyValueStore) -> Result<()> {
-        let mut written = false;
+        let cap = segment_cap(store);
         for (page, mut timers) in std::mem::take(&mut self.pending) {
             timers.sort_unstable();
             timers.dedup();
@@ -420,31 +502,20 @@ impl TimerQueue {
                 timers.retain(|t| t > w);
             }
             let mut value = Vec::new();
-            let mut iter = timers.iter().peekable();
-            while let Some(tk) = iter.next() {
-                encode_entry(&mut value, tk);
-                if value.len() >= SEGMENT_BYTES || iter.peek().is_none() {
-                    let k = segment_key(self.d, page, self.next_seq);
-                    self.next_seq += 1;
-                    store.put(&k, &value)?;
-                    written = true;
+            let mut last: Option<&Tk> = None;
+            for tk in &timers {
+                if !value.is_empty() && value.len() + 4 + tk.len() > cap {
+                    self.write_segment(store, page, &value, last.expect("written one"))?;
                     value.clear();
-                    if self.loaded_until.is_none_or(|until| page < until) {
-                        self.segments.entry(tk.to_vec()).or_default().push(k);
-                    }
                 }
+                encode_entry(&mut value, tk);
+                last = Some(tk);
+            }
+            if let Some(last) = last {
+                self.write_segment(store, page, &value, last)?;
             }
         }
-        if !written && self.loaded_until.is_none() && self.loaded.is_empty() {
-            // No timer left in any segment (every page is loaded): what is
-            // left of them, and their markers, can go.
-            for k in std::mem::take(&mut self.segments).into_values().flatten() {
-                store.delete(&k)?;
-            }
-            for m in std::mem::take(&mut self.markers) {
-                store.delete(&prefixed(self.d + 4, &m))?;
-            }
-        }
+        self.pass_dead(store)?;
         self.count = self.count.max(0);
         if self.count != self.persisted_count {
             store.put(&count_key(self.d), &self.count.to_be_bytes())?;
@@ -515,6 +586,51 @@ mod tests {
         assert!(page_start(page_of(&timer_key(-1_500, b""))) <= -1_500);
         assert!(page_start(page_of(&timer_key(i64::MAX, b""))) > i64::MAX - 1_000);
         assert_eq!(page_start(page_of(&timer_key(i64::MIN, b""))), i64::MIN);
+    }
+
+    /// A watchdog: each step deletes the key's timer before it is due and
+    /// registers it again further ahead; nothing ever fires. What the
+    /// deleted timers leave in the store (segments, markers) must not pile
+    /// up as time passes them.
+    #[test]
+    fn timers_deleted_before_they_fire_leave_nothing_behind_as_time_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = crate::store::scratch_store(dir.path());
+        let mut queue = TimerQueue::new(TimeDomain::StreamTime);
+        queue.load(&store).unwrap();
+        queue.register(&mut store, 30_000, b"k").unwrap();
+        queue.persist(&mut store).unwrap();
+        for i in 0..50i64 {
+            let due = 30_000 + 10_000 * i;
+            assert_eq!(queue.pop_due(&mut store, due - 20_000).unwrap(), None, "nothing is due at step {i}");
+            queue.delete(&mut store, due, b"k").unwrap();
+            queue.register(&mut store, due + 10_000, b"k").unwrap();
+            queue.persist(&mut store).unwrap();
+        }
+        let records = store.all().filter(|e| e.as_ref().unwrap().0[0] != 0).count();
+        assert!(records <= 6, "{records} segment and marker records after 50 steps");
+        assert_eq!(live(&store), vec![(30_000 + 10_000 * 50, b"k".to_vec())]);
+        // Deletions in pages not read yet are counted when their page is read.
+        assert!(queue.count() <= 3, "count {}", queue.count());
+        assert_eq!(queue.pop_due(&mut store, 30_000 + 10_000 * 50 - 1).unwrap(), None);
+        assert_eq!(queue.count(), 1, "the estimate is exact once the pages are read");
+    }
+
+    #[test]
+    fn segments_stay_under_the_record_limit_and_a_key_too_large_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = crate::store::scratch_store(dir.path());
+        let mut queue = TimerQueue::new(TimeDomain::StreamTime);
+        queue.load(&store).unwrap();
+        let huge = vec![b'x'; 200 << 10];
+        assert!(matches!(queue.register(&mut store, 5, &huge), Err(Error::RecordTooLarge { .. })));
+        for i in 0..20_000u32 {
+            queue.register(&mut store, 500, format!("key-{i:011}").as_bytes()).unwrap();
+        }
+        queue.persist(&mut store).unwrap();
+        let segments: Vec<usize> = store.all().map(|e| e.unwrap()).filter(|(k, _)| k[0] == 1).map(|(_, v)| v.len()).collect();
+        assert!(segments.len() > 1 && segments.iter().all(|&n| n <= SEGMENT_BYTES), "{segments:?}");
+        assert_eq!(live(&store).len(), 20_000);
     }
 
     #[derive(Debug, Clone)]

@@ -69,11 +69,7 @@ fn exactly_once_child() {
         .transaction_timeout(Duration::from_secs(txn_timeout.parse().unwrap()))
         .build()
         .unwrap();
-    let shutdown = app.shutdown_handle();
-    std::thread::spawn(move || {
-        let _ = std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1]);
-        shutdown.shutdown();
-    });
+    stop_when_stdin_closes(app.shutdown_handle());
     app.run(count(out.to_string())).unwrap();
 }
 

@@ -89,11 +89,7 @@ fn timers_child() {
         .transaction_timeout(Duration::from_secs(3))
         .build()
         .unwrap();
-    let shutdown = app.shutdown_handle();
-    std::thread::spawn(move || {
-        let _ = std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1]);
-        shutdown.shutdown();
-    });
+    stop_when_stdin_closes(app.shutdown_handle());
     let out = out.to_string();
     app.run_processor(move |_| Deadlines { out: out.clone() }).unwrap();
 }

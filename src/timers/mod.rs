@@ -74,8 +74,9 @@ use punctuation::Punctuations;
 /// store may have this name.
 pub const TIME_STORE: &str = "kstate-time";
 
-/// The time store's key of the task's stream time (8 bytes, big-endian).
-/// Sorts before every timer key (which start with 1 or 2).
+/// The time store's key of the task's stream time (8 bytes, big-endian);
+/// like the timer queues' own bookkeeping keys it starts with 0, before
+/// every timer record (see `queue.rs`).
 pub(crate) const STREAM_TIME_KEY: &[u8] = b"\x00stream-time";
 
 /// Something due: a timer or a punctuation.
@@ -111,19 +112,17 @@ pub(crate) struct TimeMetrics {
 
 impl TimeMetrics {
     fn new(partition: i32) -> Self {
-        let p = partition.to_string();
-        let per_domain = |f: &dyn Fn(&'static str) -> metrics::Counter| [f("stream_time"), f("wall_clock")];
-        let per_domain_h = |f: &dyn Fn(&'static str) -> metrics::Histogram| [f("stream_time"), f("wall_clock")];
         use crate::metrics::{PUNCTUATIONS, PUNCTUATION_SECONDS, TIMERS_FIRED, TIMERS_PENDING, TIMER_LATENESS};
+        let p = partition.to_string();
+        fn both<T>(f: impl Fn(&'static str) -> T) -> [T; 2] {
+            [f("stream_time"), f("wall_clock")]
+        }
         TimeMetrics {
-            fired: per_domain(&|d| metrics::counter!(TIMERS_FIRED, "partition" => p.clone(), "domain" => d)),
-            pending: [
-                metrics::gauge!(TIMERS_PENDING, "partition" => p.clone(), "domain" => "stream_time"),
-                metrics::gauge!(TIMERS_PENDING, "partition" => p.clone(), "domain" => "wall_clock"),
-            ],
-            lateness: per_domain_h(&|d| metrics::histogram!(TIMER_LATENESS, "partition" => p.clone(), "domain" => d)),
-            punctuations: per_domain(&|d| metrics::counter!(PUNCTUATIONS, "partition" => p.clone(), "domain" => d)),
-            punctuation_seconds: per_domain_h(&|d| metrics::histogram!(PUNCTUATION_SECONDS, "partition" => p.clone(), "domain" => d)),
+            fired: both(|d| metrics::counter!(TIMERS_FIRED, "partition" => p.clone(), "domain" => d)),
+            pending: both(|d| metrics::gauge!(TIMERS_PENDING, "partition" => p.clone(), "domain" => d)),
+            lateness: both(|d| metrics::histogram!(TIMER_LATENESS, "partition" => p.clone(), "domain" => d)),
+            punctuations: both(|d| metrics::counter!(PUNCTUATIONS, "partition" => p.clone(), "domain" => d)),
+            punctuation_seconds: both(|d| metrics::histogram!(PUNCTUATION_SECONDS, "partition" => p.clone(), "domain" => d)),
         }
     }
 

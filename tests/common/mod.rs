@@ -316,6 +316,15 @@ impl Running {
     }
 }
 
+/// A child instance's clean stop: shuts the app down when the parent
+/// closes its stdin (see [`ChildInstance::stop`]).
+pub fn stop_when_stdin_closes(shutdown: ShutdownHandle) {
+    std::thread::spawn(move || {
+        let _ = std::io::Read::read(&mut std::io::stdin(), &mut [0u8; 1]);
+        shutdown.shutdown();
+    });
+}
+
 /// Polls `cond` until it holds or the deadline passes.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

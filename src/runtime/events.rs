@@ -5,6 +5,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::TopicPartitionList;
 
 use crate::assignment::AssignmentEvent;
+use crate::config::AppConfig;
 use crate::kafka::consumer_batch::QueueHandle;
 use crate::error::{Error, Result};
 use crate::group::{GroupEvent, Membership};
@@ -35,15 +36,16 @@ pub(super) fn apply_group_events(
     consumer: &BaseConsumer<RuntimeContext>,
     records: &QueueHandle,
     tasks: &mut TaskManager,
-    topics: &[String],
+    config: &AppConfig,
 ) -> Result<()> {
+    let topics = config.input_topics.as_slice();
     loop {
         let event = match membership.events.try_recv() {
             Ok(event) => event,
             Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                 return Err(Error::GroupMembership {
-                    group: String::new(),
+                    group: config.application_id.clone(),
                     detail: "the group membership thread stopped unexpectedly".into(),
                 })
             }

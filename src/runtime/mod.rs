@@ -266,7 +266,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         let mut tasks = shared.tasks.lock().expect("task lock");
         // Events that arrived meanwhile first: tasks lost must not be
         // committed (nor their changelogs written) by the final commit.
-        let result = result.and_then(|()| apply_group_events(&membership, &consumer, &records, &mut tasks, &config.input_topics));
+        let result = result.and_then(|()| apply_group_events(&membership, &consumer, &records, &mut tasks, &config));
         let result = match result {
             Ok(()) => {
                 let r = tasks.commit_closing(&consumer, None);

@@ -50,7 +50,7 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
         membership.polled();
         {
             let mut tasks = shared.tasks.lock().expect("task lock");
-            apply_group_events(membership, consumer, records, &mut tasks, &config.input_topics)?;
+            apply_group_events(membership, consumer, records, &mut tasks, config)?;
             tasks.open_pending(consumer)?;
             tasks.update_standbys()?;
             tasks.clean_state_dirs();

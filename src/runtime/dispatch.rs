@@ -165,9 +165,8 @@ impl Dispatch<'_> {
             if !S::CALLBACKS {
                 continue;
             }
-            let mut due = vec![(TimeDomain::WallClock, now)];
-            due.extend(task.time.stream_time().map(|t| (TimeDomain::StreamTime, t)));
-            for (domain, at) in due {
+            let due = [Some((TimeDomain::WallClock, now)), task.time.stream_time().map(|t| (TimeDomain::StreamTime, t))];
+            for (domain, at) in due.into_iter().flatten() {
                 if task.time.maybe_due(domain, at) {
                     if let Err(f) = self.fire(task, outputs, processor, domain, at)? {
                         fault = Some(f);

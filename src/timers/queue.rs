@@ -400,13 +400,8 @@ impl TimerQueue {
     /// The pending timers of `page` still to be written: sorted, once
     /// each, above the watermark.
     fn live_pending(&mut self, page: u64) -> &[Tk] {
-        let fired = self.fired.clone();
         let timers = self.pending.entry(page).or_default();
-        timers.sort_unstable();
-        timers.dedup();
-        if let Some(w) = fired {
-            timers.retain(|t| *t > w);
-        }
+        settle(timers, self.fired.as_ref());
         timers
     }
 
@@ -496,11 +491,7 @@ impl TimerQueue {
     pub(crate) fn persist(&mut self, store: &mut KeyValueStore) -> Result<()> {
         let cap = segment_cap(store);
         for (page, mut timers) in std::mem::take(&mut self.pending) {
-            timers.sort_unstable();
-            timers.dedup();
-            if let Some(w) = &self.fired {
-                timers.retain(|t| t > w);
-            }
+            settle(&mut timers, self.fired.as_ref());
             let mut value = Vec::new();
             let mut last: Option<&Tk> = None;
             for tk in &timers {
@@ -532,6 +523,16 @@ impl TimerQueue {
             self.persisted_fired = self.fired.clone();
         }
         Ok(())
+    }
+}
+
+/// Pending timers as they are written: sorted, once each, above the
+/// watermark `fired` (those fired since they were registered dropped).
+fn settle(timers: &mut Vec<Tk>, fired: Option<&Tk>) {
+    timers.sort_unstable();
+    timers.dedup();
+    if let Some(w) = fired {
+        timers.retain(|t| t > w);
     }
 }
 
@@ -588,16 +589,23 @@ mod tests {
         assert_eq!(page_start(page_of(&timer_key(i64::MIN, b""))), i64::MIN);
     }
 
+    /// An empty scratch store (in a directory removed on drop) and a
+    /// stream-time queue loaded from it.
+    fn fresh() -> (tempfile::TempDir, KeyValueStore, TimerQueue) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::scratch_store(dir.path());
+        let mut queue = TimerQueue::new(TimeDomain::StreamTime);
+        queue.load(&store).unwrap();
+        (dir, store, queue)
+    }
+
     /// A watchdog: each step deletes the key's timer before it is due and
     /// registers it again further ahead; nothing ever fires. What the
     /// deleted timers leave in the store (segments, markers) must not pile
     /// up as time passes them.
     #[test]
     fn timers_deleted_before_they_fire_leave_nothing_behind_as_time_passes() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = crate::store::scratch_store(dir.path());
-        let mut queue = TimerQueue::new(TimeDomain::StreamTime);
-        queue.load(&store).unwrap();
+        let (_dir, mut store, mut queue) = fresh();
         queue.register(&mut store, 30_000, b"k").unwrap();
         queue.persist(&mut store).unwrap();
         for i in 0..50i64 {
@@ -618,10 +626,7 @@ mod tests {
 
     #[test]
     fn segments_stay_under_the_record_limit_and_a_key_too_large_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = crate::store::scratch_store(dir.path());
-        let mut queue = TimerQueue::new(TimeDomain::StreamTime);
-        queue.load(&store).unwrap();
+        let (_dir, mut store, mut queue) = fresh();
         let huge = vec![b'x'; 200 << 10];
         assert!(matches!(queue.register(&mut store, 5, &huge), Err(Error::RecordTooLarge { .. })));
         for i in 0..20_000u32 {
@@ -676,10 +681,7 @@ mod tests {
         /// the model's pending timers.
         #[test]
         fn fires_exactly_the_models_timers_in_order(ops in proptest::collection::vec(op(), 1..150)) {
-            let dir = tempfile::tempdir().unwrap();
-            let mut store = crate::store::scratch_store(dir.path());
-            let mut queue = TimerQueue::new(TimeDomain::StreamTime);
-            queue.load(&store).unwrap();
+            let (_dir, mut store, mut queue) = fresh();
             let mut model: BTreeSet<(i64, Vec<u8>)> = BTreeSet::new();
             for op in ops {
                 match op {

@@ -498,7 +498,10 @@ impl AppBuilder {
         self.config.validate()?;
         // A stream-time TTL needs stream time to survive restarts, or
         // expired entries would show again until the clock caught up.
-        if self.config.stores.iter().any(|s| matches!(s.time_to_live(), Some((_, crate::time::TimeDomain::StreamTime)))) {
+        // Windows close on stream time, which must survive restarts too.
+        if self.config.stores.iter().any(|s| {
+            matches!(s.time_to_live(), Some((_, crate::time::TimeDomain::StreamTime))) || s.segmented().is_some()
+        }) {
             self.config.timers = true;
         }
         if self.config.timers {

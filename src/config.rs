@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::restore::RestoreListener;
 use crate::time::{InvalidTimestamp, TimeDomain, TimestampExtractor};
 use crate::timers::TIME_STORE;
+use crate::windows::{SessionWindows, Shape, Windows};
 
 /// Defines one state store: its name and extra settings for its changelog topic.
 ///
@@ -23,12 +24,106 @@ pub struct StoreDefinition {
     changelog_configs: Vec<(String, String)>,
     ttl: Option<(Duration, TimeDomain)>,
     ttl_cleanup_interval: Duration,
+    /// A window or session store's windows.
+    shape: Option<Shape>,
+    retention: Option<Duration>,
+    additional_retention: Duration,
 }
+
+/// Kafka Streams' `windowstore.changelog.additional.retention.ms` default.
+const ADDITIONAL_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 impl StoreDefinition {
     /// A store named `name` (letters, digits, `.`, `_`, `-`).
     pub fn new(name: impl Into<String>) -> Self {
-        StoreDefinition { name: name.into(), changelog_configs: Vec::new(), ttl: None, ttl_cleanup_interval: Duration::from_secs(600) }
+        StoreDefinition {
+            name: name.into(),
+            changelog_configs: Vec::new(),
+            ttl: None,
+            ttl_cleanup_interval: Duration::from_secs(600),
+            shape: None,
+            retention: None,
+            additional_retention: ADDITIONAL_RETENTION,
+        }
+    }
+
+    /// A window store: a value per (key, window start) over `windows`
+    /// (read and written through
+    /// [`ProcessorContext::window_store`](crate::ProcessorContext::window_store)).
+    /// Time is split into segments of `max(retention / 2, 60 s)`; a
+    /// segment is dropped whole once it is past retention, and the
+    /// changelog (`cleanup.policy=compact,delete`, `retention.ms` =
+    /// retention + [`changelog_additional_retention`](Self::changelog_additional_retention))
+    /// forgets expired windows too. Turns on durable stream time
+    /// ([`AppBuilder::timers`](crate::AppBuilder::timers)): windows close on it.
+    pub fn window(name: impl Into<String>, windows: Windows) -> Self {
+        StoreDefinition { shape: Some(Shape::Window(windows)), ..StoreDefinition::new(name) }
+    }
+
+    /// A session store: a value per (key, session) of `sessions` (through
+    /// [`ProcessorContext::session_store`](crate::ProcessorContext::session_store));
+    /// segments, retention and changelog as for [`window`](Self::window),
+    /// filed by session end.
+    pub fn session(name: impl Into<String>, sessions: SessionWindows) -> Self {
+        StoreDefinition { shape: Some(Shape::Session(sessions)), ..StoreDefinition::new(name) }
+    }
+
+    /// How long a window or session store keeps windows, in stream time
+    /// (default: window size + grace, session gap + grace; Kafka Streams'
+    /// default too). A window whose start (a session whose end) is at or
+    /// before the store's latest one minus the retention is expired: never
+    /// returned, dropped with its segment, skipped by restores. At least
+    /// size + grace (gap + grace), checked when the application is built;
+    /// longer retention lets processors read closed windows.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// How much longer than the retention a window or session store's
+    /// changelog keeps records (default one day, as Kafka Streams'
+    /// `windowstore.changelog.additional.retention.ms`). The broker deletes
+    /// by wall-clock age while windows expire in stream time: this margin
+    /// covers stream time falling behind the wall clock (idle inputs,
+    /// lagging consumers) by up to its length.
+    pub fn changelog_additional_retention(mut self, extra: Duration) -> Self {
+        self.additional_retention = extra;
+        self
+    }
+
+    /// A window store's windows.
+    pub fn windows(&self) -> Option<Windows> {
+        match self.shape {
+            Some(Shape::Window(w)) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// A session store's session windows.
+    pub fn session_windows(&self) -> Option<SessionWindows> {
+        match self.shape {
+            Some(Shape::Session(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// A window or session store's retention (the default if none was set).
+    pub fn retention_period(&self) -> Option<Duration> {
+        let shape = self.shape?;
+        Some(self.retention.unwrap_or(Duration::from_millis(shape.min_retention_ms().max(0) as u64)))
+    }
+
+    /// A window or session store's shape and retention.
+    pub(crate) fn segmented(&self) -> Option<(Shape, Duration)> {
+        Some((self.shape?, self.retention_period()?))
+    }
+
+    /// What the changelog's `retention.ms` must be at least, and what
+    /// kstate creates it with (`None`: a key-value store, compacted only).
+    pub(crate) fn changelog_retention_ms(&self) -> Option<(i64, i64)> {
+        let retention = i64::try_from(self.retention_period()?.as_millis()).unwrap_or(i64::MAX);
+        let extra = i64::try_from(self.additional_retention.as_millis()).unwrap_or(i64::MAX);
+        Some((retention, retention.saturating_add(extra)))
     }
 
     /// Gives every entry a time to live since its last write, on
@@ -265,7 +360,44 @@ impl AppConfig {
             }
             if s.changelog_configs().iter().any(|(k, _)| k == "cleanup.policy") {
                 return Err(Error::Config(format!(
-                    "store `{}`: cleanup.policy of a changelog is always `compact` and cannot be set",
+                    "store `{}`: cleanup.policy of a changelog is always `compact` (`compact,delete` for a window or session store) and cannot be set",
+                    s.name()
+                )));
+            }
+            if let Some(shape) = s.shape {
+                let check = match shape {
+                    Shape::Window(w) => w.check(),
+                    Shape::Session(x) => x.check(),
+                };
+                check.map_err(|why| Error::Config(format!("store `{}`: {why}", s.name())))?;
+                if s.ttl.is_some() {
+                    return Err(Error::Config(format!(
+                        "store `{}`: a {} store has a retention, not a TTL",
+                        s.name(),
+                        shape.kind()
+                    )));
+                }
+                let retention = s.retention_period().expect("a shape");
+                if (retention.as_millis() as i64) < shape.min_retention_ms() {
+                    return Err(Error::Config(format!(
+                        "store `{}`: retention {retention:?} is shorter than {} ({} ms): windows would expire before they close",
+                        s.name(),
+                        match shape {
+                            Shape::Window(_) => "the window size plus grace",
+                            Shape::Session(_) => "the session gap plus grace",
+                        },
+                        shape.min_retention_ms()
+                    )));
+                }
+                if s.changelog_configs().iter().any(|(k, _)| k == "retention.ms") {
+                    return Err(Error::Config(format!(
+                        "store `{}`: the changelog's retention.ms follows the store's retention; set StoreDefinition::retention or changelog_additional_retention instead",
+                        s.name()
+                    )));
+                }
+            } else if s.retention.is_some() {
+                return Err(Error::Config(format!(
+                    "store `{}`: only window and session stores have a retention (use a TTL for a key-value store)",
                     s.name()
                 )));
             }

@@ -9,7 +9,8 @@ use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::kafka::OutputSink;
 use crate::output::Output;
-use crate::store::{KeyValueStore, TypedStore};
+use crate::store::{KeyValueStore, SessionStore, TypedStore, WindowStore};
+use crate::windows::Shape;
 use crate::time::{PunctuationId, TimeDomain};
 use crate::timers::TaskTime;
 
@@ -56,10 +57,50 @@ impl<'t> ProcessorContext<'t> {
         self.partition
     }
 
-    /// The byte store named `name` for this partition.
+    /// The byte store named `name` for this partition. A window or
+    /// session store is [`Error::InvalidUse`] here: its keys have a layout
+    /// of their own (use [`window_store`](Self::window_store) or
+    /// [`session_store`](Self::session_store)).
     pub fn store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
+        let store = self.any_store(name)?;
+        if let Some(shape) = store.shape {
+            return Err(Error::InvalidUse(format!(
+                "store `{name}` is a {} store: use ProcessorContext::{}_store",
+                shape.kind(),
+                shape.kind()
+            )));
+        }
+        Ok(store)
+    }
+
+    fn any_store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
         let i = *self.store_index.get(name).ok_or_else(|| Error::UnknownStore(name.to_string()))?;
         Ok(&mut self.stores[i])
+    }
+
+    /// The window store named `name` (defined with
+    /// [`StoreDefinition::window`](crate::StoreDefinition::window)) with
+    /// key codec `K` and value codec `V`; its writes into windows closed at
+    /// the task's stream time are dropped as late.
+    pub fn window_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<WindowStore<'_, K, V>> {
+        let stream_time = self.time.stream_time();
+        let store = self.any_store(name)?;
+        match store.shape {
+            Some(Shape::Window(windows)) => Ok(WindowStore::new(store, windows, stream_time)),
+            _ => Err(Error::InvalidUse(format!("store `{name}` is not a window store (StoreDefinition::window)"))),
+        }
+    }
+
+    /// The session store named `name` (defined with
+    /// [`StoreDefinition::session`](crate::StoreDefinition::session)) with
+    /// key codec `K` and value codec `V`.
+    pub fn session_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<SessionStore<'_, K, V>> {
+        let stream_time = self.time.stream_time();
+        let store = self.any_store(name)?;
+        match store.shape {
+            Some(Shape::Session(sessions)) => Ok(SessionStore::new(store, sessions, stream_time)),
+            _ => Err(Error::InvalidUse(format!("store `{name}` is not a session store (StoreDefinition::session)"))),
+        }
     }
 
     /// The store named `name` with key codec `K` and value codec `V`.

@@ -117,6 +117,7 @@ mod store;
 mod task;
 mod time;
 mod timers;
+mod windows;
 
 pub use app::{App, AppBuilder};
 pub use assignment::AssignmentStrategy;
@@ -129,9 +130,10 @@ pub use processor::{Processor, ProcessorError};
 pub use record::{Headers, Record, TimestampType};
 pub use restore::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 pub use shutdown::ShutdownHandle;
-pub use store::{KeyValueStore, TypedStore};
+pub use store::{KeyValueStore, SessionRecord, SessionStore, TypedStore, WindowPut, WindowStore, WindowUpdate};
 pub use time::{InvalidTimestamp, Punctuation, PunctuationId, TimeDomain, Timer, TimestampExtractor};
 pub use timers::{TimersSummary, TIME_STORE};
+pub use windows::{Session, SessionWindows, Windows};
 
 /// The README's code blocks, compiled by `cargo test --doc`.
 #[cfg(doctest)]

@@ -25,6 +25,10 @@
 //! | `kstate_store_puts_total` | counter | puts |
 //! | `kstate_store_deletes_total` | counter | deletes |
 //! | `kstate_ttl_expired_total` | counter | expired entries the TTL sweep deleted (each a changelog tombstone) |
+//! | `kstate_window_late_records_total` | counter | records a window or session store dropped because their window had closed (end + grace passed in stream time) or expired (past retention) |
+//! | `kstate_window_segments` | gauge | live segments of a window or session store partition (updated at each commit) |
+//! | `kstate_window_segments_dropped_total` | counter | expired segments of a window or session store dropped (each one RocksDB range deletion) |
+//! | `kstate_window_oldest_live_ms` | gauge | the oldest window start (session end) a window or session store still returns: its time minus the retention (updated at each commit) |
 //! | `kstate_store_gets_total` | counter | point reads |
 //! | `kstate_store_overlay_bytes` | gauge | uncommitted writes held in memory |
 //! | `kstate_restore_records_total` | counter | changelog records restored |
@@ -62,6 +66,14 @@ use metrics::{counter, gauge, Counter, Gauge};
 
 /// Expired entries deleted counter name.
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";
+/// Records dropped by a window or session store: their window had closed.
+pub const WINDOW_LATE_RECORDS: &str = "kstate_window_late_records_total";
+/// Live segments of a window or session store partition.
+pub const WINDOW_SEGMENTS: &str = "kstate_window_segments";
+/// Expired segments dropped.
+pub const WINDOW_SEGMENTS_DROPPED: &str = "kstate_window_segments_dropped_total";
+/// The oldest window start (session end) still returned.
+pub const WINDOW_OLDEST_LIVE: &str = "kstate_window_oldest_live_ms";
 /// Stream time gauge name.
 pub const STREAM_TIME: &str = "kstate_stream_time_ms";
 /// Pending timers gauge name.
@@ -183,6 +195,10 @@ pub(crate) struct StoreMetrics {
     pub(crate) restore_remaining_bytes: Gauge,
     pub(crate) standby_lag_bytes: Gauge,
     pub(crate) expired: Counter,
+    pub(crate) late_records: Counter,
+    pub(crate) segments: Gauge,
+    pub(crate) segments_dropped: Counter,
+    pub(crate) oldest_live: Gauge,
     store: String,
     partition: String,
 }
@@ -196,6 +212,10 @@ impl StoreMetrics {
             puts: counter!(STORE_PUTS, &labels),
             deletes: counter!(STORE_DELETES, &labels),
             expired: counter!(TTL_EXPIRED, &labels),
+            late_records: counter!(WINDOW_LATE_RECORDS, &labels),
+            segments: gauge!(WINDOW_SEGMENTS, &labels),
+            segments_dropped: counter!(WINDOW_SEGMENTS_DROPPED, &labels),
+            oldest_live: gauge!(WINDOW_OLDEST_LIVE, &labels),
             gets: counter!(STORE_GETS, &labels),
             overlay_bytes: gauge!(STORE_OVERLAY_BYTES, &labels),
             restore_records: counter!(RESTORE_RECORDS, &labels),

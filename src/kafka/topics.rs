@@ -28,6 +28,11 @@ pub(crate) struct ChangelogSpec {
     pub(crate) partitions: i32,
     pub(crate) replication: Option<i32>,
     pub(crate) extra_configs: Vec<(String, String)>,
+    /// A window or session store's changelog: the `retention.ms` it must
+    /// keep at least (the store's retention) and the one kstate creates it
+    /// with (plus the additional retention); it is `compact,delete`.
+    /// `None`: a key-value store's, compacted only.
+    pub(crate) retention_ms: Option<(i64, i64)>,
 }
 
 /// A validated changelog topic.
@@ -69,11 +74,17 @@ pub(crate) fn ensure_topics(
         }
     }
     if !missing.is_empty() {
+        let retention: Vec<Option<String>> = missing.iter().map(|s| s.retention_ms.map(|(_, create)| create.to_string())).collect();
         let new_topics: Vec<NewTopic<'_>> = missing
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
                 let rf = TopicReplication::Fixed(s.replication.unwrap_or(-1));
-                let mut t = NewTopic::new(&s.topic, s.partitions, rf).set("cleanup.policy", "compact");
+                let mut t = NewTopic::new(&s.topic, s.partitions, rf);
+                t = match &retention[i] {
+                    Some(ms) => t.set("cleanup.policy", "compact,delete").set("retention.ms", ms),
+                    None => t.set("cleanup.policy", "compact"),
+                };
                 for (k, v) in &s.extra_configs {
                     t = t.set(k, v);
                 }
@@ -113,16 +124,23 @@ pub(crate) fn ensure_topics(
             problem: format!("could not describe its configuration: {code}"),
         })?;
         let policy = res.get("cleanup.policy").and_then(|e| e.value.clone()).unwrap_or_default();
-        if policy.trim() != "compact" {
-            return Err(Error::ChangelogTopicMismatch {
-                topic: spec.topic.clone(),
-                problem: format!(
-                    "cleanup.policy is `{policy}`, but a changelog must be `compact` \
-                     (with `delete`, old state would be lost from the changelog)"
-                ),
-            });
-        }
         let number = |name: &str| res.get(name).and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<u64>().ok());
+        match spec.retention_ms {
+            None if policy.trim() != "compact" => {
+                return Err(Error::ChangelogTopicMismatch {
+                    topic: spec.topic.clone(),
+                    problem: format!(
+                        "cleanup.policy is `{policy}`, but a changelog must be `compact` \
+                         (with `delete`, old state would be lost from the changelog)"
+                    ),
+                });
+            }
+            None => {}
+            Some((least, wanted)) => {
+                let retention = res.get("retention.ms").and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<i64>().ok());
+                check_window_changelog(&spec.topic, &policy, retention, least, wanted)?;
+            }
+        }
         let delete_retention_ms = number("delete.retention.ms");
         if let Some(ms) = delete_retention_ms.filter(|ms| Duration::from_millis(*ms) < 10 * flushed_every) {
             tracing::warn!(topic = %spec.topic, delete_retention_ms = ms,
@@ -137,6 +155,46 @@ pub(crate) fn ensure_topics(
         );
     }
     Ok(infos)
+}
+
+/// A window or session store's changelog must keep every live window:
+/// compacted, and if it also deletes, for at least the store's retention
+/// (`least`); kstate creates it with `wanted`.
+fn check_window_changelog(topic: &str, policy: &str, retention_ms: Option<i64>, least: i64, wanted: i64) -> Result<()> {
+    let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
+    if !policies.contains(&"compact") {
+        return Err(Error::ChangelogTopicMismatch {
+            topic: topic.to_string(),
+            problem: format!(
+                "cleanup.policy is `{policy}`, but a window or session store's changelog must be `compact,delete` \
+                 (without compaction, a window's older updates would be restored)"
+            ),
+        });
+    }
+    if policies.contains(&"delete") {
+        match retention_ms {
+            Some(ms) if ms >= 0 && ms < least => {
+                return Err(Error::ChangelogTopicMismatch {
+                    topic: topic.to_string(),
+                    problem: format!(
+                        "retention.ms is {ms}, shorter than the store's retention ({least} ms): \
+                         the broker would delete windows that are still live; raise it to {wanted} \
+                         (kafka-configs --alter --add-config retention.ms={wanted}) or shorten the store's retention"
+                    ),
+                });
+            }
+            Some(ms) if ms >= 0 && ms < wanted => {
+                tracing::warn!(topic, retention_ms = ms, wanted_ms = wanted,
+                    "the changelog keeps records for less than the store's retention plus the additional retention: \
+                     if stream time falls behind the wall clock, a restore may miss live windows");
+            }
+            _ => {}
+        }
+    } else {
+        tracing::warn!(topic, policy,
+            "a window or session store's changelog without `delete` never forgets expired windows (restores skip them)");
+    }
+    Ok(())
 }
 
 /// Partition count of `topic`, or `None` if it does not exist.

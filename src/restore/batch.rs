@@ -24,9 +24,13 @@ pub(crate) struct SortedBatch {
 }
 
 impl SortedBatch {
-    /// Appends a put (`Some`) or delete (`None`).
-    pub(crate) fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
-        let key_at = self.append(key);
+    /// Appends a put (`Some`) or delete (`None`) of the key made of `key_parts`.
+    pub(crate) fn push(&mut self, key_parts: &[&[u8]], value: Option<&[u8]>) {
+        let start = self.arena.len() as u32;
+        for part in key_parts {
+            self.arena.extend_from_slice(part);
+        }
+        let key_at = (start, self.arena.len() as u32 - start);
         let value_at = value.map(|v| self.append(v));
         self.entries.push(Entry { key: key_at, value: value_at });
     }
@@ -100,12 +104,12 @@ mod tests {
     #[test]
     fn sorted_and_last_write_per_key_wins() {
         let mut b = SortedBatch::default();
-        b.push(b"c", Some(b"1"));
-        b.push(b"a", Some(b"1"));
-        b.push(b"c", None);
-        b.push(b"b", None);
-        b.push(b"a", Some(b"2"));
-        b.push(b"b", Some(b"3"));
+        b.push(&[b"c"], Some(b"1"));
+        b.push(&[b"a"], Some(b"1"));
+        b.push(&[b"c"], None);
+        b.push(&[b"b"], None);
+        b.push(&[b"a"], Some(b"2"));
+        b.push(&[b"b"], Some(b"3"));
         assert_eq!(b.len(), 6);
         let got = contents(&b.take_sorted());
         let want = vec![

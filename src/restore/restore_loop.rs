@@ -20,6 +20,7 @@ use super::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 use crate::error::{Error, Result};
 use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::store::engine::Engine;
+use crate::store::segments::Segments;
 use crate::store::KeyValueStore;
 
 /// Records written to RocksDB per restore batch.
@@ -74,6 +75,11 @@ struct Active {
     /// changelog record was appended after then (the age bound the restore
     /// checks against the changelog's tombstone retention).
     seen_end: (i64, i64),
+    /// A window or session store's segments, moved by the records
+    /// restored (copied back to the store with each batch written).
+    segments: Option<Segments>,
+    /// Records of expired windows skipped.
+    expired: u64,
 }
 
 impl Active {
@@ -285,12 +291,25 @@ impl RestoreLoop {
         if !self.failed_fetches.is_empty() {
             self.failed_fetches.remove(id);
         }
-        match key {
-            Some(k) => {
-                a.batch.push(k, value);
+        match (key, &mut a.segments) {
+            (Some(k), None) => {
+                a.batch.push(&[k], value);
                 a.bytes += (k.len() + value.map_or(0, <[u8]>::len)) as u64;
             }
-            None => tracing::warn!(topic = %String::from_utf8_lossy(topic), partition, offset,
+            (Some(k), Some(segments)) => match segments.time_of(k) {
+                // Dropped with its segment anyway (architecture.md §7).
+                Some(time) if segments.expired(time) => a.expired += 1,
+                Some(time) => {
+                    if value.is_some() {
+                        segments.observe(time);
+                    }
+                    a.batch.push(&[&segments.prefix(time), k], value);
+                    a.bytes += (k.len() + value.map_or(0, <[u8]>::len)) as u64;
+                }
+                None => tracing::warn!(topic = %String::from_utf8_lossy(topic), partition, offset,
+                    "changelog record whose key is too short for a window or session store skipped"),
+            },
+            (None, _) => tracing::warn!(topic = %String::from_utf8_lossy(topic), partition, offset,
                 "changelog record without a key skipped"),
         }
         a.records += 1;
@@ -379,7 +398,7 @@ impl RestoreLoop {
         };
         let recorded_id = store.engine().changelog_topic_id()?;
         let reason = match store.open_problem.take() {
-            Some(problem) => Some((problem, "local_store_unreadable")),
+            Some(problem) => Some(problem),
             None => full_restore_reason(
                 &LocalCheckpoint {
                     checkpoint: store.checkpoint(),
@@ -440,6 +459,8 @@ impl RestoreLoop {
             seen_end: (high, end_read_at_ms),
             age_refreshed: Instant::now(),
             age_refresh_every: store.tombstone_retention.map_or(STANDBY_AGE_REFRESH, |r| (r / 4).min(STANDBY_AGE_REFRESH)),
+            segments: store.segments.clone(),
+            expired: 0,
         };
         if standby {
             let checkpoint = store.checkpoint();
@@ -479,7 +500,14 @@ impl RestoreLoop {
             return;
         }
         let records = a.batch.len() as u64;
-        let batch = a.batch.take_sorted();
+        let mut batch = a.batch.take_sorted();
+        if let Some(segments) = &mut a.segments {
+            // After the data: records of segments that expired while this
+            // batch filled are dropped with them.
+            let update = segments.take_update();
+            store.engine().add_segments_update(&mut batch, &update);
+            store.metrics.segments_dropped.increment(update.dropped);
+        }
         let last = a.last_offset;
         let result = if a.standby && last + 1 >= a.seen_end.0 {
             store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
@@ -487,6 +515,9 @@ impl RestoreLoop {
             store.engine().commit(batch, last)
         };
         a.last_write = Instant::now();
+        if result.is_ok() {
+            store.segments.clone_from(&a.segments);
+        }
         match result {
             Ok(()) if a.standby => {
                 store.set_checkpoint(Some(last));
@@ -552,7 +583,7 @@ impl RestoreLoop {
             duration,
         };
         tracing::info!(store = %event.store, partition = a.partition, records = a.records, bytes = a.bytes,
-            seconds = duration.as_secs_f64(), "restore finished");
+            expired_skipped = a.expired, seconds = duration.as_secs_f64(), "restore finished");
         let app_dir = store.app_dir().map(Path::to_path_buf);
         self.listener.on_restore_end(&event);
         // Restores run side by side on this one thread: the rate that

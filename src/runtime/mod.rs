@@ -98,6 +98,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             partitions,
             replication: config.changelog_replication_factor,
             extra_configs: s.changelog_configs().to_vec(),
+            retention_ms: s.changelog_retention_ms(),
         })
         .collect();
     let infos = kafka::ensure_topics(&admin, &specs, config.startup_timeout, crate::store::engine::FLUSH_AT_LEAST_EVERY)?;

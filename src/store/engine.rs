@@ -34,6 +34,9 @@ const APPENDED_AFTER_KEY: &[u8] = b"changelog.checkpoint.appended_after_ms";
 /// The id of the changelog topic the local state came from (see
 /// [`crate::topic_id`]).
 const TOPIC_ID_KEY: &[u8] = b"changelog.topic_id";
+/// A window or session store's segment interval and time (two i64s,
+/// big-endian) and layout (`w` or `s`; see `store/segments.rs`).
+const SEGMENTS_KEY: &[u8] = b"segments.interval_and_time";
 /// L0 files after a restore from which it compacts before going live
 /// (below RocksDB's default level0_slowdown_writes_trigger of 20).
 const L0_COMPACT_AFTER_RESTORE: u64 = 16;
@@ -55,6 +58,16 @@ fn meta_cf(db: &DB) -> &rocksdb::ColumnFamily {
 
 fn appended_after_in(db: &DB) -> Result<Option<i64>> {
     Ok(db.get_cf(meta_cf(db), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
+}
+
+/// What a segmented store recorded: interval, time, layout byte.
+pub(crate) type RecordedSegments = (i64, i64, u8);
+
+fn segments_in(db: &DB) -> Result<Option<RecordedSegments>> {
+    Ok(db.get_cf(meta_cf(db), SEGMENTS_KEY)?.and_then(|v| {
+        let (a, b, layout) = (v.get(..8)?, v.get(8..16)?, *v.get(16)?);
+        Some((i64::from_be_bytes(a.try_into().ok()?), i64::from_be_bytes(b.try_into().ok()?), layout))
+    }))
 }
 
 fn topic_id_in(db: &DB) -> Result<Option<String>> {
@@ -291,6 +304,21 @@ impl Engine {
     /// Reads the changelog checkpoint.
     pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
         Ok(decode_checkpoint(self.db().get_cf(self.meta(), CHECKPOINT_KEY)?))
+    }
+
+    /// A segmented store's recorded segment interval and time, if any.
+    pub(crate) fn segments(&self) -> Result<Option<RecordedSegments>> {
+        segments_in(self.db())
+    }
+
+    /// Adds a segmented store's bookkeeping to a commit's batch: its
+    /// interval and time, and the range deletion of expired segments.
+    pub(crate) fn add_segments_update(&self, batch: &mut WriteBatch, update: &crate::store::segments::SegmentsUpdate) {
+        if let Some((from, to)) = &update.drop {
+            batch.delete_range(from.as_slice(), to.as_slice());
+        }
+        let value = [&update.interval.to_be_bytes()[..], &update.time.to_be_bytes(), &[update.layout.byte()]].concat();
+        batch.put_cf(self.meta(), SEGMENTS_KEY, value);
     }
 
     /// Reads one key from the data.
@@ -583,6 +611,11 @@ impl ReadOnlyDb {
     /// See [`Engine::appended_after_ms`].
     pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
         appended_after_in(&self.db)
+    }
+
+    /// See [`Engine::segments`].
+    pub(crate) fn segments(&self) -> Result<Option<RecordedSegments>> {
+        segments_in(&self.db)
     }
 
     /// Sizes from RocksDB's properties.

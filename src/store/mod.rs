@@ -10,8 +10,10 @@
 pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod overlay;
+pub(crate) mod segments;
 pub(crate) mod state_dir;
 mod ttl;
+mod windowed;
 
 use std::marker::PhantomData;
 use std::ops::Bound;
@@ -27,9 +29,12 @@ use crate::error::{Error, Result};
 use crate::store::lock::DirLock;
 use crate::metrics::StoreMetrics;
 use crate::store::overlay::{layered, MergeIter, Overlay};
+use crate::store::segments::{Layout, Segments, SegmentsUpdate};
+use crate::windows::Shape;
 use ttl::Ttl;
 
 pub(crate) use ttl::NO_TIME;
+pub use windowed::{SessionRecord, SessionStore, WindowPut, WindowStore, WindowUpdate};
 
 /// Everything a store partition needs to open.
 pub(crate) struct StoreOpenArgs<'a> {
@@ -45,6 +50,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) tombstone_retention: Option<Duration>,
     /// The store's time to live, if it has one.
     pub(crate) ttl: Option<(Duration, crate::time::TimeDomain)>,
+    /// A window or session store: its shape and retention.
+    pub(crate) segments: Option<(Shape, Duration)>,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -75,12 +82,16 @@ pub struct KeyValueStore {
     pub(crate) metrics: StoreMetrics,
     /// RocksDB's counts as last published (see `record_engine_metrics`).
     reported_tickers: std::sync::Mutex<crate::store::engine::Tickers>,
-    /// Why the local state cannot be trusted, found while opening it.
-    pub(crate) open_problem: Option<String>,
+    /// Why the local state cannot be trusted, found while opening it,
+    /// and the `reason` label of the full restore it causes.
+    pub(crate) open_problem: Option<(String, &'static str)>,
     db_dir: PathBuf,
     resources: EngineResources,
     /// Time to live of the entries, if the store has one.
     ttl: Option<Ttl>,
+    /// A window or session store's segments, and its windows.
+    pub(crate) segments: Option<Segments>,
+    pub(crate) shape: Option<Shape>,
     // Field order matters: the engine closes before the lock is released.
     /// Shared with the background writer while a commit is in flight.
     engine: Option<Arc<Engine>>,
@@ -111,6 +122,11 @@ pub(crate) struct SealedCommit {
     landed_checkpoint: Arc<AtomicI64>,
     /// The RocksDB batch, once built.
     batch: Option<rocksdb::WriteBatch>,
+    /// A segmented store's bookkeeping, written with the data.
+    segments: Option<SegmentsUpdate>,
+    /// Bytes in front of each RocksDB key that the changelog key leaves
+    /// out (a segmented store's segment).
+    key_skip: usize,
 }
 
 impl SealedCommit {
@@ -127,7 +143,7 @@ impl SealedCommit {
     /// the copies were ~15% of the write benchmark's CPU).
     pub(crate) fn send_and_build(&mut self) -> Result<()> {
         let mut batch = Engine::batch_with_capacity(self.writes.bytes());
-        self.producer.send_all(&self.tracker, self.writes.iter(), |chunk| {
+        self.producer.send_all(&self.tracker, self.writes.iter(), self.key_skip, |chunk| {
             for &(k, v) in chunk {
                 match v {
                     Some(v) => batch.put(k, v),
@@ -135,6 +151,11 @@ impl SealedCommit {
                 }
             }
         })?;
+        if let Some(update) = &self.segments {
+            // After the data: a write into a segment that expired during
+            // this commit is dropped with it.
+            self.engine.add_segments_update(&mut batch, update);
+        }
         self.batch = Some(batch);
         Ok(())
     }
@@ -206,24 +227,39 @@ impl KeyValueStore {
             Ok(e) => match e.checkpoint() {
                 Ok(Checkpoint::Corrupt(why)) => {
                     drop(e);
-                    (Self::reopen_empty(&db_dir, args.resources)?, Some(why))
+                    (Self::reopen_empty(&db_dir, args.resources)?, Some((why, UNREADABLE)))
                 }
-                Ok(_) => (e, None),
+                Ok(checkpoint) => match layout_problem(&e, &checkpoint, args.segments)? {
+                    // Rebuilt from the changelog, whose keys have no segment.
+                    Some(why) => {
+                        drop(e);
+                        (Self::reopen_empty(&db_dir, args.resources)?, Some((why, "layout_changed")))
+                    }
+                    None => (e, None),
+                },
                 Err(Error::RocksDb(err)) if err.is_corruption() => {
                     drop(e);
-                    (Self::reopen_empty(&db_dir, args.resources)?, Some(format!("checkpoint unreadable: {err}")))
+                    (Self::reopen_empty(&db_dir, args.resources)?, Some((format!("checkpoint unreadable: {err}"), UNREADABLE)))
                 }
                 Err(err) => return Err(err),
             },
             Err(Error::RocksDb(err)) if err.is_corruption() => (
                 Self::reopen_empty(&db_dir, args.resources)?,
-                Some(format!("local store unreadable: {err}")),
+                Some((format!("local store unreadable: {err}"), UNREADABLE)),
             ),
             Err(err) => return Err(err),
         };
         let checkpoint = match engine.checkpoint()? {
             Checkpoint::At(c) => Some(c),
             _ => None,
+        };
+        let segments = match args.segments {
+            Some((shape, retention)) => {
+                let mut s = Segments::new(layout_of(shape), retention);
+                s.reset(engine.segments()?.map_or(segments::NO_TIME, |(_, time, _)| time));
+                Some(s)
+            }
+            None => None,
         };
         Ok(KeyValueStore {
             name: args.name.into(),
@@ -243,6 +279,8 @@ impl KeyValueStore {
             db_dir,
             resources: args.resources.clone(),
             ttl: args.ttl.map(|(ttl, domain)| Ttl::new(ttl, domain)),
+            segments,
+            shape: args.segments.map(|(shape, _)| shape),
             engine: Some(Arc::new(engine)),
             _lock: lock,
         })
@@ -277,6 +315,9 @@ impl KeyValueStore {
         drop(self.engine.take());
         self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
         self.checkpoint = None;
+        if let Some(s) = &mut self.segments {
+            s.reset(segments::NO_TIME);
+        }
         Ok(())
     }
 
@@ -493,7 +534,22 @@ impl KeyValueStore {
         self.sealed = Arc::new(std::mem::take(&mut self.overlay));
         self.landed_checkpoint.store(-1, Ordering::Release);
         self.metrics.overlay_bytes.set(0.0);
+        let (segments, key_skip) = match &mut self.segments {
+            Some(s) => {
+                let update = s.take_update();
+                self.metrics.segments_dropped.increment(update.dropped);
+                let live = s.live_segments();
+                self.metrics.segments.set(live.end().saturating_sub(*live.start()).saturating_add(1).max(0) as f64);
+                if s.time() != segments::NO_TIME {
+                    self.metrics.oldest_live.set(s.oldest_live() as f64);
+                }
+                (Some(update), segments::TIME)
+            }
+            None => (None, 0),
+        };
         Ok(Some(SealedCommit {
+            segments,
+            key_skip,
             engine: self.engine.clone().expect("engine is open"),
             writes: self.sealed.clone(),
             producer: self.producer.clone(),
@@ -553,6 +609,42 @@ impl KeyValueStore {
         m.block_cache_hits.increment(moved.block_cache_hits);
         m.block_cache_misses.increment(moved.block_cache_misses);
     }
+}
+
+/// How a store of `shape` lays out its keys.
+pub(crate) fn layout_of(shape: Shape) -> Layout {
+    match shape {
+        Shape::Window(_) => Layout::Window,
+        Shape::Session(_) => Layout::Session,
+    }
+}
+
+/// The `reason` of a full restore for a store RocksDB could not read.
+const UNREADABLE: &str = "local_store_unreadable";
+
+/// Why local data cannot be read with the store's definition: a window or
+/// session store whose segment interval changed (its retention did), or
+/// data written under another layout (a key-value store redefined as a
+/// window store, or back).
+fn layout_problem(engine: &Engine, checkpoint: &Checkpoint, wanted: Option<(Shape, Duration)>) -> Result<Option<String>> {
+    let recorded = engine.segments()?;
+    Ok(match (wanted, recorded) {
+        (Some((shape, retention)), Some((interval, _, layout))) => {
+            let want = Segments::new(layout_of(shape), retention);
+            if layout != want.layout.byte() {
+                Some(format!("the local data was written as a {} store", if layout == b'w' { "window" } else { "session" }))
+            } else {
+                (interval != want.interval).then(|| {
+                    format!("the segment interval changed from {interval} ms to {} ms (the store's retention changed)", want.interval)
+                })
+            }
+        }
+        (Some(_), None) if matches!(checkpoint, Checkpoint::At(_)) => {
+            Some("the local data was not written as a window or session store".into())
+        }
+        (None, Some(_)) => Some("the local data was written as a window or session store".into()),
+        _ => None,
+    })
 }
 
 /// The smallest key greater than every key starting with `prefix`, if any.
@@ -631,6 +723,12 @@ fn decode_pair<K: Codec, V: Codec>(r: Result<(Vec<u8>, Vec<u8>)>) -> Result<(K::
 /// of what is built on stores: nothing is committed).
 #[cfg(test)]
 pub(crate) fn scratch_store(dir: &Path) -> KeyValueStore {
+    scratch_store_with(dir, None)
+}
+
+/// A scratch store of `segments`' shape (`None`: key-value).
+#[cfg(test)]
+pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>) -> KeyValueStore {
     let mut config = rdkafka::ClientConfig::new();
     config.set("bootstrap.servers", "127.0.0.1:1");
     let producer = Arc::new(ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).expect("producer"));
@@ -646,6 +744,7 @@ pub(crate) fn scratch_store(dir: &Path) -> KeyValueStore {
         lock_timeout: Duration::from_secs(1),
         tombstone_retention: None,
         ttl: None,
+        segments,
     })
     .expect("scratch store")
 }

@@ -158,6 +158,7 @@ impl TaskManager {
                             resources: &resources,
                             lock_timeout: config.lock_timeout,
                             ttl: def.time_to_live(),
+                            segments: def.segmented(),
                         })?);
                     }
                     wait_stable(stores)

@@ -195,6 +195,19 @@ fn window_and_session_counts_survive_a_standby_failover_and_a_restore() {
     let oldest = restored.keys().map(|k| start_of(k)).min().unwrap();
     assert!(oldest >= 240_000, "a window starting at {oldest} ms was restored from an expired segment");
     assert!(restored.len() < changelog.len() / 4, "restored {} of {} changelog records", restored.len(), changelog.len());
+    // The operator tools read window and session stores.
+    let live = model.live();
+    for (store, n) in [("w", live.windows.len()), ("s", live.sessions.len())] {
+        let report = kstate::admin::verify(&dir_c, &app_id, store, 0, &kstate::admin::Kafka::new(bootstrap())).unwrap();
+        assert_eq!((report.matching, report.store_keys, report.differences.len()), (n as u64, n as u64, 0), "verify {store}: {report:?}");
+    }
+    let inspected = kstate::admin::inspect(&dir_c).unwrap();
+    let kinds: Vec<(String, String)> = inspected.applications[0]
+        .partitions
+        .iter()
+        .filter_map(|p| Some((p.store.clone(), p.segments.as_ref()?.kind.clone())))
+        .collect();
+    assert_eq!(kinds, [("s".to_string(), "session".to_string()), ("w".to_string(), "window".to_string())]);
 
     // Both changelogs forget: compact,delete and retention + one day.
     for (store, retention) in [("w", RETENTION), ("s", SESSION_RETENTION)] {

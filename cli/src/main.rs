@@ -348,6 +348,17 @@ fn print_inspect(r: &admin::InspectReport) {
                     opt(timers.earliest_wall_clock_timer),
                 );
             }
+            if let Some(seg) = &p.segments {
+                println!(
+                    "{} store {} partition {}: time {} (latest {}), segments of {} ms",
+                    seg.kind,
+                    p.store,
+                    p.partition,
+                    seg.time,
+                    if seg.kind == "window" { "window start" } else { "session end" },
+                    seg.segment_interval_ms,
+                );
+            }
         }
     }
 }

@@ -96,8 +96,23 @@ pub struct StorePartitionReport {
     /// The time store (`kstate-time`) only: the task's stream time and
     /// its pending timers.
     pub timers: Option<crate::timers::TimersSummary>,
+    /// A window or session store only: its layout and time.
+    pub segments: Option<SegmentsReport>,
     /// Why the database could not be read, if it could not.
     pub problem: Option<String>,
+}
+
+/// A window or session store partition's bookkeeping.
+#[derive(Debug, Clone, Serialize)]
+pub struct SegmentsReport {
+    /// `window` or `session`.
+    pub kind: String,
+    /// Segment length in ms (`max(retention / 2, 60 s)`).
+    pub segment_interval_ms: i64,
+    /// The store's retention in ms.
+    pub retention_ms: i64,
+    /// The latest window start (session end) written, as of the last flush.
+    pub time: i64,
 }
 
 /// Reports every application, store and partition under `state_dir`.
@@ -143,6 +158,7 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         disk_bytes: dir_bytes(dir),
         last_flush_age_secs: newest_sst_age(&dir.join("db")),
         timers: None,
+        segments: None,
         problem: None,
     };
     match crate::store::lock::is_held(dir) {
@@ -157,6 +173,12 @@ fn store_partition(dir: &Path, store: &str, partition: i32) -> StorePartitionRep
         r.logical_bytes = stats.logical_bytes;
         r.physical_bytes = stats.physical_bytes;
         r.pending_compaction_bytes = stats.pending_compaction_bytes;
+        r.segments = ro.db.segments()?.map(|s| SegmentsReport {
+            kind: if s.layout == b'w' { "window" } else { "session" }.to_string(),
+            segment_interval_ms: s.interval,
+            retention_ms: s.retention,
+            time: s.time,
+        });
         if store == crate::timers::TIME_STORE {
             r.timers = Some(crate::timers::TimersSummary::of(|| ro.db.iter())?);
         }

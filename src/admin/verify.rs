@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::{escape_bytes, escape_cut, store_partition_dir, AdminError, Kafka, ReadOnly, Result};
+use crate::store::segments::{Layout, Segments, TIME};
 
 /// Keys listed per kind of difference (the counts are exact).
 pub const MAX_LISTED: usize = 100;
@@ -107,7 +108,9 @@ impl Digest {
 /// the changelog's records up to C applied in order. Keys with any record
 /// past C are counted as unverifiable, not compared. Works while the
 /// application runs. Holds the changelog's keys up to C in memory, each
-/// with a digest of its value (about 100 bytes beyond the key).
+/// with a digest of its value (about 100 bytes beyond the key). A window
+/// or session store compares its live windows (sessions) only: an expired
+/// one may be gone from either side.
 pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
     let topic = crate::kafka::changelog_topic(app, store);
@@ -167,16 +170,31 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
         only_in_changelog: 0,
         differences: Vec::new(),
     };
+    // A window or session store: RocksDB keys start with their segment,
+    // which the changelog key leaves out, and only live windows are
+    // compared (an expired one may be gone from either side).
+    let segments = ro.db.segments()?.map(|r| {
+        let layout = if r.layout == Layout::Window.byte() { Layout::Window } else { Layout::Session };
+        let mut s = Segments::new(layout, std::time::Duration::from_millis(r.retention.max(0) as u64));
+        s.reset(r.time);
+        s
+    });
+    let live = |changelog_key: &[u8]| segments.as_ref().is_none_or(|s| s.time_of(changelog_key).is_some_and(|t| !s.expired(t)));
+    model.retain(|k, _| live(k));
     let (mut listed_diff, mut listed_store, mut listed_changelog) = (0, 0, 0);
     let show = |v: &[u8]| Some(escape_cut(v, VALUE_SHOWN));
     for entry in ro.db.iter() {
-        let (k, v) = entry?;
-        report.store_keys += 1;
-        if later.contains(&*k) {
-            model.remove(&*k);
+        let (stored, v) = entry?;
+        let k = if segments.is_some() { &stored[TIME.min(stored.len())..] } else { &stored[..] };
+        if !live(k) {
             continue;
         }
-        match model.remove(&*k) {
+        report.store_keys += 1;
+        if later.contains(k) {
+            model.remove(k);
+            continue;
+        }
+        match model.remove(k) {
             Some(m) if m == Digest::of(&v) => report.matching += 1,
             Some(m) => {
                 report.different_values += 1;

@@ -35,7 +35,8 @@ const APPENDED_AFTER_KEY: &[u8] = b"changelog.checkpoint.appended_after_ms";
 /// [`crate::topic_id`]).
 const TOPIC_ID_KEY: &[u8] = b"changelog.topic_id";
 /// A window or session store's segment interval and time (two i64s,
-/// big-endian) and layout (`w` or `s`; see `store/segments.rs`).
+/// big-endian), layout (`w` or `s`) and retention (i64; see
+/// `store/segments.rs`).
 const SEGMENTS_KEY: &[u8] = b"segments.interval_and_time";
 /// L0 files after a restore from which it compacts before going live
 /// (below RocksDB's default level0_slowdown_writes_trigger of 20).
@@ -60,13 +61,20 @@ fn appended_after_in(db: &DB) -> Result<Option<i64>> {
     Ok(db.get_cf(meta_cf(db), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
 }
 
-/// What a segmented store recorded: interval, time, layout byte.
-pub(crate) type RecordedSegments = (i64, i64, u8);
+/// What a segmented store recorded with its last commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordedSegments {
+    pub(crate) interval: i64,
+    pub(crate) time: i64,
+    /// [`Layout::byte`](crate::store::segments::Layout::byte).
+    pub(crate) layout: u8,
+    pub(crate) retention: i64,
+}
 
 fn segments_in(db: &DB) -> Result<Option<RecordedSegments>> {
+    let int = |b: &[u8]| Some(i64::from_be_bytes(b.try_into().ok()?));
     Ok(db.get_cf(meta_cf(db), SEGMENTS_KEY)?.and_then(|v| {
-        let (a, b, layout) = (v.get(..8)?, v.get(8..16)?, *v.get(16)?);
-        Some((i64::from_be_bytes(a.try_into().ok()?), i64::from_be_bytes(b.try_into().ok()?), layout))
+        Some(RecordedSegments { interval: int(v.get(..8)?)?, time: int(v.get(8..16)?)?, layout: *v.get(16)?, retention: int(v.get(17..25)?)? })
     }))
 }
 
@@ -317,7 +325,7 @@ impl Engine {
         if let Some((from, to)) = &update.drop {
             batch.delete_range(from.as_slice(), to.as_slice());
         }
-        let value = [&update.interval.to_be_bytes()[..], &update.time.to_be_bytes(), &[update.layout.byte()]].concat();
+        let value = [&update.interval.to_be_bytes()[..], &update.time.to_be_bytes(), &[update.layout.byte()], &update.retention.to_be_bytes()].concat();
         batch.put_cf(self.meta(), SEGMENTS_KEY, value);
     }
 

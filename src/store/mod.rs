@@ -256,7 +256,7 @@ impl KeyValueStore {
         let segments = match args.segments {
             Some((shape, retention)) => {
                 let mut s = Segments::new(layout_of(shape), retention);
-                s.reset(engine.segments()?.map_or(segments::NO_TIME, |(_, time, _)| time));
+                s.reset(engine.segments()?.map_or(segments::NO_TIME, |r| r.time));
                 Some(s)
             }
             None => None,
@@ -629,7 +629,7 @@ const UNREADABLE: &str = "local_store_unreadable";
 fn layout_problem(engine: &Engine, checkpoint: &Checkpoint, wanted: Option<(Shape, Duration)>) -> Result<Option<String>> {
     let recorded = engine.segments()?;
     Ok(match (wanted, recorded) {
-        (Some((shape, retention)), Some((interval, _, layout))) => {
+        (Some((shape, retention)), Some(crate::store::engine::RecordedSegments { interval, layout, .. })) => {
             let want = Segments::new(layout_of(shape), retention);
             if layout != want.layout.byte() {
                 Some(format!("the local data was written as a {} store", if layout == b'w' { "window" } else { "session" }))

@@ -179,7 +179,7 @@ impl Segments {
         if drop.is_some() {
             self.dropped_below = first_live;
         }
-        SegmentsUpdate { layout: self.layout, interval: self.interval, time: self.time, drop, dropped }
+        SegmentsUpdate { layout: self.layout, retention: self.retention, interval: self.interval, time: self.time, drop, dropped }
     }
 }
 
@@ -188,6 +188,7 @@ impl Segments {
 #[derive(Debug, Clone)]
 pub(crate) struct SegmentsUpdate {
     pub(crate) layout: Layout,
+    pub(crate) retention: i64,
     /// Recorded with the time, to notice a changed interval at open.
     pub(crate) interval: i64,
     /// The store's time.

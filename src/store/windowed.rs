@@ -510,7 +510,8 @@ mod tests {
         kv.overlay.clear();
         let stored: Vec<Vec<u8>> = kv.engine().scan(Bound::Unbounded, Bound::Unbounded).map(|e| e.unwrap().0.to_vec()).collect();
         assert_eq!(stored.len(), 4, "segment 0 was not expired yet at the drop");
-        assert_eq!(kv.engine().segments().unwrap(), Some((75_000, 180_000, b'w')));
+        let recorded = kv.engine().segments().unwrap().unwrap();
+        assert_eq!((recorded.interval, recorded.time, recorded.layout, recorded.retention), (75_000, 180_000, b'w', RETENTION));
         let mut ws = WindowStore::<RawBytes, U64Be>::new(&mut kv, windows, None);
         assert_eq!(ws.put(&b"k".to_vec(), 240_000, &1).unwrap(), WindowPut::Written);
         let update = kv.segments.as_mut().unwrap().take_update();

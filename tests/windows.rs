@@ -241,3 +241,71 @@ fn definitions_and_changelogs_that_would_lose_live_windows_are_refused() {
     let err = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
     assert!(matches!(&err, Error::ChangelogTopicMismatch { problem, .. } if problem.contains("retention.ms is 5000")), "{err}");
 }
+
+/// Final results (the documented pattern of `examples/windowed_counts.rs`):
+/// a stream-time timer per window at its closing time sends the window's
+/// count once; under exactly-once, across a restart mid-way, every window's
+/// final result reaches `read_committed` readers exactly once and equals
+/// the model.
+#[test]
+fn final_results_are_sent_once_per_window_under_exactly_once() {
+    use kstate::{Output, ProcessingGuarantee, Processor, ProcessorError, TimeDomain, Timer};
+    let Fixture { input, app: app_id, state } = fixture("windows-final", 1);
+    let output = unique("windows-final-out");
+    create_topic(&output, 1, &[]);
+    struct Final(String);
+    impl Processor for Final {
+        fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+            let (key, now) = (rec.key_str().unwrap().to_string(), ctx.timestamp().unwrap());
+            ctx.window_store::<Utf8, U64Be>("w")?.update(&key, now, |_, n| n.unwrap_or(0) + 1)?;
+            for start in windows().windows_for(now) {
+                if !windows().is_closed(start, ctx.stream_time().unwrap()) {
+                    ctx.register_timer(TimeDomain::StreamTime, &[&start.to_be_bytes()[..], key.as_bytes()].concat(), start + SIZE + GRACE)?;
+                }
+            }
+            Ok(())
+        }
+        fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
+            let start = i64::from_be_bytes(timer.key[..8].try_into()?);
+            let key = std::str::from_utf8(&timer.key[8..])?.to_string();
+            let count = ctx.window_store::<Utf8, U64Be>("w")?.get(&key, start)?.ok_or("a closing window has a count")?;
+            // Stamped now: the event times here are near 1970, and the
+            // broker's retention would delete records stamped then.
+            let now = ctx.wall_clock_time();
+            ctx.send(Output::to(&self.0).key(format!("{key}@{start}").as_bytes()).value(count.to_string().as_bytes()).timestamp(now))?;
+            Ok(())
+        }
+    }
+    let run = || {
+        let out = output.clone();
+        Running::start_processor(
+            app(&app_id, &input, state.path(), 0).processing_guarantee(ProcessingGuarantee::ExactlyOnce),
+            move |_| Final(out.clone()),
+        )
+    };
+    let mut model = Model::default();
+    let all = events(0..600);
+    let r = run();
+    send(&input, &mut model, &all[..300]);
+    wait_all_committed_at(&bootstrap(), &app_id, &input, 1, TIMEOUT);
+    r.stop().unwrap();
+    let r = run();
+    send(&input, &mut model, &all[300..]);
+    wait_all_committed_at(&bootstrap(), &app_id, &input, 1, TIMEOUT);
+    r.stop().unwrap();
+    // Every window closed by the final stream time, with its count.
+    let want: BTreeMap<String, String> = model
+        .windows
+        .iter()
+        .filter(|((_, start), _)| start + SIZE + GRACE <= model.stream_time)
+        .map(|((k, start), n)| (format!("{k}@{start}"), n.to_string()))
+        .collect();
+    let sent = read_partition(&output, 0);
+    let mut got = BTreeMap::new();
+    for (_, k, v) in &sent {
+        let k = String::from_utf8(k.clone()).unwrap();
+        assert!(got.insert(k.clone(), String::from_utf8(v.clone().unwrap()).unwrap()).is_none(), "{k} sent twice");
+    }
+    assert!(want.len() > 300, "{} windows closed", want.len());
+    assert_eq!(got, want, "one final result per closed window, equal to the model");
+}

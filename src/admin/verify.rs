@@ -200,14 +200,14 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
                 report.different_values += 1;
                 if listed_diff < MAX_LISTED {
                     listed_diff += 1;
-                    report.differences.push(KeyDifference { key: escape_bytes(&k), store_value: show(&v), changelog_value: Some(m.shown()) });
+                    report.differences.push(KeyDifference { key: escape_bytes(k), store_value: show(&v), changelog_value: Some(m.shown()) });
                 }
             }
             None => {
                 report.only_in_store += 1;
                 if listed_store < MAX_LISTED {
                     listed_store += 1;
-                    report.differences.push(KeyDifference { key: escape_bytes(&k), store_value: show(&v), changelog_value: None });
+                    report.differences.push(KeyDifference { key: escape_bytes(k), store_value: show(&v), changelog_value: None });
                 }
             }
         }

@@ -1,0 +1,135 @@
+//! Hopping-window counts with final results: clicks per user over 10-second
+//! windows starting every 5 seconds (event time), one result per window
+//! when it closes instead of an update per click (Kafka Streams'
+//! `suppress(untilWindowCloses)`), exactly once.
+//!
+//! ```text
+//! bash testing/kafka.sh start          # or any broker; set KSTATE_BOOTSTRAP
+//! cargo run --example windowed_counts
+//! ```
+//!
+//! How: each click updates its windows in a window store and registers a
+//! stream-time timer at each window's closing time (end + grace; the same
+//! window's timer registered again is one timer). When stream time reaches
+//! it, `on_timer` reads the window's final count and sends it. Any later
+//! record for that window is late and dropped by the store, so the count
+//! cannot change after it was sent; the timer's removal and the output are
+//! in the same commit, one transaction under exactly-once: a crash before
+//! the commit sends it again from the restored state, and `read_committed`
+//! readers see each final result once. The example produces its clicks,
+//! then a last record far ahead in event time that closes every window,
+//! and stops once every final result is out (or on Ctrl-C or SIGTERM).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kstate::codec::{U64Be, Utf8};
+use kstate::{App, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, StoreDefinition, TimeDomain, Timer, Windows};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use common::on_signal;
+
+const INPUT: &str = "kstate-example-clicks";
+const OUTPUT: &str = "kstate-example-click-counts";
+const STORE: &str = "clicks-per-10s";
+
+fn windows() -> Windows {
+    Windows::hopping(Duration::from_secs(10), Duration::from_secs(5)).grace(Duration::from_secs(2))
+}
+
+/// The processor of one task.
+struct FinalCounts {
+    /// Final results sent (to stop the example).
+    sent: Arc<AtomicUsize>,
+}
+
+/// A window's timer key: its start (8 bytes) then the user.
+fn timer_key(start: i64, user: &str) -> Vec<u8> {
+    [&start.to_be_bytes()[..], user.as_bytes()].concat()
+}
+
+impl Processor for FinalCounts {
+    fn process(&mut self, ctx: &mut ProcessorContext<'_>, record: &Record<'_>) -> Result<(), ProcessorError> {
+        let Some(user) = record.key_str().filter(|u| !u.is_empty()).map(str::to_string) else {
+            return Ok(()); // the closing tick: it only moves stream time
+        };
+        let now = ctx.timestamp().unwrap_or_default();
+        let w = windows();
+        ctx.window_store::<Utf8, U64Be>(STORE)?.update(&user, now, |_, n| n.unwrap_or(0) + 1)?;
+        for start in w.windows_for(now) {
+            if !w.is_closed(start, ctx.stream_time().unwrap_or(now)) {
+                ctx.register_timer(TimeDomain::StreamTime, &timer_key(start, &user), start + w.size_ms() + w.grace_ms())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
+        let start = i64::from_be_bytes(timer.key[..8].try_into()?);
+        let user = std::str::from_utf8(&timer.key[8..])?.to_string();
+        let Some(count) = ctx.window_store::<Utf8, U64Be>(STORE)?.get(&user, start)? else { return Ok(()) };
+        let key = format!("{user}@{start}");
+        ctx.send(Output::to(OUTPUT).key(key.as_bytes()).value(count.to_string().as_bytes()))?;
+        println!("{user:>6} [{:>3} s, {:>3} s) = {count}", start / 1000, (start + windows().size_ms()) / 1000);
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_env_filter(std::env::var("KSTATE_LOG").unwrap_or_else(|_| "kstate=warn".into())).init();
+    let bootstrap = std::env::var("KSTATE_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", &bootstrap).create()?;
+    let topics = [NewTopic::new(INPUT, 1, TopicReplication::Fixed(1)), NewTopic::new(OUTPUT, 1, TopicReplication::Fixed(1))];
+    let _ = futures::executor::block_on(admin.create_topics(&topics, &AdminOptions::new()))?;
+
+    // Clicks of three users over 40 s of event time (one every 700 ms), then
+    // a tick at 1000 s that closes every window.
+    // Event times from two hours ago (brokers refuse timestamps far in the
+    // future), fresh for every run of the example.
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let base = (now_ms - 2 * 3_600_000) / 10_000 * 10_000;
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &bootstrap).create()?;
+    let users = ["ada", "bob", "cy"];
+    let mut expected = std::collections::BTreeSet::new();
+    for i in 0..58i64 {
+        let (user, ts) = (users[(i % 3) as usize], base + i * 700);
+        for start in windows().windows_for(ts) {
+            expected.insert((user, start));
+        }
+        producer.send(BaseRecord::to(INPUT).key(user).payload("click").timestamp(ts)).map_err(|(e, _)| e)?;
+    }
+    producer.send(BaseRecord::to(INPUT).key("").payload("tick").timestamp(base + 1_000_000)).map_err(|(e, _)| e)?;
+    producer.flush(Duration::from_secs(10))?;
+
+    let app = App::builder()
+        .application_id("kstate-example-windowed-counts")
+        .bootstrap_servers(bootstrap)
+        .input_topic(INPUT)
+        .state_dir(std::env::temp_dir().join("kstate-example-state"))
+        .store(StoreDefinition::window(STORE, windows()).retention(Duration::from_secs(60)))
+        .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+        .build()?;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let stop = app.shutdown_handle();
+    let on_term = stop.clone();
+    on_signal(move || on_term.shutdown());
+    let (watch, want) = (sent.clone(), expected.len());
+    std::thread::spawn(move || {
+        while watch.load(Ordering::Relaxed) < want {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500)); // the last commit
+        stop.shutdown();
+    });
+    let factory_sent = sent.clone();
+    app.run_processor(move |_partition| FinalCounts { sent: factory_sent.clone() })?;
+    println!("{} final results for {} windows, each sent once (topic {OUTPUT})", sent.load(Ordering::Relaxed), want);
+    Ok(())
+}

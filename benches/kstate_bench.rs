@@ -112,6 +112,17 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--state-dir")?,
             opt(args, "--variant")?,
         ),
+        "kstate-window" => kstate_window(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--input")?,
+            Some(opt(args, "--records")?.parse()?),
+            opt(args, "--state-dir")?,
+            WindowSpec::of(args)?,
+        ),
+        "kstate-window-restore" => {
+            kstate_window(&b, opt(args, "--app")?, opt(args, "--input")?, None, opt(args, "--state-dir")?, WindowSpec::of(args)?)
+        }
         "count" => count(&b, opt(args, "--topic")?, args.iter().any(|a| a == "--read-committed")),
         "delete-topics" => delete_topics(&b, opt(args, "--prefix")?),
         _ => Err(format!("unknown subcommand `{cmd}`").into()),
@@ -550,6 +561,98 @@ fn kstate_write(
     Ok(format!(
         "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output}}}",
         records as f64 / secs
+    ))
+}
+
+/// The windowing of the `window` scenario (same options and defaults as
+/// the Kafka Streams contender's `window`).
+#[derive(Clone, Copy)]
+struct WindowSpec {
+    size_ms: u64,
+    advance_ms: u64,
+    /// Event time = offset × step (per partition), as the Java contender.
+    step_ms: i64,
+}
+
+impl WindowSpec {
+    fn of(args: &[String]) -> Result<WindowSpec, BoxError> {
+        let num = |name: &str, default: u64| -> Result<u64, BoxError> { Ok(opt(args, name).map_or(Ok(default), str::parse)?) };
+        Ok(WindowSpec {
+            size_ms: num("--window-size-ms", 300_000)?,
+            advance_ms: num("--advance-ms", 60_000)?,
+            step_ms: num("--event-step-ms", 5)? as i64,
+        })
+    }
+}
+
+/// Hopping-window counts (`update` of the windows holding each record's
+/// event time) of `records` input records, timed from the first to the
+/// last; with `records` `None`, the restore of the window store from its
+/// changelog into an empty state dir, timed from the first restore start
+/// to the last end.
+fn kstate_window(bootstrap: &str, app: &str, input: &str, records: Option<u64>, state: &str, w: WindowSpec) -> Result<String, BoxError> {
+    use kstate::codec::{RawBytes, U64Be};
+    let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let partitions = partitions_of(&admin, input)?.len();
+    let times = Times::default();
+    let windows = kstate::Windows::hopping(Duration::from_millis(w.size_ms), Duration::from_millis(w.advance_ms));
+    let app = with_env_kafka_config(App::builder())
+        .application_id(app)
+        .bootstrap_servers(bootstrap)
+        .input_topic(input)
+        .state_dir(state)
+        .store(StoreDefinition::window("w", windows))
+        .commit_interval(Duration::from_millis(100))
+        .timestamp_extractor(move |rec, _| rec.offset * w.step_ms)
+        .restore_listener(times.clone())
+        .build()?;
+    let stop = app.shutdown_handle();
+    let seen = Arc::new(AtomicU64::new(0));
+    let (first, last) = (Arc::new(Mutex::new(None::<Instant>)), Arc::new(Mutex::new(None::<Instant>)));
+    let (s, f, l, st) = (seen.clone(), first.clone(), last.clone(), stop.clone());
+    let target = records.unwrap_or(u64::MAX);
+    let started = Instant::now();
+    let runner = std::thread::spawn(move || {
+        app.run(move |ctx, rec| {
+            if s.load(Ordering::Relaxed) == 0 {
+                *f.lock().unwrap() = Some(Instant::now());
+            }
+            if let (Some(k), Some(_)) = (rec.key, rec.value) {
+                let now = ctx.timestamp().unwrap_or_default();
+                let _ = ctx.window_store::<RawBytes, U64Be>("w")?.update(&k.to_vec(), now, |_, n| n.unwrap_or(0) + 1)?;
+            }
+            if s.fetch_add(1, Ordering::Relaxed) + 1 == target {
+                *l.lock().unwrap() = Some(Instant::now());
+                st.shutdown();
+            }
+            Ok::<(), kstate::Error>(())
+        })
+    });
+    if records.is_none() {
+        // Two stores per partition: the window store and the time store.
+        while times.ends.lock().unwrap().len() < 2 * partitions && !runner.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let to_running = started.elapsed().as_secs_f64();
+        stop.shutdown();
+        runner.join().map_err(|_| "runtime panicked")??;
+        let ends = times.ends.lock().unwrap();
+        let first = times.first_start.lock().unwrap().ok_or("no restore started")?;
+        let last = ends.iter().map(|e| e.0).max().ok_or("no restore ended")?;
+        let restored: u64 = ends.iter().map(|e| e.1.records).sum();
+        let secs = (last - first).as_secs_f64().max(1e-6);
+        return Ok(format!(
+            "{{\"contender\":\"kstate\",\"mode\":\"window-restore\",\"records\":{restored},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4}}}",
+            restored as f64 / secs
+        ));
+    }
+    runner.join().map_err(|_| "runtime panicked")??;
+    let (f, l) = (first.lock().unwrap().ok_or("nothing processed")?, last.lock().unwrap().ok_or("did not finish")?);
+    let secs = (l - f).as_secs_f64();
+    let n = records.unwrap_or_default();
+    Ok(format!(
+        "{{\"contender\":\"kstate\",\"mode\":\"window\",\"records\":{n},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
+        n as f64 / secs
     ))
 }
 

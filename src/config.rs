@@ -69,11 +69,11 @@ impl StoreDefinition {
     }
 
     /// How long a window or session store keeps windows, in stream time
-    /// (default: window size + grace, session gap + grace; Kafka Streams'
-    /// default too). A window whose start (a session whose end) is at or
+    /// (default: window size + grace, as Kafka Streams; session gap +
+    /// grace + 1 ms). A window whose start (a session whose end) is at or
     /// before the store's latest one minus the retention is expired: never
     /// returned, dropped with its segment, skipped by restores. At least
-    /// size + grace (gap + grace), checked when the application is built;
+    /// size + grace (gap + grace + 1 ms), checked when the application is built;
     /// longer retention lets processors read closed windows.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = Some(retention);
@@ -389,10 +389,12 @@ impl AppConfig {
                         shape.min_retention_ms()
                     )));
                 }
-                if s.changelog_configs().iter().any(|(k, _)| k == "retention.ms") {
+                if let Some((k, _)) = s.changelog_configs().iter().find(|(k, _)| k == "retention.ms" || k == "retention.bytes") {
                     return Err(Error::Config(format!(
-                        "store `{}`: the changelog's retention.ms follows the store's retention; set StoreDefinition::retention or changelog_additional_retention instead",
-                        s.name()
+                        "store `{}`: {k} of a {} store's changelog cannot be set: it follows the store's retention \
+                         (StoreDefinition::retention, changelog_additional_retention), and a size limit would delete live windows",
+                        s.name(),
+                        shape.kind()
                     )));
                 }
             } else if s.retention.is_some() {

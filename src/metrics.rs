@@ -25,7 +25,7 @@
 //! | `kstate_store_puts_total` | counter | puts |
 //! | `kstate_store_deletes_total` | counter | deletes |
 //! | `kstate_ttl_expired_total` | counter | expired entries the TTL sweep deleted (each a changelog tombstone) |
-//! | `kstate_window_late_records_total` | counter | records a window or session store dropped because their window had closed (end + grace passed in stream time) or expired (past retention) |
+//! | `kstate_window_late_records_total` | counter | writes a window or session store dropped because their window had closed (end + grace passed in stream time) or expired (past retention); once per window (a record late for three hopping windows counts three) |
 //! | `kstate_window_segments` | gauge | live segments of a window or session store partition (updated at each commit) |
 //! | `kstate_window_segments_dropped_total` | counter | expired segments of a window or session store dropped (each one RocksDB range deletion) |
 //! | `kstate_window_oldest_live_ms` | gauge | the oldest window start (session end) a window or session store still returns: its time minus the retention (updated at each commit) |

@@ -170,11 +170,14 @@ pub(crate) enum Shape {
 }
 
 impl Shape {
-    /// The least retention that keeps every window until it closes.
+    /// The least retention that keeps every window until it closes:
+    /// size + grace; for sessions gap + grace + 1 ms (a record at `t` not
+    /// yet late merges with a session ending at `t - gap`, and the store's
+    /// time may be `t + grace` then).
     pub(crate) fn min_retention_ms(&self) -> i64 {
         match self {
             Shape::Window(w) => w.size.saturating_add(w.grace),
-            Shape::Session(s) => s.gap.saturating_add(s.grace),
+            Shape::Session(s) => s.gap.saturating_add(s.grace).saturating_add(1),
         }
     }
 

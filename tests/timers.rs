@@ -473,8 +473,9 @@ fn a_timer_due_when_registered_fires_right_after_a_deleted_one_never_and_a_cance
             "process 1000 del b 1600",
             "process 1000 now c",
             "timer c@1000",
-            "process 1700 tick",
+            // Due at the tick's time: before the tick is processed.
             "timer a@1500",
+            "process 1700 tick",
         ],
         "whole log: {log:?}"
     );

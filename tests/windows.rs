@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use common::*;
 use kstate::codec::{U64Be, Utf8};
-use kstate::{Error, ProcessorContext, Record, Session, SessionRecord, SessionWindows, StoreDefinition, Windows};
+use kstate::{
+    Error, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, Session, SessionRecord, SessionWindows,
+    StoreDefinition, TimeDomain, Timer, Windows,
+};
 use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 
 const SIZE: i64 = 10_000;
@@ -130,6 +133,14 @@ fn app(app: &str, input: &str, dir: &std::path::Path, standbys: usize) -> kstate
         .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
 }
 
+/// The final-results application: one window store with the default
+/// retention (size + grace: a window expires as soon as it may close).
+fn final_app(app: &str, input: &str, dir: &std::path::Path) -> kstate::AppBuilder {
+    builder(app, input, dir)
+        .store(StoreDefinition::window("w", windows()))
+        .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
+}
+
 /// Event `i`: key `k{i % KEYS}` at `i * 500` ms; every 50th event also a
 /// record 40 s in the past (late for its windows, mostly for its session).
 fn events(range: std::ops::Range<i64>) -> Vec<(String, i64)> {
@@ -234,6 +245,16 @@ fn definitions_and_changelogs_that_would_lose_live_windows_are_refused() {
     assert!(matches!(&ttl, Error::Config(m) if m.contains("retention, not a TTL")), "{ttl}");
     let kv = build(StoreDefinition::new("kv").retention(Duration::from_secs(1))).unwrap_err();
     assert!(matches!(&kv, Error::Config(m) if m.contains("only window and session stores")), "{kv}");
+    let bytes = build(StoreDefinition::window("w", w).changelog_config("retention.bytes", "1000000")).unwrap_err();
+    assert!(matches!(&bytes, Error::Config(m) if m.contains("retention.bytes")), "{bytes}");
+    let session = build(StoreDefinition::session("s", SessionWindows::with_gap(Duration::from_secs(10))).retention(Duration::from_secs(10))).unwrap_err();
+    assert!(matches!(&session, Error::Config(m) if m.contains("gap plus grace")), "{session}");
+
+    // An existing key-value changelog (compacted only) under a window store's name.
+    create_topic(&kstate::changelog_topic(&app_id, "kv"), 1, &[("cleanup.policy", "compact")]);
+    let app = builder(&app_id, &input, state.path()).store(StoreDefinition::window("kv", w)).build().unwrap();
+    let err = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
+    assert!(matches!(&err, Error::ChangelogTopicMismatch { problem, .. } if problem.contains("must be `compact,delete`")), "{err}");
 
     // An existing changelog that deletes sooner than the store's retention.
     create_topic(&kstate::changelog_topic(&app_id, "w"), 1, &[("cleanup.policy", "compact,delete"), ("retention.ms", "5000")]);
@@ -243,43 +264,47 @@ fn definitions_and_changelogs_that_would_lose_live_windows_are_refused() {
 }
 
 /// Final results (the documented pattern of `examples/windowed_counts.rs`):
+/// counts per window, and a stream-time timer at each window's closing
+/// time that sends its count to the output topic.
+struct Final(String);
+
+impl Processor for Final {
+    fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+        let (key, now) = (rec.key_str().unwrap().to_string(), ctx.timestamp().unwrap());
+        ctx.window_store::<Utf8, U64Be>("w")?.update(&key, now, |_, n| n.unwrap_or(0) + 1)?;
+        for start in windows().windows_for(now) {
+            if !windows().is_closed(start, ctx.stream_time().unwrap()) {
+                ctx.register_timer(TimeDomain::StreamTime, &[&start.to_be_bytes()[..], key.as_bytes()].concat(), start + SIZE + GRACE)?;
+            }
+        }
+        Ok(())
+    }
+    fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
+        let start = i64::from_be_bytes(timer.key[..8].try_into()?);
+        let key = std::str::from_utf8(&timer.key[8..])?.to_string();
+        let count = ctx.window_store::<Utf8, U64Be>("w")?.get(&key, start)?.ok_or("a closing window has a count")?;
+        // Stamped now: the event times here are near 1970, and the
+        // broker's retention would delete records stamped then.
+        let now = ctx.wall_clock_time();
+        ctx.send(Output::to(&self.0).key(format!("{key}@{start}").as_bytes()).value(count.to_string().as_bytes()).timestamp(now))?;
+        Ok(())
+    }
+}
+
+/// Final results (the documented pattern of `examples/windowed_counts.rs`):
 /// a stream-time timer per window at its closing time sends the window's
 /// count once; under exactly-once, across a restart mid-way, every window's
 /// final result reaches `read_committed` readers exactly once and equals
 /// the model.
 #[test]
 fn final_results_are_sent_once_per_window_under_exactly_once() {
-    use kstate::{Output, ProcessingGuarantee, Processor, ProcessorError, TimeDomain, Timer};
     let Fixture { input, app: app_id, state } = fixture("windows-final", 1);
     let output = unique("windows-final-out");
     create_topic(&output, 1, &[]);
-    struct Final(String);
-    impl Processor for Final {
-        fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
-            let (key, now) = (rec.key_str().unwrap().to_string(), ctx.timestamp().unwrap());
-            ctx.window_store::<Utf8, U64Be>("w")?.update(&key, now, |_, n| n.unwrap_or(0) + 1)?;
-            for start in windows().windows_for(now) {
-                if !windows().is_closed(start, ctx.stream_time().unwrap()) {
-                    ctx.register_timer(TimeDomain::StreamTime, &[&start.to_be_bytes()[..], key.as_bytes()].concat(), start + SIZE + GRACE)?;
-                }
-            }
-            Ok(())
-        }
-        fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
-            let start = i64::from_be_bytes(timer.key[..8].try_into()?);
-            let key = std::str::from_utf8(&timer.key[8..])?.to_string();
-            let count = ctx.window_store::<Utf8, U64Be>("w")?.get(&key, start)?.ok_or("a closing window has a count")?;
-            // Stamped now: the event times here are near 1970, and the
-            // broker's retention would delete records stamped then.
-            let now = ctx.wall_clock_time();
-            ctx.send(Output::to(&self.0).key(format!("{key}@{start}").as_bytes()).value(count.to_string().as_bytes()).timestamp(now))?;
-            Ok(())
-        }
-    }
     let run = || {
         let out = output.clone();
         Running::start_processor(
-            app(&app_id, &input, state.path(), 0).processing_guarantee(ProcessingGuarantee::ExactlyOnce),
+            final_app(&app_id, &input, state.path()).processing_guarantee(ProcessingGuarantee::ExactlyOnce),
             move |_| Final(out.clone()),
         )
     };
@@ -308,4 +333,89 @@ fn final_results_are_sent_once_per_window_under_exactly_once() {
     }
     assert!(want.len() > 300, "{} windows closed", want.len());
     assert_eq!(got, want, "one final result per closed window, equal to the model");
+}
+
+/// The child instance of the crash loop: settings `app \t input \t output
+/// \t state`; counts with final results under exactly-once until killed or
+/// its stdin closes.
+#[test]
+#[ignore = "child process of the window crash loop"]
+fn windows_child() {
+    let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
+    let [app_id, input, out, state]: [&str; 4] = settings.split('\t').collect::<Vec<_>>().try_into().unwrap();
+    init_tracing();
+    let built = final_app(app_id, input, std::path::Path::new(state))
+        .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+        .commit_interval(Duration::from_millis(50))
+        .kafka_config("group.instance.id", format!("{app_id}-child"))
+        .transaction_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    stop_when_stdin_closes(built.shutdown_handle());
+    let out = out.to_string();
+    built.run_processor(move |_| Final(out.clone())).unwrap();
+}
+
+/// Windowed counts with final results, SIGKILLed again and again under
+/// load: every window's final result reaches `read_committed` readers
+/// exactly once and equals a model of the input (per partition: late
+/// records dropped on each partition's own stream time).
+#[test]
+fn final_results_survive_a_crash_loop_exactly_once() {
+    use rand::{Rng, SeedableRng};
+    const PARTITIONS: i32 = 2;
+    let Fixture { input, app: app_id, state } = fixture("windows-crash", PARTITIONS);
+    let out = unique("windows-crash-out");
+    create_topic(&out, PARTITIONS, &[]);
+    let rounds: usize = std::env::var("KSTATE_WINDOW_CRASH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+    // Key k{i} lives in partition i % PARTITIONS; each partition its own model.
+    let mut models: Vec<Model> = (0..PARTITIONS).map(|_| Model::default()).collect();
+    let partition_of = |key: &str| key[1..].parse::<i32>().unwrap() % PARTITIONS;
+    let all = events(0..6_000);
+    let records: Vec<KeyedRecord> = all
+        .iter()
+        .map(|(k, ts)| {
+            models[partition_of(k) as usize].record(k, *ts);
+            (partition_of(k), k.clone().into_bytes(), Some(ts.to_string().into_bytes()))
+        })
+        .collect();
+    let log = state.path().join("child.log");
+    let spawn = || ChildInstance::spawn("a", "windows_child", format!("{app_id}\t{input}\t{out}\t{}", state.path().display()), log.clone());
+    // The input arrives while the instance runs and dies.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let chunk = records.len().div_ceil(rounds);
+    for (round, part) in records.chunks(chunk).enumerate() {
+        let child = spawn();
+        produce(&input, part);
+        std::thread::sleep(Duration::from_millis(rng.random_range(800..2500)));
+        child.kill(); // SIGKILL, mid-commit or mid-processing
+        eprintln!("round {round}: {} final results visible", read_partition(&out, 0).len() + read_partition(&out, 1).len());
+    }
+    // The last instance runs to the end; a record far ahead closes every window.
+    let ends: Vec<KeyedRecord> = (0..PARTITIONS).map(|p| (p, format!("end{p}").into_bytes(), Some(b"100000000".to_vec()))).collect();
+    produce(&input, &ends);
+    let want: BTreeMap<String, String> = models
+        .iter()
+        .flat_map(|m| m.windows.iter().map(|((k, start), n)| (format!("{k}@{start}"), n.to_string())))
+        .collect();
+    let last = spawn();
+    let read = || -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        (0..PARTITIONS).flat_map(|p| read_partition(&out, p)).map(|(_, k, v)| (k, v)).collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while read().len() < want.len() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for every final result; the instance's log ends with:\n{}", last.tail());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    last.stop();
+    let mut got = BTreeMap::new();
+    for (k, v) in read() {
+        let k = String::from_utf8(k).unwrap();
+        let previous = got.insert(k.clone(), String::from_utf8(v.unwrap()).unwrap());
+        assert!(previous.is_none(), "{k} sent twice under exactly-once");
+    }
+    assert_eq!(got.len(), want.len());
+    assert_eq!(got, want, "one final result per window, equal to the model");
+    let text = strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
+    eprintln!("{} final results after {rounds} kills ({} restores)", want.len(), text.matches("restore starting").count());
 }

@@ -137,8 +137,8 @@ pub(crate) fn ensure_topics(
             }
             None => {}
             Some((least, wanted)) => {
-                let retention = res.get("retention.ms").and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<i64>().ok());
-                check_window_changelog(&spec.topic, &policy, retention, least, wanted)?;
+                let signed = |name: &str| res.get(name).and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<i64>().ok());
+                check_window_changelog(&spec.topic, &policy, signed("retention.ms"), signed("retention.bytes"), least, wanted)?;
             }
         }
         let delete_retention_ms = number("delete.retention.ms");
@@ -157,21 +157,39 @@ pub(crate) fn ensure_topics(
     Ok(infos)
 }
 
-/// A window or session store's changelog must keep every live window:
-/// compacted, and if it also deletes, for at least the store's retention
-/// (`least`); kstate creates it with `wanted`.
-fn check_window_changelog(topic: &str, policy: &str, retention_ms: Option<i64>, least: i64, wanted: i64) -> Result<()> {
+/// A window or session store's changelog must keep every live window and
+/// only window records: `compact,delete` (compact only is a key-value
+/// store's changelog), deleting by time no sooner than the store's
+/// retention (`least`) and never by size; kstate creates it with `wanted`.
+fn check_window_changelog(
+    topic: &str,
+    policy: &str,
+    retention_ms: Option<i64>,
+    retention_bytes: Option<i64>,
+    least: i64,
+    wanted: i64,
+) -> Result<()> {
     let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
-    if !policies.contains(&"compact") {
+    if !(policies.contains(&"compact") && policies.contains(&"delete")) {
         return Err(Error::ChangelogTopicMismatch {
             topic: topic.to_string(),
             problem: format!(
                 "cleanup.policy is `{policy}`, but a window or session store's changelog must be `compact,delete` \
-                 (without compaction, a window's older updates would be restored)"
+                 (without compaction a window's older updates would be restored; a compacted-only topic is \
+                 a key-value store's changelog, whose records are no windows: use a new store name)"
             ),
         });
     }
-    if policies.contains(&"delete") {
+    if let Some(bytes) = retention_bytes.filter(|b| *b >= 0) {
+        return Err(Error::ChangelogTopicMismatch {
+            topic: topic.to_string(),
+            problem: format!(
+                "retention.bytes is {bytes}: the broker would delete live windows by size; \
+                 remove it (kafka-configs --alter --delete-config retention.bytes)"
+            ),
+        });
+    }
+    {
         match retention_ms {
             Some(ms) if ms >= 0 && ms < least => {
                 return Err(Error::ChangelogTopicMismatch {
@@ -190,9 +208,6 @@ fn check_window_changelog(topic: &str, policy: &str, retention_ms: Option<i64>, 
             }
             _ => {}
         }
-    } else {
-        tracing::warn!(topic, policy,
-            "a window or session store's changelog without `delete` never forgets expired windows (restores skip them)");
     }
     Ok(())
 }

@@ -300,9 +300,10 @@ impl RestoreLoop {
                 // Dropped with its segment anyway (architecture.md §7).
                 Some(time) if segments.expired(time) => a.expired += 1,
                 Some(time) => {
-                    if value.is_some() {
-                        segments.observe(time);
-                    }
+                    // Tombstones too, as the active's deletes (the time
+                    // of a window put and deleted in one commit has only
+                    // the tombstone to come back with).
+                    segments.observe(time);
                     a.batch.push(&[&segments.prefix(time), k], value);
                     a.bytes += (k.len() + value.map_or(0, <[u8]>::len)) as u64;
                 }
@@ -516,6 +517,9 @@ impl RestoreLoop {
         };
         a.last_write = Instant::now();
         if result.is_ok() {
+            if let Some(s) = &mut a.segments {
+                s.landed();
+            }
             store.segments.clone_from(&a.segments);
         }
         match result {
@@ -557,7 +561,8 @@ impl RestoreLoop {
             // included), so the checkpoint may move to `end - 1`.
             // Records past `end - 1` were appended after `end` was read.
             if a.end > 0 {
-                store.engine().commit_with_age_bound(Engine::batch(), a.end - 1, a.end_read_at_ms)?;
+                let batch = bookkeeping(store);
+                store.engine().commit_with_age_bound(batch, a.end - 1, a.end_read_at_ms)?;
                 store.set_checkpoint(Some(a.end - 1));
             }
             store.engine_mut().finish_bulk_load()?;
@@ -753,7 +758,8 @@ impl RestoreLoop {
             self.write_batch(&key);
             let Some((a, store)) = self.store_of(&key) else { continue };
             let partition = a.partition;
-            match store.engine().commit_with_age_bound(Engine::batch(), high - 1, read_at) {
+            let batch = bookkeeping(store);
+            match store.engine().commit_with_age_bound(batch, high - 1, read_at) {
                 Ok(()) => {
                     store.set_checkpoint(Some(high - 1));
                     let index = a.store_index;
@@ -832,4 +838,20 @@ pub(crate) fn cached_high<C: rdkafka::consumer::ConsumerContext>(consumer: &Base
         )
     };
     (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+}
+
+/// An otherwise empty batch with a segmented store's bookkeeping (its
+/// time and layout with every checkpoint, so that the next open finds
+/// them even when no data record was applied).
+fn bookkeeping(store: &mut KeyValueStore) -> rocksdb::WriteBatch {
+    let mut batch = Engine::batch();
+    let update = store.segments.as_mut().map(|segments| {
+        let update = segments.take_update();
+        segments.landed();
+        update
+    });
+    if let Some(update) = update {
+        store.engine().add_segments_update(&mut batch, &update);
+    }
+    batch
 }

@@ -1,5 +1,6 @@
 //! Calling the processor: a record (its timestamp extracted, stream time
-//! moved, then the stream-time timers and punctuations it made due), the
+//! moved, the stream-time timers it made due, the record, then the
+//! punctuations it made due), the
 //! wall-clock timers and punctuations of running tasks, and each task's
 //! processor built and initialised when the task starts running.
 
@@ -167,8 +168,8 @@ impl Dispatch<'_> {
             }
             let due = [Some((TimeDomain::WallClock, now)), task.time.stream_time().map(|t| (TimeDomain::StreamTime, t))];
             for (domain, at) in due.into_iter().flatten() {
-                if task.time.maybe_due(domain, at) {
-                    if let Err(f) = self.fire(task, outputs, processor, domain, at)? {
+                if task.time.maybe_due(domain, at, true) {
+                    if let Err(f) = self.fire(task, outputs, processor, domain, at, true)? {
                         fault = Some(f);
                         break;
                     }
@@ -186,9 +187,10 @@ impl Dispatch<'_> {
         Ok(())
     }
 
-    /// Runs the timers and punctuations of `domain` due at `now`, in time
-    /// order. `Ok(Err(fault))`: reading the task's time store failed (the
-    /// task is to be re-initialised); `Err`: a callback failed (fatal).
+    /// Runs the timers and punctuations of `domain` due at `now` (timers
+    /// only with `punctuations` false), in time order. `Ok(Err(fault))`:
+    /// reading the task's time store failed (the task is to be
+    /// re-initialised); `Err`: a callback failed (fatal).
     fn fire<P: Processor>(
         &self,
         task: &mut Task,
@@ -196,13 +198,14 @@ impl Dispatch<'_> {
         processor: &mut P,
         domain: TimeDomain,
         now: i64,
+        punctuations: bool,
     ) -> Result<std::result::Result<(), TaskFault>> {
         let _in_task = task.span.enter();
         let time_store = self.config.time_store_index();
         let partition = task.partition;
         for _ in 0..MAX_FIRINGS {
             let store = time_store.map(|i| &mut task.stores[i]);
-            let due = match task.time.pop_due(store, domain, now) {
+            let due = match task.time.pop_due(store, domain, now, punctuations) {
                 Ok(Some(due)) => due,
                 Ok(None) => break,
                 Err(e) => {
@@ -229,8 +232,9 @@ impl Dispatch<'_> {
     }
 
     /// Hands one input record to its task's processor: reads its
-    /// timestamp, moves stream time, processes it, then runs the
-    /// stream-time timers and punctuations it made due.
+    /// timestamp, moves stream time, runs the stream-time timers it made
+    /// due, processes it, then runs the punctuations it made due (and
+    /// timers its processing registered already due).
     pub(super) fn process_one<S: ProcessorSet>(&self, tasks: &mut TaskManager, record: &Record<'_>, set: &mut S) -> Result<()> {
         let config = self.config;
         let (topic, partition, offset) = (record.topic, record.partition, record.offset);
@@ -270,12 +274,27 @@ impl Dispatch<'_> {
         };
         task.time.advance(timestamp);
         let (processor, fresh) = set.get(partition, task.incarnation());
+        if fresh {
+            let _in_task = task.span.enter();
+            let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
+            processor.init(&mut ctx).map_err(|source| Error::Callback { callback: "init", partition, source })?;
+        }
+        // The timers the record's time made due run before it (as Flink's
+        // event-time timers before later elements): the record sees state
+        // as of after them, and a final result read by a timer is not yet
+        // expired by the record's own writes (architecture.md §6).
+        if S::CALLBACKS {
+            let now = task.time.stream_time().expect("set by this record or before");
+            if task.time.maybe_due(TimeDomain::StreamTime, now, false) {
+                if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, false)? {
+                    // Re-initialised: the record comes again from its committed offset.
+                    return tasks.reinitialise_task(self.consumer, partition, e);
+                }
+            }
+        }
         // The processor's own log lines belong to the task.
         let in_task = task.span.enter();
         let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
-        if fresh {
-            processor.init(&mut ctx).map_err(|source| Error::Callback { callback: "init", partition, source })?;
-        }
         let processed = processor.process(&mut ctx, record);
         drop(in_task);
         if let Err(source) = processed {
@@ -298,12 +317,12 @@ impl Dispatch<'_> {
             skipped(topic, partition);
         }
         mark_processed(task, topic, offset);
-        // Due timers and punctuations: those the record's time reached, and
-        // any the callback registered already due.
+        // Due punctuations (after the record, as Kafka Streams), and timers
+        // the callback registered already due.
         if S::CALLBACKS {
             let now = task.time.stream_time().expect("set by this record or before");
-            if task.time.maybe_due(TimeDomain::StreamTime, now) {
-                if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now)? {
+            if task.time.maybe_due(TimeDomain::StreamTime, now, true) {
+                if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, true)? {
                     tasks.reinitialise_task(self.consumer, partition, e)?;
                 }
             }

@@ -568,6 +568,9 @@ impl KeyValueStore {
         let landed = self.landed_checkpoint.swap(-1, Ordering::AcqRel);
         if landed >= 0 {
             self.checkpoint = Some(landed);
+            if let Some(s) = &mut self.segments {
+                s.landed();
+            }
         }
         std::mem::take(&mut self.sealed)
     }
@@ -581,7 +584,13 @@ impl KeyValueStore {
         }
         self.overlay.clear();
         self.sealed = Arc::default();
-        self.landed_checkpoint.store(-1, Ordering::Release);
+        let landed = self.landed_checkpoint.swap(-1, Ordering::AcqRel) >= 0;
+        if let Some(s) = &mut self.segments {
+            if landed {
+                s.landed();
+            }
+            s.rewind();
+        }
         self.metrics.overlay_bytes.set(0.0);
     }
 
@@ -629,14 +638,19 @@ const UNREADABLE: &str = "local_store_unreadable";
 fn layout_problem(engine: &Engine, checkpoint: &Checkpoint, wanted: Option<(Shape, Duration)>) -> Result<Option<String>> {
     let recorded = engine.segments()?;
     Ok(match (wanted, recorded) {
-        (Some((shape, retention)), Some(crate::store::engine::RecordedSegments { interval, layout, .. })) => {
+        (Some((shape, retention)), Some(crate::store::engine::RecordedSegments { interval, layout, retention: was, .. })) => {
             let want = Segments::new(layout_of(shape), retention);
             if layout != want.layout.byte() {
                 Some(format!("the local data was written as a {} store", if layout == b'w' { "window" } else { "session" }))
+            } else if interval != want.interval || was != want.retention {
+                // A longer retention needs windows already dropped here; a
+                // shorter one other segments: rebuilt from the changelog.
+                Some(format!(
+                    "the store's retention changed from {was} ms to {} ms (segments of {interval} ms, now {} ms)",
+                    want.retention, want.interval
+                ))
             } else {
-                (interval != want.interval).then(|| {
-                    format!("the segment interval changed from {interval} ms to {} ms (the store's retention changed)", want.interval)
-                })
+                None
             }
         }
         (Some(_), None) if matches!(checkpoint, Checkpoint::At(_)) => {

@@ -79,6 +79,10 @@ pub(crate) struct Segments {
     /// Every segment below this one has been deleted from RocksDB (or is
     /// deleted by the commit in flight).
     dropped_below: i64,
+    /// The time of the commit in flight (sealed, not landed yet).
+    sealed_time: i64,
+    /// The time in RocksDB: of the last commit that landed.
+    committed_time: i64,
 }
 
 impl Segments {
@@ -90,6 +94,8 @@ impl Segments {
             interval: (retention / 2).max(MIN_INTERVAL_MS),
             time: NO_TIME,
             dropped_below: i64::MIN,
+            sealed_time: NO_TIME,
+            committed_time: NO_TIME,
         }
     }
 
@@ -101,8 +107,22 @@ impl Segments {
     /// Starts from the time recorded in RocksDB (or none: an empty store).
     pub(crate) fn reset(&mut self, recorded: i64) {
         self.time = recorded;
+        self.sealed_time = recorded;
+        self.committed_time = recorded;
         // Each commit recorded its time with the drop that time allowed.
         self.dropped_below = self.first_live_segment();
+    }
+
+    /// The commit sealed by the last [`take_update`](Self::take_update)
+    /// is in RocksDB.
+    pub(crate) fn landed(&mut self) {
+        self.committed_time = self.sealed_time;
+    }
+
+    /// Uncommitted writes were discarded: back to the time in RocksDB (a
+    /// time moved by discarded writes must not expire anything).
+    pub(crate) fn rewind(&mut self) {
+        self.reset(self.committed_time);
     }
 
     /// Files `time` (a window's start, a session's end).
@@ -179,6 +199,7 @@ impl Segments {
         if drop.is_some() {
             self.dropped_below = first_live;
         }
+        self.sealed_time = self.time;
         SegmentsUpdate { layout: self.layout, retention: self.retention, interval: self.interval, time: self.time, drop, dropped }
     }
 }
@@ -249,6 +270,15 @@ mod tests {
         // Reopened at the recorded time: those are gone already.
         s.reset(300_000);
         assert!(s.take_update().drop.is_none());
+        // A time moved by writes that were then discarded comes back.
+        s.landed();
+        s.observe(900_000);
+        let u = s.take_update();
+        assert!(u.drop.is_some());
+        s.rewind();
+        assert_eq!(s.time(), 300_000);
+        assert!(!s.expired(200_000));
+        assert!(s.take_update().drop.is_none(), "nothing dropped that the time in RocksDB keeps");
     }
 
     #[test]

@@ -106,10 +106,14 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
         Ok(WindowPut::Written)
     }
 
-    /// Deletes `key`'s window starting at `start` (a tombstone in the changelog).
+    /// Deletes `key`'s window starting at `start` (a tombstone in the
+    /// changelog). Like a write, it moves the store's time to `start` if
+    /// later: a restore sees only the tombstone.
     pub fn delete(&mut self, key: &K::Item, start: i64) -> Result<()> {
         let k = self.local_key(&K::encode(key)?, start);
-        self.inner.delete(&k)
+        self.inner.delete(&k)?;
+        self.inner.segments.as_mut().expect("checked").observe(start);
+        Ok(())
     }
 
     /// The value of `key`'s window starting at `start`, unless expired.
@@ -265,10 +269,13 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
         Ok(WindowPut::Written)
     }
 
-    /// Removes `key`'s `session` (a tombstone in the changelog).
+    /// Removes `key`'s `session` (a tombstone in the changelog). Like a
+    /// write, it moves the store's time to the session's end if later.
     pub fn remove(&mut self, key: &K::Item, session: Session) -> Result<()> {
         let k = self.local_key(&K::encode(key)?, session);
-        self.inner.delete(&k)
+        self.inner.delete(&k)?;
+        self.inner.segments.as_mut().expect("checked").observe(session.end);
+        Ok(())
     }
 
     /// The value of `key`'s `session`, unless expired.
@@ -426,6 +433,7 @@ mod tests {
                     Op::Delete(k, start) => {
                         ws.delete(&KEYS[k as usize].to_vec(), start).unwrap();
                         model.remove(&(KEYS[k as usize].to_vec(), start));
+                        store_time = store_time.max(start);
                     }
                     Op::Advance(by) => stream_time = Some(stream_time.unwrap_or(0) + by),
                 }

@@ -252,24 +252,28 @@ impl TaskTime {
     }
 
     /// Whether anything of `domain` may be due at `now` (a cheap check:
-    /// [`TaskTime::pop_due`] says for sure).
-    pub(crate) fn maybe_due(&self, domain: TimeDomain, now: i64) -> bool {
+    /// [`TaskTime::pop_due`] says for sure); timers only with `punctuations` false.
+    pub(crate) fn maybe_due(&self, domain: TimeDomain, now: i64, punctuations: bool) -> bool {
         let timers = match domain {
             TimeDomain::StreamTime => &self.stream_timers,
             TimeDomain::WallClock => &self.wall_timers,
         };
-        timers.next_due() <= now || self.punctuations.next_due(domain) <= now
+        timers.next_due() <= now || (punctuations && self.punctuations.next_due(domain) <= now)
     }
 
     /// The earliest timer or punctuation of `domain` due at `now` (a timer
-    /// first when both are due at the same time); a timer is removed from
-    /// the store in the same commit as what its callback writes.
-    pub(crate) fn pop_due(&mut self, store: Option<&mut KeyValueStore>, domain: TimeDomain, now: i64) -> Result<Option<Due>> {
-        let punctuation_at = self.punctuations.next_due(domain);
+    /// first when both are due at the same time; timers only with
+    /// `punctuations` false); a timer is removed from the store in the same
+    /// commit as what its callback writes.
+    pub(crate) fn pop_due(&mut self, store: Option<&mut KeyValueStore>, domain: TimeDomain, now: i64, punctuations: bool) -> Result<Option<Due>> {
+        let punctuation_at = if punctuations { self.punctuations.next_due(domain) } else { i64::MAX };
         if let Some(store) = store {
             if let Some((timestamp, key)) = self.queue(domain).pop_due(store, now.min(punctuation_at))? {
                 return Ok(Some(Due::Timer(Timer { domain, key, timestamp })));
             }
+        }
+        if !punctuations {
+            return Ok(None);
         }
         Ok(self.punctuations.pop_due(domain, now).map(Due::Punctuation))
     }

@@ -7,6 +7,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only failover [--full]   # failover: 200k records (--full: 2M and 10M)
     python3 testing/bench/run.py --only scaleout [--scaleout-records 5000000]   # scale-out: 1 -> 3 instances
     python3 testing/bench/run.py --only write-eos [--full]   # write with output, at-least-once vs exactly-once
+    python3 testing/bench/run.py --only window [--records N]  # hopping-window counts and their restore
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -35,6 +36,18 @@ output topic with the input's partition count), for kstate and Kafka Streams
 each at-least-once and exactly-once (exactly_once_v2), commit interval
 100 ms for all four. Measured as write; afterwards each output topic is
 counted with isolation.level=read_committed (`output_records`, expected N).
+
+The window scenario runs only with `--only window` (see Suite.window): N
+input records over about 100k keys (new keys at random among overwrites of
+earlier ones, no tombstones), event time = offset x 5 ms per partition (the same for both
+contenders), counted per key in hopping windows of 5 min advancing by 1
+min, grace 0, retention size + grace (both contenders' default): kstate's
+window store `update` vs Kafka Streams'
+`groupByKey().windowedBy(TimeWindows).count()` with its default 10 MB
+record cache (kstate's overlay plays the cache's part: one changelog record
+per key and commit). `window` is processing throughput (first to N-th
+record); `window-restore` restores each contender's own window changelog
+(what its processing wrote) into an empty state dir. Peak RSS as usual.
 """
 import argparse
 import calendar
@@ -349,6 +362,31 @@ class Suite:
             r = run_json(self.java + ["tail-restore", "--bootstrap", self.b, "--app-id", app, "--store", store, "--input-topic", inp,
                                       "--partitions", str(self.a.partitions), "--state-dir", ks_state])
             self.record("tail-restore", "kafka-streams", r)
+
+    def window(self):
+        inp = f"{self.run_id}-win-input"
+        n = self.a.records
+        keys = min(100_000, n)
+        log(f"generating {n} input records over about {keys} keys into {inp}")
+        self.gen(inp, n, compact=False, extra=("--overwrite-fraction", f"{1 - keys / n:.4f}", "--delete-fraction", "0"))
+        for rep in range(self.a.reps):
+            ka, ks = f"{self.run_id}-wink{rep}", f"{self.run_id}-wins{rep}"
+            kdir, sdir = os.path.join(self.tmp, f"kw{rep}"), os.path.join(self.tmp, f"sw{rep}")
+            self.record("window", "kstate", run_json(
+                [self.rust, "kstate-window", "--bootstrap", self.b, "--app", ka, "--input", inp,
+                 "--records", str(n), "--state-dir", kdir]))
+            shutil.rmtree(kdir, ignore_errors=True)
+            self.record("window-restore", "kstate", run_json(
+                [self.rust, "kstate-window-restore", "--bootstrap", self.b, "--app", ka, "--input", inp, "--state-dir", kdir]))
+            common = ["--bootstrap", self.b, "--app-id", ks, "--store", "w", "--input-topic", inp,
+                      "--partitions", str(self.a.partitions), "--state-dir", sdir]
+            self.record("window", "kafka-streams", run_json(self.java + ["window", *common, "--records", str(n)]))
+            shutil.rmtree(sdir, ignore_errors=True)
+            self.record("window-restore", "kafka-streams", run_json(self.java + ["window-restore", *common]))
+            for d in (kdir, sdir):
+                shutil.rmtree(d, ignore_errors=True)
+            self.delete_topics(ka)
+            self.delete_topics(ks)
 
     def write(self):
         inp = f"{self.run_id}-w-input"
@@ -979,7 +1017,7 @@ class Suite:
 
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
-                     "write-eos": "kafka-streams-eos-out"}
+                     "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -1030,8 +1068,8 @@ def main():
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout"], default=None,
-                   help="one scenario; write-eos, failover and scaleout run only when asked for")
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window"], default=None,
+                   help="one scenario; write-eos, failover, scaleout and window run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
     p.add_argument("--failover-contenders", type=lambda s: s.split(","), default=None,
@@ -1076,6 +1114,8 @@ def main():
             suite.failover()
         if a.only == "scaleout":
             suite.scaleout()
+        if a.only == "window":
+            suite.window()
         suite.report()
     finally:
         if suite is not None:

@@ -22,6 +22,8 @@ public final class KStreamsBench {
         "  failover     --bootstrap H:P --app-id ID --input-topic T --state-dir DIR [--standbys 0]",
         "               [--session-timeout-ms 10000] [--heartbeat-ms 1000]   (event lines on stdout until stdin closes)",
         "               [--acceptable-lag N] [--max-warmups N] [--probing-ms MS]   (KS defaults when absent)",
+        "  window       COMMON --records N [--window-size-ms 300000] [--advance-ms 60000] [--event-step-ms 5] [--cache-bytes 10485760]",
+        "  window-restore COMMON [same window options]   (empty state dir: restore the window store's changelog)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 
     public static void main(String[] argv) {
@@ -40,6 +42,8 @@ public final class KStreamsBench {
                 case "write": result = WriteBench.run(a); break;
                 case "consume": result = ConsumeBench.run(a); break;
                 case "failover": result = FailoverBench.run(a); break;
+                case "window": result = WindowBench.run(a, false); break;
+                case "window-restore": result = WindowBench.run(a, true); break;
                 default: throw new IllegalArgumentException("unknown subcommand " + argv[0] + "\n" + USAGE);
             }
             System.out.println(result);

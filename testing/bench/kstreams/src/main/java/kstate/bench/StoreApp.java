@@ -34,6 +34,8 @@ final class StoreApp {
     final int threads;
     /** write only: the sink topic for one output record per input record; null = no sink. */
     String outputTopic;
+    /** window / window-restore: hopping-window counts instead of the put topology (see WindowBench). */
+    WindowBench.Spec windowed;
 
     StoreApp(Args a) {
         bootstrap = a.str("bootstrap");
@@ -64,6 +66,7 @@ final class StoreApp {
     }
 
     Topology topology(ProcessedCounter counter) {
+        if (windowed != null) return WindowBench.topology(this, counter);
         Topology t = new Topology();
         t.addSource("source", new BytesDeserializer(), new ByteArrayDeserializer(), inputTopic);
         boolean forward = outputTopic != null;

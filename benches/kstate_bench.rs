@@ -570,8 +570,9 @@ fn kstate_write(
 struct WindowSpec {
     size_ms: u64,
     advance_ms: u64,
-    /// Event time = offset × step (per partition), as the Java contender.
+    /// Event time = base + offset × step (per partition), as the Java contender.
     step_ms: i64,
+    base_ms: i64,
 }
 
 impl WindowSpec {
@@ -581,6 +582,7 @@ impl WindowSpec {
             size_ms: num("--window-size-ms", 300_000)?,
             advance_ms: num("--advance-ms", 60_000)?,
             step_ms: num("--event-step-ms", 5)? as i64,
+            base_ms: num("--event-base-ms", 0)? as i64,
         })
     }
 }
@@ -603,7 +605,7 @@ fn kstate_window(bootstrap: &str, app: &str, input: &str, records: Option<u64>, 
         .state_dir(state)
         .store(StoreDefinition::window("w", windows))
         .commit_interval(Duration::from_millis(100))
-        .timestamp_extractor(move |rec, _| rec.offset * w.step_ms)
+        .timestamp_extractor(move |rec, _| w.base_ms + rec.offset * w.step_ms)
         .restore_listener(times.clone())
         .build()?;
     let stop = app.shutdown_handle();

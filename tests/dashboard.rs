@@ -214,11 +214,22 @@ const TOPICS: &[(&str, &[&str])] = &[
         "keys and timers, stream time, TTL",
         &["kstate_stream_time_ms", "kstate_timers_pending", "kstate_timers_fired_total", "kstate_punctuations_total", "kstate_timer_lateness_seconds", "kstate_ttl_expired_total"],
     ),
+    (
+        "windows",
+        &["kstate_window_segments", "kstate_window_oldest_live_ms", "kstate_window_late_records_total", "kstate_window_segments_dropped_total"],
+    ),
 ];
 
 /// The sections of docs/runbook.md the panels' hints point to.
-const RUNBOOK_SECTIONS: &[&str] =
-    &["State growth", "Slow restore", "Compaction stalls", "Disk full", "Lagging standby", "TTL and timer cleanup"];
+const RUNBOOK_SECTIONS: &[&str] = &[
+    "State growth",
+    "Slow restore",
+    "Compaction stalls",
+    "Disk full",
+    "Lagging standby",
+    "TTL and timer cleanup",
+    "Windows: late records and segments",
+];
 
 #[test]
 fn dashboard_covers_every_required_topic() {
@@ -374,6 +385,8 @@ fn dashboard_metrics_are_exported() {
         "kstate_timers_fired_total",
         "kstate_punctuations_total",
         "kstate_ttl_expired_total",
+        "kstate_window_segments",
+        "kstate_window_late_records_total",
     ];
 
     let documented = documented();
@@ -405,6 +418,11 @@ fn dashboard_metrics_are_exported() {
             let _ = s.get(rec.key.unwrap_or_default())?;
             let at = ctx.wall_clock_time() + 100;
             ctx.register_timer(kstate::TimeDomain::WallClock, rec.key.unwrap_or_default(), at)?;
+            // Windows: the record's count, and a write 1 h in the past (late).
+            let now = ctx.timestamp().unwrap_or_default();
+            let mut w = ctx.window_store::<kstate::codec::RawBytes, kstate::codec::U64Be>("w")?;
+            let _ = w.update(&rec.key.unwrap_or_default().to_vec(), now, |_, n| n.unwrap_or(0) + 1)?;
+            let _ = w.update(&rec.key.unwrap_or_default().to_vec(), now - 3_600_000, |_, n| n.unwrap_or(0) + 1)?;
             Ok(())
         }
         fn on_timer(&mut self, _: &mut kstate::ProcessorContext<'_>, _: &kstate::Timer) -> Result<(), kstate::ProcessorError> {
@@ -418,6 +436,7 @@ fn dashboard_metrics_are_exported() {
                     .ttl(Duration::from_secs(1), kstate::TimeDomain::WallClock)
                     .ttl_cleanup_interval(Duration::from_secs(1)),
             )
+            .store(StoreDefinition::window("w", kstate::Windows::tumbling(Duration::from_secs(1))))
             .timers(true)
             .num_standby_replicas(1)
             .commit_interval(Duration::from_millis(200));

@@ -22,7 +22,7 @@ public final class KStreamsBench {
         "  failover     --bootstrap H:P --app-id ID --input-topic T --state-dir DIR [--standbys 0]",
         "               [--session-timeout-ms 10000] [--heartbeat-ms 1000]   (event lines on stdout until stdin closes)",
         "               [--acceptable-lag N] [--max-warmups N] [--probing-ms MS]   (KS defaults when absent)",
-        "  window       COMMON --records N [--window-size-ms 300000] [--advance-ms 60000] [--event-step-ms 5] [--cache-bytes 10485760]",
+        "  window       COMMON --records N [--window-size-ms 300000] [--advance-ms 60000] [--event-step-ms 5] [--event-base-ms 0] [--cache-bytes 10485760]",
         "  window-restore COMMON [same window options]   (empty state dir: restore the window store's changelog)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 

@@ -21,7 +21,8 @@ import org.apache.kafka.streams.state.WindowStore;
 /**
  * `window`: hopping-window counts (groupByKey().windowedBy(TimeWindows).count()) over a
  * pre-filled input topic, timed from the first to the N-th processed record. Event time is a
- * function of the offset (offset * event-step-ms), the same for kstate's contender, so both see
+ * function of the offset (event-base-ms + offset * event-step-ms; changelog records carry it, so
+ * the base must be recent enough for the broker's retention), the same for kstate's contender, so both see
  * the same windows close and expire. `window-restore`: start on the same application id with an
  * empty state dir and time the restore of the window store's changelog.
  */
@@ -30,29 +31,32 @@ final class WindowBench {
 
     /** The windowing both contenders use. */
     static final class Spec {
-        final long sizeMs, advanceMs, stepMs, cacheBytes;
+        final long sizeMs, advanceMs, stepMs, baseMs, cacheBytes;
 
         Spec(Args a) {
             sizeMs = a.lng("window-size-ms", 300_000);
             advanceMs = a.lng("advance-ms", 60_000);
             stepMs = a.lng("event-step-ms", 5);
+            baseMs = a.lng("event-base-ms", 0);
             cacheBytes = a.lng("cache-bytes", 10L * 1024 * 1024);
         }
     }
 
-    /** Event time = offset * step (per partition). */
+    /** Event time = base + offset * step (per partition). */
     public static final class OffsetTime implements TimestampExtractor {
         static volatile long step = 5;
+        static volatile long base = 0;
 
         @Override
         public long extract(ConsumerRecord<Object, Object> record, long partitionTime) {
-            return record.offset() * step;
+            return base + record.offset() * step;
         }
     }
 
     static Topology topology(StoreApp app, ProcessedCounter counter) {
         Spec w = app.windowed;
         OffsetTime.step = w.stepMs;
+        OffsetTime.base = w.baseMs;
         StreamsBuilder b = new StreamsBuilder();
         b.stream(app.inputTopic, Consumed.with(Serdes.Bytes(), Serdes.ByteArray()).withTimestampExtractor(new OffsetTime()))
             .peek((k, v) -> counter.processed())

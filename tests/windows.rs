@@ -212,6 +212,12 @@ fn window_and_session_counts_survive_a_standby_failover_and_a_restore() {
         let report = kstate::admin::verify(&dir_c, &app_id, store, 0, &kstate::admin::Kafka::new(bootstrap())).unwrap();
         assert_eq!((report.matching, report.store_keys, report.differences.len()), (n as u64, n as u64, 0), "verify {store}: {report:?}");
     }
+    let sampled = kstate::admin::sample(&dir_c, &app_id, "w", 0, 3, kstate::admin::PrefixRule::Bytes(2)).unwrap();
+    let segments = sampled.segments.expect("a window store's segments");
+    assert_eq!(segments.iter().map(|s| s.keys).sum::<u64>(), sampled.keys);
+    assert!(segments.iter().all(|s| s.from_ms >= 240_000 && s.from_ms % 60_000 == 0), "{segments:?}");
+    assert!(sampled.largest_keys.iter().all(|e| e.key.starts_with('k') && e.key.contains('@')), "{:?}", sampled.largest_keys);
+    assert_eq!(sampled.top_prefixes.len(), 3, "prefixes of the user's keys (`k0`..`k6`)");
     let inspected = kstate::admin::inspect(&dir_c).unwrap();
     let kinds: Vec<(String, String)> = inspected.applications[0]
         .partitions

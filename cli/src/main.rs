@@ -399,6 +399,14 @@ fn print_sample(r: &admin::SampleReport) {
     if r.other_prefix_keys > 0 {
         println!("({} keys of prefixes past the first 1,000,000 not told apart)", count(r.other_prefix_keys));
     }
+    if let Some(segments) = &r.segments {
+        println!("\nsegments (window starts / session ends from):");
+        let mut t = Table::new(&["FROM (MS)", "KEYS"]);
+        for s in segments {
+            t.row(vec![s.from_ms.to_string(), count(s.keys)]);
+        }
+        t.print();
+    }
 }
 
 fn print_verify(r: &admin::VerifyReport) {

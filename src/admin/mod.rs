@@ -33,7 +33,7 @@ pub use error::{AdminError, Result};
 pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSource, RestoreEstimate, DEFAULT_RESTORE_RATE};
 pub use import::{import_snapshot, ImportReport};
 pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, SegmentsReport, StorePartitionReport};
-pub use sample::{sample, PrefixRule, PrefixStats, SampleReport, SampledEntry};
+pub use sample::{sample, PrefixRule, PrefixStats, SampleReport, SampledEntry, SegmentStats};
 pub use snapshot::{snapshot, SnapshotManifest, SnapshotReport, SNAPSHOT_MANIFEST};
 pub use verify::{verify, KeyDifference, VerifyReport, MAX_LISTED};
 pub use wipe::{wipe, WipeReport, WipedStore};

@@ -37,6 +37,15 @@ impl PrefixRule {
     }
 }
 
+/// The keys of one segment of a window or session store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegmentStats {
+    /// The segment's first time (ms): window starts (session ends) from here.
+    pub from_ms: i64,
+    /// Keys (windows, sessions) in it.
+    pub keys: u64,
+}
+
 /// One key with its sizes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SampledEntry {
@@ -90,6 +99,23 @@ pub struct SampleReport {
     pub other_prefix_keys: u64,
     /// The prefixes with the most keys, most first.
     pub top_prefixes: Vec<PrefixStats>,
+    /// A window or session store: its keys per segment, oldest first
+    /// (keys and prefixes above are then the user's key with the window
+    /// (`key@start`) or session (`key@start..end`), without the segment).
+    pub segments: Option<Vec<SegmentStats>>,
+}
+
+/// A segmented store's key, shown as the user's key with its window or session.
+fn show_windowed(layout: u8, key: &[u8]) -> String {
+    use crate::store::segments::{decode_time, TIME};
+    match layout {
+        b'w' if key.len() >= TIME => format!("{}@{}", escape_bytes(&key[..key.len() - TIME]), decode_time(&key[key.len() - TIME..])),
+        b's' if key.len() >= 2 * TIME => {
+            let n = key.len();
+            format!("{}@{}..{}", escape_bytes(&key[..n - 2 * TIME]), decode_time(&key[n - TIME..]), decode_time(&key[n - 2 * TIME..n - TIME]))
+        }
+        _ => escape_bytes(key),
+    }
 }
 
 /// Scans one store partition: exact totals, the `top` largest keys and
@@ -104,6 +130,9 @@ pub fn sample(state_dir: &Path, app: &str, store: &str, partition: i32, top: usi
     let mut by_value: BinaryHeap<Reverse<(u64, Vec<u8>, u64)>> = BinaryHeap::new();
     let mut prefixes: HashMap<Vec<u8>, (u64, u64, u64)> = HashMap::new();
     let (mut keys, mut key_bytes, mut value_bytes, mut other) = (0u64, 0u64, 0u64, 0u64);
+    // A window or session store: keys without their segment, counted per segment.
+    let recorded = ro.db.segments()?;
+    let mut segments: std::collections::BTreeMap<i64, u64> = std::collections::BTreeMap::new();
     let offer = |heap: &mut BinaryHeap<Reverse<(u64, Vec<u8>, u64)>>, size: u64, key: &[u8], other: u64| {
         if top == 0 {
             return;
@@ -116,14 +145,28 @@ pub fn sample(state_dir: &Path, app: &str, store: &str, partition: i32, top: usi
         }
     };
     for entry in ro.db.iter() {
-        let (k, v) = entry?;
+        let (stored, v) = entry?;
+        let k = match recorded {
+            Some(_) if stored.len() >= crate::store::segments::TIME => {
+                let segment = crate::store::segments::decode_time(&stored);
+                *segments.entry(segment).or_default() += 1;
+                &stored[crate::store::segments::TIME..]
+            }
+            _ => &stored[..],
+        };
         let (kl, vl) = (k.len() as u64, v.len() as u64);
         keys += 1;
         key_bytes += kl;
         value_bytes += vl;
-        offer(&mut by_key, kl, &k, vl);
-        offer(&mut by_value, vl, &k, kl);
-        let prefix = rule.prefix(&k);
+        offer(&mut by_key, kl, k, vl);
+        offer(&mut by_value, vl, k, kl);
+        // A window's prefix is taken from the user's key, not its time.
+        let user_key = match recorded.map(|r| r.layout) {
+            Some(b'w') => &k[..k.len().saturating_sub(crate::store::segments::TIME)],
+            Some(_) => &k[..k.len().saturating_sub(2 * crate::store::segments::TIME)],
+            None => k,
+        };
+        let prefix = rule.prefix(user_key);
         if let Some(s) = prefixes.get_mut(prefix) {
             *s = (s.0 + 1, s.1 + kl, s.2 + vl);
         } else if prefixes.len() < MAX_PREFIXES {
@@ -138,7 +181,11 @@ pub fn sample(state_dir: &Path, app: &str, store: &str, partition: i32, top: usi
             .into_iter()
             .map(|Reverse((size, key, other))| {
                 let (key_bytes, value_bytes) = if key_first { (size, other) } else { (other, size) };
-                SampledEntry { key: escape_bytes(&key), key_bytes, value_bytes }
+                let key = match recorded {
+                    Some(r) => show_windowed(r.layout, &key),
+                    None => escape_bytes(&key),
+                };
+                SampledEntry { key, key_bytes, value_bytes }
             })
             .collect()
     };
@@ -163,6 +210,9 @@ pub fn sample(state_dir: &Path, app: &str, store: &str, partition: i32, top: usi
             .into_iter()
             .map(|(p, (keys, key_bytes, value_bytes))| PrefixStats { prefix: escape_bytes(&p), keys, key_bytes, value_bytes })
             .collect(),
+        segments: recorded.map(|r| {
+            segments.into_iter().map(|(segment, keys)| SegmentStats { from_ms: segment.saturating_mul(r.interval), keys }).collect()
+        }),
     })
 }
 

@@ -192,10 +192,19 @@ fn window_and_session_counts_survive_a_standby_failover_and_a_restore() {
     wait_all_committed_at(&bootstrap(), &app_id, &input, 1, TIMEOUT);
     b.stop().unwrap();
 
-    // A new instance restores from the changelogs alone.
-    let c = start(&dir_c, 0);
+    // A new instance restores from the changelogs alone, the window
+    // store from its live tail (the records before it are all expired).
+    let restores = Restores::default();
+    let c = Running::start(
+        app(&app_id, &input, &dir_c, 0).restore_listener(restores.clone()),
+        counter(dumps.clone(), late.clone(), misuse.clone()),
+    );
     assert_eq!(dump(&input, &dumps), model.live(), "after a restore into an empty state dir");
     c.stop().unwrap();
+    let starts = restores.starts.lock().unwrap().clone();
+    let window_start = starts.iter().find(|s| s.store == "w").expect("the window store restored");
+    eprintln!("window store restored from offset {} of {}", window_start.start_offset, window_start.end_offset);
+    assert!(window_start.start_offset > window_start.end_offset / 2, "restored from its live tail: {window_start:?}");
     // The changelog still holds windows from the first segment; the
     // restored store holds none of a wholly expired segment (60 s segments:
     // the oldest live window starts after 265 s, in the segment from 240 s).

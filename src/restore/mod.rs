@@ -25,6 +25,7 @@
 //! to active: the restore that follows replays only its lag; or dropped).
 //!
 //! - `checkpoint.rs`: whether a local checkpoint is usable against the changelog;
+//! - `live_tail.rs`: where a window or session store's restore from empty may start;
 //! - `rate.rs`: the measured restore rate (saved for `estimate-restore`);
 //! - `restorer.rs`: the handle the task manager holds (jobs, outcomes, standby checkpoints);
 //! - `restore_loop.rs`: the restore thread (begin, write, finish, standby following);
@@ -32,6 +33,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod checkpoint;
+pub(crate) mod live_tail;
 pub(crate) mod rate;
 pub(crate) mod restore_loop;
 pub(crate) mod restorer;

@@ -98,6 +98,10 @@ pub(super) struct RestoreLoop {
     /// Declared before the consumer: dropped first.
     records: Arc<QueueHandle>,
     consumer: Arc<BaseConsumer>,
+    /// For a window store's restore from empty: finding its live tail
+    /// (created at the first such restore).
+    probe: Option<BaseConsumer>,
+    probe_config: rdkafka::ClientConfig,
     listener: Arc<dyn RestoreListener>,
     timeout: Duration,
     outcomes: Sender<RestoreOutcome>,
@@ -121,6 +125,7 @@ struct Busy {
 impl RestoreLoop {
     pub(super) fn new(
         consumer: BaseConsumer,
+        probe_config: rdkafka::ClientConfig,
         listener: Arc<dyn RestoreListener>,
         timeout: Duration,
         outcomes: Sender<RestoreOutcome>,
@@ -132,6 +137,8 @@ impl RestoreLoop {
         RestoreLoop {
             records,
             consumer: Arc::new(consumer),
+            probe: None,
+            probe_config,
             listener,
             timeout,
             outcomes,
@@ -421,7 +428,12 @@ impl RestoreLoop {
                 store.engine().set_changelog_topic_id(id)?;
             }
         }
-        let start = store.checkpoint().map_or(low, |c| c + 1).max(low);
+        let mut start = store.checkpoint().map_or(low, |c| c + 1).max(low);
+        if store.checkpoint().is_none() && high > low {
+            if let Some(segments) = store.segments.clone() {
+                start = Self::live_tail(&mut self.probe, &self.probe_config, self.timeout, &topic, partition, (low, high), &segments);
+            }
+        }
         let event = RestoreStart {
             store: store.name().to_string(),
             partition,
@@ -491,6 +503,43 @@ impl RestoreLoop {
         active.assigned = true;
         self.active.insert(key, active);
         Ok(None)
+    }
+
+    /// Where a window or session store's restore from empty starts (see
+    /// `live_tail.rs`); `low` if that cannot be read.
+    fn live_tail(
+        probe: &mut Option<BaseConsumer>,
+        config: &rdkafka::ClientConfig,
+        timeout: Duration,
+        topic: &str,
+        partition: i32,
+        (low, high): (i64, i64),
+        segments: &Segments,
+    ) -> i64 {
+        if probe.is_none() {
+            match config.create::<BaseConsumer>() {
+                Ok(c) => *probe = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create the consumer that finds a window store's live tail; restoring all of it");
+                    return low;
+                }
+            }
+        }
+        let probe = probe.as_ref().expect("created above");
+        let started = Instant::now();
+        let start = match super::live_tail::start_offset(probe, topic, partition, low, high, segments, timeout) {
+            Ok(start) => start,
+            Err(e) => {
+                tracing::warn!(%topic, partition, error = %e, "finding the live tail failed; restoring all of the changelog");
+                low
+            }
+        };
+        let _ = probe.unassign();
+        if start > low {
+            tracing::info!(%topic, partition, start, low, high, skipped = start - low, seconds = started.elapsed().as_secs_f64(),
+                "restoring a window or session store from its live tail: records before it are expired");
+        }
+        start
     }
 
     /// Writes the pending batch with the checkpoint of its last record.

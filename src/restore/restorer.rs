@@ -110,13 +110,14 @@ impl Restorer {
         // the next restore's watermark query and its first fetch.
         crate::kafka::client::set_default(&mut config, "fetch.wait.max.ms", "10");
         let consumer: BaseConsumer = config.create()?;
+        let probe_config = config.clone();
         let (ctx, crx) = mpsc::channel();
         let (otx, orx) = mpsc::channel();
         let standby_offsets = Arc::new(std::sync::Mutex::new(HashMap::new()));
         let published = standby_offsets.clone();
         let thread = std::thread::Builder::new()
             .name("kstate-restore".into())
-            .spawn(move || RestoreLoop::new(consumer, listener, timeout, otx, published).run(crx))
+            .spawn(move || RestoreLoop::new(consumer, probe_config, listener, timeout, otx, published).run(crx))
             .map_err(|e| Error::io("kstate-restore thread", e))?;
         Ok(Restorer { commands: ctx, outcomes: orx, thread: Some(thread), standby_offsets })
     }

@@ -26,5 +26,5 @@ pub(crate) use delivery::DeliveryTracker;
 pub(crate) use outputs::OutputSink;
 pub(crate) use producer::{ChangelogProducer, RECORD_OVERHEAD};
 pub use topics::changelog_topic;
-pub(crate) use topics::{ensure_topics, ChangelogSpec};
+pub(crate) use topics::{ensure_topics, ChangelogInfo, ChangelogSpec};
 pub(crate) use transaction::{dooms_transaction_only, TxnError};

@@ -43,6 +43,8 @@ pub(crate) struct ChangelogInfo {
     /// The topic's `delete.retention.ms`: how long the broker keeps a
     /// tombstone after cleaning its segment.
     pub(crate) tombstone_retention: Option<Duration>,
+    /// The topic's `retention.ms` (-1: forever) if it deletes by time.
+    pub(crate) retention_ms: Option<i64>,
 }
 
 /// Creates missing changelog topics and checks existing ones: partition count
@@ -149,9 +151,14 @@ pub(crate) fn ensure_topics(
                  flush, and a delete whose tombstone the broker dropped meanwhile would come back");
         }
         let max_message_bytes = number("max.message.bytes").map_or(1_048_588, |n| n as usize);
+        let retention_ms = policy
+            .split(',')
+            .any(|p| p.trim() == "delete")
+            .then(|| res.get("retention.ms").and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<i64>().ok()))
+            .flatten();
         infos.insert(
             spec.topic.clone(),
-            ChangelogInfo { max_message_bytes, tombstone_retention: delete_retention_ms.map(Duration::from_millis) },
+            ChangelogInfo { max_message_bytes, tombstone_retention: delete_retention_ms.map(Duration::from_millis), retention_ms },
         );
     }
     Ok(infos)

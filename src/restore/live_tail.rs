@@ -42,8 +42,18 @@ const PROBE_RECORDS: usize = 64;
 const BUDGET: Duration = Duration::from_millis(500);
 
 /// The offset a restore of `segments`' store from empty may start at
-/// (`low` when nothing can be skipped).
-pub(crate) fn start_offset(consumer: &BaseConsumer, topic: &str, partition: i32, low: i64, high: i64, segments: &Segments, timeout: Duration) -> Result<i64> {
+/// (`low` when nothing can be skipped); its records were written under a
+/// retention of at most `written_under` ms (a shortened retention leaves
+/// records written under the longer one).
+pub(crate) fn start_offset(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    (low, high): (i64, i64),
+    segments: &Segments,
+    written_under: i64,
+    timeout: Duration,
+) -> Result<i64> {
     let tail = TAIL.min((high - low) / 4);
     if tail < 4 {
         return Ok(low);
@@ -64,7 +74,7 @@ pub(crate) fn start_offset(consumer: &BaseConsumer, topic: &str, partition: i32,
     if latest == i64::MIN {
         return Ok(low);
     }
-    let margin = segments.retention.max(segments.interval);
+    let margin = segments.retention.max(written_under).max(segments.interval);
     let bound = latest.saturating_sub(segments.retention).saturating_add(1).saturating_sub(margin);
     let (mut lo, mut hi, mut best) = (low, high - tail, low);
     let started = Instant::now();
@@ -91,6 +101,17 @@ pub(crate) fn start_offset(consumer: &BaseConsumer, topic: &str, partition: i32,
         }
     }
     Ok(best)
+}
+
+/// The longest retention a store's changelog records may have been written
+/// under: the store's own, or a longer one it had before, which the
+/// changelog's `retention.ms` still shows (kstate creates it with the
+/// retention plus the additional retention, and never lowers it). `None`
+/// for a changelog kept forever (-1), which bounds nothing.
+/// `(retention, created_with)` are the store's retention and the
+/// `retention.ms` kstate creates its changelog with.
+pub(crate) fn written_under((retention, created_with): (i64, i64), topic_retention_ms: i64) -> Option<i64> {
+    (topic_retention_ms >= 0).then(|| retention.max(topic_retention_ms.saturating_sub(created_with - retention)))
 }
 
 /// Reads `[from, to)` of the partition (at most `limit` records) until
@@ -138,5 +159,22 @@ fn read(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::written_under;
+
+    #[test]
+    fn a_shortened_retention_is_remembered_by_the_changelog() {
+        const DAY: i64 = 86_400_000;
+        // As created: the store's own retention.
+        assert_eq!(written_under((60_000, 60_000 + DAY), 60_000 + DAY), Some(60_000));
+        // Shortened from an hour: records may carry the hour's bound.
+        assert_eq!(written_under((60_000, 60_000 + DAY), 3_600_000 + DAY), Some(3_600_000));
+        // A smaller additional retention than the topic's: the longer bound.
+        assert_eq!(written_under((60_000, 60_000 + 1_000), 60_000 + DAY), Some(DAY + 59_000));
+        assert_eq!(written_under((60_000, 60_000 + DAY), -1), None);
     }
 }

@@ -430,8 +430,8 @@ impl RestoreLoop {
         }
         let mut start = store.checkpoint().map_or(low, |c| c + 1).max(low);
         if store.checkpoint().is_none() && high > low {
-            if let Some(segments) = store.segments.clone() {
-                start = Self::live_tail(&mut self.probe, &self.probe_config, self.timeout, &topic, partition, (low, high), &segments);
+            if let (Some(segments), Some(written_under)) = (store.segments.clone(), store.live_tail_retention) {
+                start = Self::live_tail(&mut self.probe, &self.probe_config, self.timeout, &topic, partition, (low, high), &segments, written_under);
             }
         }
         let event = RestoreStart {
@@ -507,6 +507,7 @@ impl RestoreLoop {
 
     /// Where a window or session store's restore from empty starts (see
     /// `live_tail.rs`); `low` if that cannot be read.
+    #[allow(clippy::too_many_arguments)] // fields of `self` borrowed apart from the job's store
     fn live_tail(
         probe: &mut Option<BaseConsumer>,
         config: &rdkafka::ClientConfig,
@@ -515,6 +516,7 @@ impl RestoreLoop {
         partition: i32,
         (low, high): (i64, i64),
         segments: &Segments,
+        written_under: i64,
     ) -> i64 {
         if probe.is_none() {
             match config.create::<BaseConsumer>() {
@@ -527,7 +529,7 @@ impl RestoreLoop {
         }
         let probe = probe.as_ref().expect("created above");
         let started = Instant::now();
-        let start = match super::live_tail::start_offset(probe, topic, partition, low, high, segments, timeout) {
+        let start = match super::live_tail::start_offset(probe, topic, partition, (low, high), segments, written_under, timeout) {
             Ok(start) => start,
             Err(e) => {
                 tracing::warn!(%topic, partition, error = %e, "finding the live tail failed; restoring all of the changelog");

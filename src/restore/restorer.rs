@@ -110,7 +110,13 @@ impl Restorer {
         // the next restore's watermark query and its first fetch.
         crate::kafka::client::set_default(&mut config, "fetch.wait.max.ms", "10");
         let consumer: BaseConsumer = config.create()?;
-        let probe_config = config.clone();
+        // The live-tail search reads a few records per probe: small fetches
+        // (the restore's 8 MiB per partition would be fetched per probe).
+        let mut probe_config = config.clone();
+        probe_config
+            .set("max.partition.fetch.bytes", "65536")
+            .set("queued.min.messages", "1000")
+            .set("queued.max.messages.kbytes", "1024");
         let (ctx, crx) = mpsc::channel();
         let (otx, orx) = mpsc::channel();
         let standby_offsets = Arc::new(std::sync::Mutex::new(HashMap::new()));

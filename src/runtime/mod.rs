@@ -143,7 +143,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         new_producer,
         resources,
         max_record_bytes: max_message_bytes,
-        tombstone_retention: infos.iter().filter_map(|(topic, i)| Some((topic.clone(), i.tombstone_retention?))).collect(),
+        changelogs: infos,
         restorer,
         committer: Committer::start(brokers.clone(), config.application_id.clone())?,
         brokers: brokers.clone(),

@@ -52,6 +52,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) ttl: Option<(Duration, crate::time::TimeDomain)>,
     /// A window or session store: its shape and retention.
     pub(crate) segments: Option<(Shape, Duration)>,
+    /// See [`KeyValueStore::live_tail_retention`].
+    pub(crate) live_tail_retention: Option<i64>,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -92,6 +94,9 @@ pub struct KeyValueStore {
     /// A window or session store's segments, and its windows.
     pub(crate) segments: Option<Segments>,
     pub(crate) shape: Option<Shape>,
+    /// The longest retention the changelog's records may have been written
+    /// under (ms), for a restore from its live tail; `None`: restore all of it.
+    pub(crate) live_tail_retention: Option<i64>,
     // Field order matters: the engine closes before the lock is released.
     /// Shared with the background writer while a commit is in flight.
     engine: Option<Arc<Engine>>,
@@ -281,6 +286,7 @@ impl KeyValueStore {
             ttl: args.ttl.map(|(ttl, domain)| Ttl::new(ttl, domain)),
             segments,
             shape: args.segments.map(|(shape, _)| shape),
+            live_tail_retention: args.live_tail_retention,
             engine: Some(Arc::new(engine)),
             _lock: lock,
         })
@@ -759,6 +765,7 @@ pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>
         tombstone_retention: None,
         ttl: None,
         segments,
+        live_tail_retention: None,
     })
     .expect("scratch store")
 }

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::TopicPartitionList;
 
@@ -216,8 +216,8 @@ pub(crate) struct TaskManagerParts {
     pub(crate) resources: EngineResources,
     /// The largest record the changelogs accept.
     pub(crate) max_record_bytes: usize,
-    /// Each changelog's `delete.retention.ms`.
-    pub(crate) tombstone_retention: HashMap<String, Duration>,
+    /// Each changelog topic as validated at startup (its retention settings).
+    pub(crate) changelogs: HashMap<String, crate::kafka::ChangelogInfo>,
     pub(crate) restorer: Restorer,
     /// Commits input offsets under the group generation.
     pub(crate) committer: Committer,

@@ -31,18 +31,18 @@ pub(super) struct Openers {
     pub(super) running: usize,
     pub(super) next_incarnation: u64,
     pub(super) max_record_bytes: usize,
-    /// Each changelog's `delete.retention.ms`.
-    pub(super) tombstone_retention: Arc<HashMap<String, Duration>>,
+    /// Each changelog topic's retention settings.
+    pub(super) changelogs: Arc<HashMap<String, crate::kafka::ChangelogInfo>>,
     /// kstate's own broker connections: exactly-once waits for stable
     /// committed offsets through them.
     pub(super) brokers: Brokers,
 }
 
 impl Openers {
-    pub(super) fn new(max_record_bytes: usize, tombstone_retention: HashMap<String, Duration>, brokers: Brokers) -> Self {
+    pub(super) fn new(max_record_bytes: usize, changelogs: HashMap<String, crate::kafka::ChangelogInfo>, brokers: Brokers) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
-        let tombstone_retention = Arc::new(tombstone_retention);
-        Openers { tx, rx, running: 0, next_incarnation: 0, max_record_bytes, tombstone_retention, brokers }
+        let changelogs = Arc::new(changelogs);
+        Openers { tx, rx, running: 0, next_incarnation: 0, max_record_bytes, changelogs, brokers }
     }
 }
 
@@ -122,7 +122,7 @@ impl TaskManager {
         let config = self.config.clone();
         let producer = self.producer.clone();
         let resources = self.resources.clone();
-        let retention = self.openers.tombstone_retention.clone();
+        let changelogs = self.openers.changelogs.clone();
         let max_record_bytes = self.openers.max_record_bytes;
         let done = self.openers.tx.clone();
         let span = self.tasks.get(&partition).map_or_else(|| self.standby_span(partition), |t| t.span.clone());
@@ -151,7 +151,8 @@ impl TaskManager {
                             name: def.name(),
                             partition,
                             dir: config.store_dir(def.name(), partition),
-                            tombstone_retention: retention.get(&changelog_topic).copied(),
+                            tombstone_retention: changelogs.get(&changelog_topic).and_then(|i| i.tombstone_retention),
+                            live_tail_retention: live_tail_retention(def, changelogs.get(&changelog_topic)),
                             changelog_topic,
                             max_record_bytes,
                             producer: producer.clone(),
@@ -317,4 +318,15 @@ impl TaskManager {
             tracing::info!(partition = task.partition, "task running");
         }
     }
+}
+
+/// The retention a window or session store's records may have been
+/// written under, which a restore from its live tail must assume
+/// (`restore/live_tail.rs`): the store's own, or a longer one it had
+/// before, which the changelog's `retention.ms` (created as retention +
+/// additional retention, never lowered by kstate) still shows. `None`: no
+/// live tail (a key-value store, or a changelog kept forever, which
+/// bounds nothing).
+fn live_tail_retention(def: &crate::config::StoreDefinition, changelog: Option<&crate::kafka::ChangelogInfo>) -> Option<i64> {
+    crate::restore::live_tail::written_under(def.changelog_retention_ms()?, changelog?.retention_ms?)
 }

@@ -28,6 +28,7 @@ pub struct StoreDefinition {
     shape: Option<Shape>,
     retention: Option<Duration>,
     additional_retention: Duration,
+    live_tail: bool,
 }
 
 /// Kafka Streams' `windowstore.changelog.additional.retention.ms` default.
@@ -44,6 +45,7 @@ impl StoreDefinition {
             shape: None,
             retention: None,
             additional_retention: ADDITIONAL_RETENTION,
+            live_tail: true,
         }
     }
 
@@ -89,6 +91,22 @@ impl StoreDefinition {
     pub fn changelog_additional_retention(mut self, extra: Duration) -> Self {
         self.additional_retention = extra;
         self
+    }
+
+    /// Whether a restore of this window or session store into an empty
+    /// local store may start at the changelog's live tail, past records
+    /// that are sure to be expired (default true; architecture.md §7).
+    /// Turn it off for a changelog that another writer interleaved
+    /// records into (`Error::ChangelogDiverged` was seen), or whose
+    /// `retention.ms` was lowered by hand after the store's retention was
+    /// shortened, until those records aged out of the changelog.
+    pub fn restore_from_live_tail(mut self, enabled: bool) -> Self {
+        self.live_tail = enabled;
+        self
+    }
+
+    pub(crate) fn live_tail_enabled(&self) -> bool {
+        self.live_tail
     }
 
     /// A window store's windows.

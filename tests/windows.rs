@@ -276,6 +276,12 @@ fn definitions_and_changelogs_that_would_lose_live_windows_are_refused() {
     let app = builder(&app_id, &input, state.path()).store(StoreDefinition::window("w", w).retention(Duration::from_secs(60))).build().unwrap();
     let err = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
     assert!(matches!(&err, Error::ChangelogTopicMismatch { problem, .. } if problem.contains("retention.ms is 5000")), "{err}");
+    // Long enough for the retention, not for the additional retention (a
+    // raised retention must be raised on the topic first).
+    create_topic(&kstate::changelog_topic(&app_id, "w2"), 1, &[("cleanup.policy", "compact,delete"), ("retention.ms", "120000")]);
+    let app = builder(&app_id, &input, state.path()).store(StoreDefinition::window("w2", w).retention(Duration::from_secs(60))).build().unwrap();
+    let err = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
+    assert!(matches!(&err, Error::ChangelogTopicMismatch { problem, .. } if problem.contains("plus the additional retention")), "{err}");
 }
 
 /// Final results (the documented pattern of `examples/windowed_counts.rs`):

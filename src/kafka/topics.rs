@@ -208,10 +208,19 @@ fn check_window_changelog(
                     ),
                 });
             }
+            // Also what a restore from the live tail reads the longest
+            // retention the records were written under from
+            // (restore/live_tail.rs): a raised retention must show here.
             Some(ms) if ms >= 0 && ms < wanted => {
-                tracing::warn!(topic, retention_ms = ms, wanted_ms = wanted,
-                    "the changelog keeps records for less than the store's retention plus the additional retention: \
-                     if stream time falls behind the wall clock, a restore may miss live windows");
+                return Err(Error::ChangelogTopicMismatch {
+                    topic: topic.to_string(),
+                    problem: format!(
+                        "retention.ms is {ms}, shorter than the store's retention plus the additional retention \
+                         ({wanted} ms): if stream time fell behind the wall clock a restore could miss live windows; \
+                         raise it to {wanted} (kafka-configs --alter --add-config retention.ms={wanted}), or lower \
+                         StoreDefinition::changelog_additional_retention"
+                    ),
+                });
             }
             _ => {}
         }

@@ -106,8 +106,10 @@ pub(crate) fn start_offset(
 /// The longest retention a store's changelog records may have been written
 /// under: the store's own, or a longer one it had before, which the
 /// changelog's `retention.ms` still shows (kstate creates it with the
-/// retention plus the additional retention, and never lowers it). `None`
-/// for a changelog kept forever (-1), which bounds nothing.
+/// retention plus the additional retention, refuses to start on one that
+/// is shorter, so a raised retention was raised there first, and never
+/// lowers it; lowering it by hand after a retention was shortened breaks
+/// this). `None` for a changelog kept forever (-1), which bounds nothing.
 /// `(retention, created_with)` are the store's retention and the
 /// `retention.ms` kstate creates its changelog with.
 pub(crate) fn written_under((retention, created_with): (i64, i64), topic_retention_ms: i64) -> Option<i64> {
@@ -139,7 +141,7 @@ fn read(
         match consumer.poll(Duration::from_millis(20)) {
             // (Any put is a valid witness wherever it is; a message of an
             // earlier assignment is only skipped to keep the search tidy.)
-            Some(Ok(m)) if m.offset() < from => {}
+            Some(Ok(m)) if m.offset() < from || m.partition() != partition || m.topic() != topic => {}
             Some(Ok(m)) => {
                 if m.offset() >= to {
                     return Ok(());

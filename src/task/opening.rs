@@ -328,5 +328,8 @@ impl TaskManager {
 /// live tail (a key-value store, or a changelog kept forever, which
 /// bounds nothing).
 fn live_tail_retention(def: &crate::config::StoreDefinition, changelog: Option<&crate::kafka::ChangelogInfo>) -> Option<i64> {
+    if !def.live_tail_enabled() {
+        return None;
+    }
     crate::restore::live_tail::written_under(def.changelog_retention_ms()?, changelog?.retention_ms?)
 }

@@ -29,6 +29,48 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use crate::error::{Error, Result};
 use crate::store::segments::Segments;
 
+/// Finds live tails with a consumer of its own (small fetches: a probe
+/// reads a few records), created at the first restore that needs it.
+pub(crate) struct Prober {
+    consumer: Option<BaseConsumer>,
+    config: rdkafka::ClientConfig,
+}
+
+impl Prober {
+    pub(crate) fn new(config: rdkafka::ClientConfig) -> Prober {
+        Prober { consumer: None, config }
+    }
+
+    /// Where a window or session store's restore from empty starts
+    /// ([`start_offset`]); `low` if that cannot be read.
+    pub(crate) fn start(&mut self, timeout: Duration, topic: &str, partition: i32, (low, high): (i64, i64), segments: &Segments, written_under: i64) -> i64 {
+        if self.consumer.is_none() {
+            match self.config.create::<BaseConsumer>() {
+                Ok(c) => self.consumer = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create the consumer that finds a window store's live tail; restoring all of it");
+                    return low;
+                }
+            }
+        }
+        let consumer = self.consumer.as_ref().expect("created above");
+        let started = Instant::now();
+        let start = match start_offset(consumer, topic, partition, (low, high), segments, written_under, timeout) {
+            Ok(start) => start,
+            Err(e) => {
+                tracing::warn!(%topic, partition, error = %e, "finding the live tail failed; restoring all of the changelog");
+                low
+            }
+        };
+        let _ = consumer.unassign();
+        if start > low {
+            tracing::info!(%topic, partition, start, low, high, skipped = start - low, seconds = started.elapsed().as_secs_f64(),
+                "restoring a window or session store from its live tail: records before it are expired");
+        }
+        start
+    }
+}
+
 /// Records read at the end of the changelog for its latest time (at most;
 /// a quarter of a shorter changelog).
 const TAIL: i64 = 500;

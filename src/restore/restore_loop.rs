@@ -13,13 +13,13 @@ use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use super::batch::SortedBatch;
+use super::live_tail::Prober;
 use super::checkpoint::{full_restore_reason, ChangelogState, LocalCheckpoint};
 use super::rate::RestoreRate;
 use super::restorer::{Command, RestoreJob, RestoreOutcome};
 use super::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 use crate::error::{Error, Result};
 use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
-use crate::store::engine::Engine;
 use crate::store::segments::Segments;
 use crate::store::KeyValueStore;
 
@@ -98,10 +98,8 @@ pub(super) struct RestoreLoop {
     /// Declared before the consumer: dropped first.
     records: Arc<QueueHandle>,
     consumer: Arc<BaseConsumer>,
-    /// For a window store's restore from empty: finding its live tail
-    /// (created at the first such restore).
-    probe: Option<BaseConsumer>,
-    probe_config: rdkafka::ClientConfig,
+    /// Finds a window store's live tail for its restore from empty.
+    prober: Prober,
     listener: Arc<dyn RestoreListener>,
     timeout: Duration,
     outcomes: Sender<RestoreOutcome>,
@@ -137,8 +135,7 @@ impl RestoreLoop {
         RestoreLoop {
             records,
             consumer: Arc::new(consumer),
-            probe: None,
-            probe_config,
+            prober: Prober::new(probe_config),
             listener,
             timeout,
             outcomes,
@@ -431,7 +428,7 @@ impl RestoreLoop {
         let mut start = store.checkpoint().map_or(low, |c| c + 1).max(low);
         if store.checkpoint().is_none() && high > low {
             if let (Some(segments), Some(written_under)) = (store.segments.clone(), store.live_tail_retention) {
-                start = Self::live_tail(&mut self.probe, &self.probe_config, self.timeout, &topic, partition, (low, high), &segments, written_under);
+                start = self.prober.start(self.timeout, &topic, partition, (low, high), &segments, written_under);
             }
         }
         let event = RestoreStart {
@@ -505,45 +502,6 @@ impl RestoreLoop {
         Ok(None)
     }
 
-    /// Where a window or session store's restore from empty starts (see
-    /// `live_tail.rs`); `low` if that cannot be read.
-    #[allow(clippy::too_many_arguments)] // fields of `self` borrowed apart from the job's store
-    fn live_tail(
-        probe: &mut Option<BaseConsumer>,
-        config: &rdkafka::ClientConfig,
-        timeout: Duration,
-        topic: &str,
-        partition: i32,
-        (low, high): (i64, i64),
-        segments: &Segments,
-        written_under: i64,
-    ) -> i64 {
-        if probe.is_none() {
-            match config.create::<BaseConsumer>() {
-                Ok(c) => *probe = Some(c),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot create the consumer that finds a window store's live tail; restoring all of it");
-                    return low;
-                }
-            }
-        }
-        let probe = probe.as_ref().expect("created above");
-        let started = Instant::now();
-        let start = match super::live_tail::start_offset(probe, topic, partition, (low, high), segments, written_under, timeout) {
-            Ok(start) => start,
-            Err(e) => {
-                tracing::warn!(%topic, partition, error = %e, "finding the live tail failed; restoring all of the changelog");
-                low
-            }
-        };
-        let _ = probe.unassign();
-        if start > low {
-            tracing::info!(%topic, partition, start, low, high, skipped = start - low, seconds = started.elapsed().as_secs_f64(),
-                "restoring a window or session store from its live tail: records before it are expired");
-        }
-        start
-    }
-
     /// Writes the pending batch with the checkpoint of its last record.
     fn write_batch(&mut self, key: &(String, i32)) {
         let listener = self.listener.clone();
@@ -612,7 +570,7 @@ impl RestoreLoop {
             // included), so the checkpoint may move to `end - 1`.
             // Records past `end - 1` were appended after `end` was read.
             if a.end > 0 {
-                let batch = bookkeeping(store);
+                let batch = store.segments_batch();
                 store.engine().commit_with_age_bound(batch, a.end - 1, a.end_read_at_ms)?;
                 store.set_checkpoint(Some(a.end - 1));
             }
@@ -809,7 +767,7 @@ impl RestoreLoop {
             self.write_batch(&key);
             let Some((a, store)) = self.store_of(&key) else { continue };
             let partition = a.partition;
-            let batch = bookkeeping(store);
+            let batch = store.segments_batch();
             match store.engine().commit_with_age_bound(batch, high - 1, read_at) {
                 Ok(()) => {
                     store.set_checkpoint(Some(high - 1));
@@ -889,20 +847,4 @@ pub(crate) fn cached_high<C: rdkafka::consumer::ConsumerContext>(consumer: &Base
         )
     };
     (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
-}
-
-/// An otherwise empty batch with a segmented store's bookkeeping (its
-/// time and layout with every checkpoint, so that the next open finds
-/// them even when no data record was applied).
-fn bookkeeping(store: &mut KeyValueStore) -> rocksdb::WriteBatch {
-    let mut batch = Engine::batch();
-    let update = store.segments.as_mut().map(|segments| {
-        let update = segments.take_update();
-        segments.landed();
-        update
-    });
-    if let Some(update) = update {
-        store.engine().add_segments_update(&mut batch, &update);
-    }
-    batch
 }

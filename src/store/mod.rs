@@ -600,6 +600,22 @@ impl KeyValueStore {
         self.metrics.overlay_bytes.set(0.0);
     }
 
+    /// An otherwise empty batch with a segmented store's bookkeeping (its
+    /// time and layout, with every checkpoint a restore writes, so that
+    /// the next open finds them even when no data record was applied).
+    pub(crate) fn segments_batch(&mut self) -> rocksdb::WriteBatch {
+        let mut batch = Engine::batch();
+        let update = self.segments.as_mut().map(|segments| {
+            let update = segments.take_update();
+            segments.landed();
+            update
+        });
+        if let Some(update) = update {
+            self.engine().add_segments_update(&mut batch, &update);
+        }
+        batch
+    }
+
     /// Publishes RocksDB's sizes, compaction and cache figures.
     pub(crate) fn record_engine_metrics(&self) {
         let e = self.engine();

@@ -394,6 +394,19 @@ struct Times {
     ends: Arc<Mutex<Vec<(Instant, RestoreEnd)>>>,
 }
 
+impl Times {
+    /// Records and bytes restored, and seconds from the first restore's
+    /// start to the last one's end.
+    fn summary(&self) -> Result<(u64, u64, f64), BoxError> {
+        let ends = self.ends.lock().unwrap();
+        let first = self.first_start.lock().unwrap().ok_or("no restore started")?;
+        let last = ends.iter().map(|e| e.0).max().ok_or("no restore ended")?;
+        let records: u64 = ends.iter().map(|e| e.1.records).sum();
+        let bytes: u64 = ends.iter().map(|e| e.1.bytes).sum();
+        Ok((records, bytes, (last - first).as_secs_f64().max(1e-6)))
+    }
+}
+
 impl RestoreListener for Times {
     fn on_restore_start(&self, _: &RestoreStart) {
         self.first_start.lock().unwrap().get_or_insert_with(Instant::now);
@@ -427,12 +440,7 @@ fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &
     let to_running = started.elapsed().as_secs_f64();
     stop.shutdown();
     runner.join().map_err(|_| "runtime panicked")??;
-    let ends = times.ends.lock().unwrap();
-    let first = times.first_start.lock().unwrap().ok_or("no restore started")?;
-    let last = ends.iter().map(|e| e.0).max().ok_or("no restore ended")?;
-    let records: u64 = ends.iter().map(|e| e.1.records).sum();
-    let bytes: u64 = ends.iter().map(|e| e.1.bytes).sum();
-    let secs = (last - first).as_secs_f64().max(1e-6);
+    let (records, bytes, secs) = times.summary()?;
     Ok(format!(
         "{{\"contender\":\"kstate\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4}}}",
         records as f64 / secs
@@ -638,11 +646,7 @@ fn kstate_window(bootstrap: &str, app: &str, input: &str, records: Option<u64>, 
         let to_running = started.elapsed().as_secs_f64();
         stop.shutdown();
         runner.join().map_err(|_| "runtime panicked")??;
-        let ends = times.ends.lock().unwrap();
-        let first = times.first_start.lock().unwrap().ok_or("no restore started")?;
-        let last = ends.iter().map(|e| e.0).max().ok_or("no restore ended")?;
-        let restored: u64 = ends.iter().map(|e| e.1.records).sum();
-        let secs = (last - first).as_secs_f64().max(1e-6);
+        let (restored, _, secs) = times.summary()?;
         return Ok(format!(
             "{{\"contender\":\"kstate\",\"mode\":\"window-restore\",\"records\":{restored},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4}}}",
             restored as f64 / secs

@@ -52,6 +52,15 @@ impl App {
         AppBuilder::default()
     }
 
+    /// A handle for interactive queries: reads of this instance's stores
+    /// from any thread, and where the other instances serve theirs. Take it
+    /// before [`App::run`]; it answers while the application runs (before:
+    /// [`QueryError::NotStarted`](crate::QueryError::NotStarted), after:
+    /// [`QueryError::ShuttingDown`](crate::QueryError::ShuttingDown)).
+    pub fn queries(&self) -> crate::Queries {
+        crate::Queries::new(self.config.clone(), self.shutdown.clone())
+    }
+
     /// A handle that stops [`App::run`] cleanly from any thread.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
@@ -182,6 +191,8 @@ impl Default for AppBuilder {
                 timers: false,
                 timestamp_extractor: None,
                 invalid_timestamp: InvalidTimestamp::Fail,
+                published: Default::default(),
+                query_partitioner: None,
             },
         }
     }
@@ -490,6 +501,19 @@ impl AppBuilder {
     /// [`InvalidTimestamp::Fail`]).
     pub fn on_invalid_timestamp(mut self, policy: InvalidTimestamp) -> Self {
         self.config.invalid_timestamp = policy;
+        self
+    }
+
+    /// How [`Queries`](crate::Queries) find the partition of a store key
+    /// (bytes, as its key codec encodes them) among `partitions`: the same
+    /// function that partitions the input topic, for stores keyed like
+    /// their input. Default: murmur2, as the Java clients' and librdkafka's
+    /// `murmur2_random` partitioners.
+    pub fn query_partitioner<F>(mut self, partitioner: F) -> Self
+    where
+        F: Fn(&[u8], i32) -> i32 + Send + Sync + 'static,
+    {
+        self.config.query_partitioner = Some(Arc::new(partitioner));
         self
     }
 

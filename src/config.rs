@@ -244,7 +244,16 @@ pub(crate) struct AppConfig {
     /// Reads each record's timestamp (`None`: the record's own).
     pub(crate) timestamp_extractor: Option<TimestampExtractor>,
     pub(crate) invalid_timestamp: InvalidTimestamp,
+    /// The store partitions open here and the group's host metadata, as
+    /// interactive queries read them (shared with [`crate::Queries`]).
+    pub(crate) published: Arc<crate::store::published::Published>,
+    /// Maps a store key to its partition for queries (`None`: murmur2, as
+    /// the Java clients' default partitioner).
+    pub(crate) query_partitioner: Option<Arc<QueryPartitioner>>,
 }
+
+/// See [`AppBuilder::query_partitioner`](crate::AppBuilder::query_partitioner).
+pub(crate) type QueryPartitioner = dyn Fn(&[u8], i32) -> i32 + Send + Sync;
 
 /// What a crash can do to the effects of processing (Kafka Streams'
 /// `processing.guarantee`). See the README's "Guarantees and the data-loss

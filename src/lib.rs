@@ -109,6 +109,7 @@ mod kafka;
 pub mod metrics;
 mod output;
 mod processor;
+mod query;
 mod record;
 pub mod restore;
 mod runtime;
@@ -127,6 +128,10 @@ pub use error::{ClientError, Error, Result, StorageError};
 pub use kafka::changelog_topic;
 pub use output::Output;
 pub use processor::{Processor, ProcessorError};
+pub use query::{
+    murmur2_partition, Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, Queries, QueryError, QueryOptions, ScanAnswer,
+    DEFAULT_QUERY_WAIT, MAX_SCAN_LIMIT,
+};
 pub use record::{Headers, Record, TimestampType};
 pub use restore::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 pub use shutdown::ShutdownHandle;

@@ -11,7 +11,7 @@ use kafka_protocol::protocol::StrBytes;
 use super::assignor::{self, MemberState, TaskId};
 use super::end_offsets::end_offsets;
 use super::member::Member;
-use super::payload::{AssignmentError, MemberTasks, Subscription, USER_DATA_VERSION};
+use super::payload::{AssignmentError, HostTasks, MemberTasks, Subscription, USER_DATA_VERSION};
 
 impl Member {
     /// The leader's part: every member's tasks, encoded for SyncGroup.
@@ -21,6 +21,7 @@ impl Member {
         let mut mismatch = false;
         let mut claims: BTreeMap<TaskId, Vec<String>> = BTreeMap::new();
         let mut pending: Vec<(usize, BTreeSet<TaskId>)> = Vec::new();
+        let mut endpoints: BTreeMap<String, String> = BTreeMap::new();
         for m in members {
             let id = m.member_id.to_string();
             match Subscription::decode(m.metadata.clone()) {
@@ -34,6 +35,9 @@ impl Member {
                         claims.entry(*t).or_default().push(id.clone());
                     }
                     pending.push((states.len(), s.info.pending));
+                    if let Some(endpoint) = s.info.endpoint {
+                        endpoints.insert(id.clone(), endpoint);
+                    }
                     states.push(MemberState {
                         member_id: id,
                         prev_active: s.owned,
@@ -125,6 +129,16 @@ impl Member {
             .collect();
         tracing::info!(group = %self.settings.group, generation = self.generation, members = states.len(),
             assignment = ?summary, deferred_moves = ?waiting, "assignment computed");
+        // Where every task is served, for interactive queries.
+        let hosts: Vec<HostTasks> = endpoints
+            .iter()
+            .map(|(member, endpoint)| {
+                let tasks = plan.get(member).cloned().unwrap_or_default();
+                let mut standby: BTreeSet<TaskId> = tasks.standby.union(&tasks.warmup).copied().collect();
+                standby.extend(withheld.get(member).into_iter().flatten());
+                HostTasks { endpoint: endpoint.clone(), active: tasks.active, standby }
+            })
+            .collect();
         // The leader's own assignment carries the probing deadline.
         let probe_in_ms = (!deferred.is_empty()).then_some(self.settings.probing_rebalance_interval.as_millis() as u64);
         states
@@ -151,6 +165,7 @@ impl Member {
                     rejoin_now,
                     probe_in_ms,
                     error: 0,
+                    hosts: hosts.clone(),
                 };
                 if mismatch {
                     tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };

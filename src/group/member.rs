@@ -90,6 +90,9 @@ pub(crate) enum GroupEvent {
         standby: BTreeSet<TaskId>,
         /// When this member started the rebalance round that ended here.
         since: Instant,
+        /// Every member's endpoint and tasks (members with an
+        /// `application_server` only).
+        hosts: Vec<super::HostTasks>,
     },
     /// This member was fenced (session expired, generation moved on):
     /// another member may own its active tasks already, so close them
@@ -333,7 +336,7 @@ impl Member {
             self.warmups.reported = false;
             self.warmups.probe_at = tasks.probe_in_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
             let followed = tasks.standby.union(&tasks.warmup).copied().collect();
-            let event = GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: followed, since };
+            let event = GroupEvent::Assigned { generation: generation.clone(), active: tasks.active, standby: followed, since, hosts: tasks.hosts };
             if self.events.send(event).is_err() {
                 return Ok(()); // the runtime is gone
             }

@@ -35,8 +35,8 @@ pub(crate) struct SubscriptionInfo {
     pub(crate) latest_supported_version: u32,
     /// Identifies the instance across restarts of its member id.
     pub(crate) process_id: String,
-    /// `application_server` (host:port), if set: published to the group,
-    /// read by nothing in kstate yet.
+    /// `application_server` (host:port), if set: published to the group
+    /// (the leader tells every member where tasks run, for queries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) endpoint: Option<String>,
     /// Client tags (rack awareness).
@@ -94,6 +94,24 @@ pub(crate) struct AssignmentInfo {
     /// Non-zero when the leader could not assign (see [`AssignmentError`]).
     #[serde(default)]
     pub(crate) error: u16,
+    /// Every member with an `application_server` and its tasks in this
+    /// generation (interactive queries' metadata).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) hosts: Vec<HostTasks>,
+}
+
+/// A member's endpoint (`application_server`) and its tasks as the leader
+/// assigned them, sent to every member so each can tell where a key's
+/// partition is served. A task that moves is in no one's `active` until
+/// its previous owner released it (it is in its new owner's `standby`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HostTasks {
+    pub(crate) endpoint: String,
+    #[serde(default)]
+    pub(crate) active: BTreeSet<TaskId>,
+    /// Standby and warmup tasks, and tasks about to move here.
+    #[serde(default)]
+    pub(crate) standby: BTreeSet<TaskId>,
 }
 
 /// Why the leader gave no tasks.
@@ -124,6 +142,7 @@ pub(crate) struct MemberTasks {
     pub(crate) rejoin_now: bool,
     pub(crate) probe_in_ms: Option<u64>,
     pub(crate) error: u16,
+    pub(crate) hosts: Vec<HostTasks>,
 }
 
 fn with_version<T: Encodable>(message: &T, version: i16) -> Bytes {
@@ -210,6 +229,7 @@ impl MemberTasks {
             rejoin_now: self.rejoin_now,
             probe_in_ms: self.probe_in_ms,
             error: self.error,
+            hosts: self.hosts.clone(),
         };
         a.user_data = Some(serde_json::to_vec(&info).expect("serialisable").into());
         with_version(&a, CONSUMER_PROTOCOL_VERSION)
@@ -237,6 +257,7 @@ impl MemberTasks {
             rejoin_now: info.rejoin_now,
             probe_in_ms: info.probe_in_ms,
             error: info.error,
+            hosts: info.hosts,
         })
     }
 }
@@ -276,6 +297,7 @@ mod tests {
             rejoin_now: true,
             probe_in_ms: Some(60_000),
             error: 0,
+            hosts: vec![HostTasks { endpoint: "a:1".into(), active: BTreeSet::from([0, 3]), standby: BTreeSet::from([1]) }],
         };
         assert_eq!(MemberTasks::decode(t.encode(&["in".into()], 1)).unwrap(), t);
         // A later version's extra fields are ignored.

@@ -20,6 +20,7 @@ use super::restorer::{Command, RestoreJob, RestoreOutcome};
 use super::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 use crate::error::{Error, Result};
 use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
+use crate::store::published::Role;
 use crate::store::segments::Segments;
 use crate::store::KeyValueStore;
 
@@ -706,11 +707,12 @@ impl RestoreLoop {
         let Ok(positions) = self.consumer.position() else { return };
         // One pass over the positions: standbys that finished their bulk
         // copy, standby lags, restores that reached their end offset.
-        let (mut caught_up, mut lags, mut done) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut caught_up, mut lags, mut done, mut ends) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for e in positions.elements() {
             let key = (e.topic().to_string(), e.partition());
             let (Some(a), Offset::Offset(o)) = (self.active.get(&key), e.offset()) else { continue };
             if !a.standby {
+                ends.push((key.clone(), a.end, Role::Restoring));
                 if o >= a.end {
                     done.push(key);
                 }
@@ -720,7 +722,18 @@ impl RestoreLoop {
                 caught_up.push(key.clone());
             }
             if let Some(high) = cached_high(&self.consumer, &key.0, key.1) {
+                ends.push((key.clone(), high, Role::Standby));
                 lags.push((key, (high - o).max(0)));
+            }
+        }
+        // What queries see of these copies: their end offset, and the copy
+        // itself again once a bulk load ended.
+        for (key, end, role) in ends {
+            if let Some((_, store)) = self.store_of(&key) {
+                if let Some(slot) = store.slot() {
+                    slot.set_end(end);
+                }
+                store.publish(role);
             }
         }
         for key in caught_up {

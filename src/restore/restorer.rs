@@ -14,6 +14,7 @@ use rdkafka::consumer::BaseConsumer;
 use super::restore_loop::RestoreLoop;
 use super::RestoreListener;
 use crate::error::{Error, Result};
+use crate::store::published::Role;
 use crate::store::KeyValueStore;
 
 /// The stores of one partition to bring up to date.
@@ -136,6 +137,12 @@ impl Restorer {
 
     /// Queues a partition's stores for restore.
     pub(crate) fn submit(&self, job: RestoreJob) {
+        // Queries may read the copy as what it now is (a restore from
+        // empty withdraws it until its bulk load ends).
+        let role = if job.standby { Role::Standby } else { Role::Restoring };
+        for store in &job.stores {
+            store.publish(role);
+        }
         let _ = self.commands.send(Command::Start(job));
     }
 

@@ -4,6 +4,7 @@
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::TopicPartitionList;
 
+use crate::store::published::{Hosts, RunState};
 use crate::assignment::AssignmentEvent;
 use crate::config::AppConfig;
 use crate::kafka::consumer_batch::QueueHandle;
@@ -51,7 +52,9 @@ pub(super) fn apply_group_events(
             }
         };
         match event {
-            GroupEvent::Assigned { generation, active, standby, since } => {
+            GroupEvent::Assigned { generation, active, standby, since, hosts } => {
+                config.published.set_hosts(Hosts { hosts });
+                config.published.set_state(RunState::Running);
                 // Revocations, commits and closes of this rebalance log in its span.
                 let _in_rebalance = tracing::info_span!("rebalance", app = %tasks.application_id(), generation = generation.id).entered();
                 let owned = tasks.partitions();
@@ -101,6 +104,7 @@ pub(super) fn apply_group_events(
                 let tps = input_partitions_of(topics, tasks.partitions());
                 tracing::warn!(%reason, partitions = ?tps, "tasks lost; closing them without commit");
                 tasks.set_generation(None);
+                config.published.set_hosts(Hosts::default());
                 let closed = tasks.on_event(consumer, AssignmentEvent::Lost(tps.clone()));
                 if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
                     tracing::warn!(error = %e, "unassigning lost partitions failed");

@@ -28,6 +28,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::ClientContext;
 
+use crate::store::published::{Published, RunState};
 use crate::shutdown::ShutdownHandle;
 use crate::kafka::{self, ChangelogProducer, ChangelogSpec};
 use crate::kafka::consumer_batch::QueueHandle;
@@ -81,6 +82,15 @@ impl ClientContext for RuntimeContext {}
 impl ConsumerContext for RuntimeContext {}
 
 pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHandle, mut processors: S) -> Result<()> {
+    // Queries answer `ShuttingDown` once `run` returns, on every path.
+    struct Stopped<'a>(&'a Published);
+    impl Drop for Stopped<'_> {
+        fn drop(&mut self) {
+            self.0.set_state(RunState::Stopped);
+            self.0.set_hosts(Default::default());
+        }
+    }
+    let _stopped = Stopped(&config.published);
     let base = client_config(&config);
     // TLS and SASL failures are typed errors at once, not a startup timeout.
     let security = crate::group::Security::from_kafka_config(&config.kafka_overrides)?;
@@ -90,6 +100,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         .reach(config.startup_timeout)?;
     let admin: AdminClient<DefaultClientContext> = base.create()?;
     let partitions = input_partitions(&admin, &config)?;
+    config.published.set_partitions(partitions);
     let specs: Vec<ChangelogSpec> = config
         .stores
         .iter()

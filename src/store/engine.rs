@@ -334,27 +334,42 @@ impl Engine {
         Ok(self.db().get_pinned(key)?.map(|v| v.to_vec()))
     }
 
+    /// One key's value and the checkpoint, as of one moment (a RocksDB
+    /// snapshot): a reader on another thread sees one committed state,
+    /// never half a commit (architecture.md §8).
+    pub(crate) fn committed_get(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, Checkpoint)> {
+        let snapshot = self.db().snapshot();
+        let checkpoint = decode_checkpoint(snapshot.get_cf(self.meta(), CHECKPOINT_KEY)?);
+        let value = snapshot.get_pinned(key)?.map(|v| v.to_vec());
+        Ok((value, checkpoint))
+    }
+
+    /// [`Engine::scan`] and the checkpoint as of one moment (see
+    /// [`Engine::committed_get`]); `take` sees entries in key order until
+    /// it returns false.
+    pub(crate) fn committed_scan(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut take: impl FnMut(&[u8], &[u8]) -> bool) -> Result<Checkpoint> {
+        let snapshot = self.db().snapshot();
+        let checkpoint = decode_checkpoint(snapshot.get_cf(self.meta(), CHECKPOINT_KEY)?);
+        let (mode, ro, skip) = scan_options(start, end);
+        for entry in snapshot.iterator_opt(mode, ro) {
+            let (k, v) = entry?;
+            if skip.as_deref() == Some(&k[..]) {
+                continue;
+            }
+            if !take(&k, &v) {
+                break;
+            }
+        }
+        Ok(checkpoint)
+    }
+
     /// Iterates the data over `[start, end)` bounds in key order.
     pub(crate) fn scan(
         &self,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
     ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + '_ {
-        let mut ro = ReadOptions::default();
-        match end {
-            Bound::Excluded(e) => ro.set_iterate_upper_bound(e.to_vec()),
-            Bound::Included(e) => {
-                let mut v = e.to_vec();
-                v.push(0);
-                ro.set_iterate_upper_bound(v)
-            }
-            Bound::Unbounded => {}
-        }
-        let (mode, skip) = match start {
-            Bound::Unbounded => (IteratorMode::Start, None),
-            Bound::Included(s) => (IteratorMode::From(s, Direction::Forward), None),
-            Bound::Excluded(s) => (IteratorMode::From(s, Direction::Forward), Some(s.to_vec())),
-        };
+        let (mode, ro, skip) = scan_options(start, end);
         self.db()
             .iterator_opt(mode, ro)
             .filter(move |r| match (r, &skip) {
@@ -363,6 +378,7 @@ impl Engine {
             })
             .map(|r| r.map(|(k, v)| (k.into_vec(), v.into_vec())).map_err(Error::from))
     }
+
 
     /// Starts a batch of writes; apply it with [`Engine::commit`].
     pub(crate) fn batch() -> WriteBatch {
@@ -579,6 +595,27 @@ fn stat_field(text: &str, name: &str, separator: char) -> u64 {
         .find(|(k, _)| k.trim().ends_with(name))
         .and_then(|(_, v)| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// An iterator's start, read options (the upper bound) and the key to
+/// skip for an excluded start.
+fn scan_options<'k>(start: Bound<&'k [u8]>, end: Bound<&[u8]>) -> (IteratorMode<'k>, ReadOptions, Option<Vec<u8>>) {
+    let mut ro = ReadOptions::default();
+    match end {
+        Bound::Excluded(e) => ro.set_iterate_upper_bound(e.to_vec()),
+        Bound::Included(e) => {
+            let mut v = e.to_vec();
+            v.push(0);
+            ro.set_iterate_upper_bound(v)
+        }
+        Bound::Unbounded => {}
+    }
+    let (mode, skip) = match start {
+        Bound::Unbounded => (IteratorMode::Start, None),
+        Bound::Included(s) => (IteratorMode::From(s, Direction::Forward), None),
+        Bound::Excluded(s) => (IteratorMode::From(s, Direction::Forward), Some(s.to_vec())),
+    };
+    (mode, ro, skip)
 }
 
 /// A key and its value as RocksDB's iterator returns them.

@@ -10,6 +10,7 @@
 pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod overlay;
+pub(crate) mod published;
 pub(crate) mod segments;
 pub(crate) mod state_dir;
 mod ttl;
@@ -54,6 +55,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) segments: Option<(Shape, Duration)>,
     /// See [`KeyValueStore::live_tail_retention`].
     pub(crate) live_tail_retention: Option<i64>,
+    /// Where the store is published for interactive queries.
+    pub(crate) published: Option<Arc<published::Published>>,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -97,6 +100,9 @@ pub struct KeyValueStore {
     /// The longest retention the changelog's records may have been written
     /// under (ms), for a restore from its live tail; `None`: restore all of it.
     pub(crate) live_tail_retention: Option<i64>,
+    /// This store partition's slot for interactive queries (its engine
+    /// withdrawn before the engine closes, reopens or is replaced).
+    slot: Option<Arc<published::Slot>>,
     // Field order matters: the engine closes before the lock is released.
     /// Shared with the background writer while a commit is in flight.
     engine: Option<Arc<Engine>>,
@@ -105,6 +111,9 @@ pub struct KeyValueStore {
 
 impl Drop for KeyValueStore {
     fn drop(&mut self) {
+        if let Some(slot) = &self.slot {
+            slot.close();
+        }
         self.producer.release(&self.tracker);
     }
 }
@@ -287,9 +296,39 @@ impl KeyValueStore {
             segments,
             shape: args.segments.map(|(shape, _)| shape),
             live_tail_retention: args.live_tail_retention,
+            slot: args.published.map(|p| p.slot(args.name, args.partition)),
             engine: Some(Arc::new(engine)),
             _lock: lock,
         })
+    }
+
+    /// Makes the store readable by interactive queries as `role` (again,
+    /// after a bulk load or a wipe withdrew it); nothing while it bulk loads.
+    pub(crate) fn publish(&self, role: published::Role) {
+        let Some(slot) = &self.slot else { return };
+        if slot.is_published() {
+            return slot.set_role(role);
+        }
+        let engine = self.engine.as_ref().expect("engine is open");
+        if engine.is_bulk_loading() {
+            // Readable once the bulk load ends; "restoring" meanwhile.
+            slot.set_role(role);
+            return;
+        }
+        slot.publish(engine.clone(), self.ttl.as_ref().map(Ttl::for_reads), role);
+    }
+
+    /// Makes the store unreadable by queries at once (it is being closed
+    /// or handed to the closer).
+    pub(crate) fn unpublish(&self) {
+        if let Some(slot) = &self.slot {
+            slot.close();
+        }
+    }
+
+    /// This store partition's query slot, if published.
+    pub(crate) fn slot(&self) -> Option<&published::Slot> {
+        self.slot.as_deref()
     }
 
     /// `<state_dir>/<application_id>`, the directory above the store's.
@@ -311,6 +350,9 @@ impl KeyValueStore {
     /// is in flight (the task manager waits for it before a store leaves
     /// the running state).
     pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        if let Some(slot) = &self.slot {
+            slot.withdraw_engine();
+        }
         Arc::get_mut(self.engine.as_mut().expect("engine is open")).expect("no commit in flight")
     }
 
@@ -318,6 +360,9 @@ impl KeyValueStore {
     pub(crate) fn wipe(&mut self) -> Result<()> {
         self.overlay.clear();
         self.sealed = Arc::default();
+        if let Some(slot) = &self.slot {
+            slot.withdraw_engine();
+        }
         drop(self.engine.take());
         self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
         self.checkpoint = None;
@@ -452,6 +497,11 @@ impl KeyValueStore {
     pub(crate) fn follow_stream_clock(&mut self, clock: &Arc<AtomicI64>) {
         if let Some(ttl) = &mut self.ttl {
             ttl.follow(clock.clone());
+            if let Some(slot) = &self.slot {
+                // Readers follow the same clock from now on.
+                slot.withdraw_engine();
+                self.publish(slot.role());
+            }
         }
     }
 
@@ -782,6 +832,7 @@ pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>
         ttl: None,
         segments,
         live_tail_retention: None,
+        published: None,
     })
     .expect("scratch store")
 }

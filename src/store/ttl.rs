@@ -37,6 +37,11 @@ impl Ttl {
         }
     }
 
+    /// A copy for readers on other threads (same TTL, same clock).
+    pub(crate) fn for_reads(&self) -> Ttl {
+        Ttl { ms: self.ms, domain: self.domain, stream_clock: self.stream_clock.clone(), cursor: Vec::new() }
+    }
+
     /// Follows the task's stream time from now on.
     pub(crate) fn follow(&mut self, stream_clock: Arc<AtomicI64>) {
         self.stream_clock = stream_clock;

@@ -42,6 +42,10 @@ impl Closer {
         if stores.is_empty() {
             return;
         }
+        // Queries stop reading them now, not when the closer gets to them.
+        for s in &stores {
+            s.unpublish();
+        }
         self.threads.retain(|h| !h.is_finished());
         let spawned = std::thread::Builder::new().name("kstate-close".into()).spawn(move || drop(stores));
         match spawned {

@@ -184,6 +184,9 @@ impl TaskManager {
         // Output records are waited for like changelog records.
         let outputs = self.outputs.rotate();
         if sealed.is_empty() && outputs.is_none() {
+            // Nothing to write: the state reflects these offsets already
+            // (the previous commit landed when this one was sealed).
+            self.publish_input(&info.offsets, &FailedTasks::default());
             self.commit_offsets(info.offsets, Offsets::Commit)?;
             return Ok(true);
         }
@@ -294,6 +297,19 @@ impl TaskManager {
         }
     }
 
+    /// Tells queries that these input offsets (the next to process, per
+    /// task) are reflected in the stores of the tasks that landed.
+    pub(super) fn publish_input(&self, offsets: &TopicPartitionList, failed: &FailedTasks) {
+        for e in offsets.elements() {
+            let (rdkafka::Offset::Offset(next), false) = (e.offset(), failed.contains_key(&e.partition())) else { continue };
+            for store in self.tasks.get(&e.partition()).map(|t| t.stores.as_slice()).unwrap_or_default() {
+                if let Some(slot) = store.slot() {
+                    slot.input_landed(e.topic(), next);
+                }
+            }
+        }
+    }
+
     /// Completes the pipelined commit in flight if its writes have landed.
     pub(crate) fn poll_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         if self.commit.inflight.as_ref().is_some_and(|c| c.writer.is_finished()) {
@@ -361,6 +377,7 @@ impl TaskManager {
             tpl = kept;
         }
         let count = tpl.count();
+        self.publish_input(&tpl, &failed);
         self.commit_offsets(tpl, offsets)?;
         let seconds = info.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);

@@ -160,6 +160,7 @@ impl TaskManager {
                             lock_timeout: config.lock_timeout,
                             ttl: def.time_to_live(),
                             segments: def.segmented(),
+                            published: Some(config.published.clone()),
                         })?);
                     }
                     wait_stable(stores)
@@ -307,6 +308,7 @@ impl TaskManager {
             }
             for store in &mut task.stores {
                 store.follow_stream_clock(task.time.clock());
+                store.publish(crate::store::published::Role::Active);
             }
             task.state = TaskState::Running;
             for topic in &task.topics {

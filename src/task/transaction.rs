@@ -287,6 +287,7 @@ impl TaskManager {
     /// failed tasks restore the committed records from the changelogs.
     pub(super) fn transaction_landed<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, info: CommitInfo, failed: FailedTasks) -> Result<()> {
         self.committed(&info.offsets);
+        self.publish_input(&info.offsets, &failed);
         let seconds = info.started.elapsed().as_secs_f64();
         metrics::histogram!(crate::metrics::COMMIT_SECONDS).record(seconds);
         tracing::debug!(seconds, offsets = info.offsets.count(), "transaction committed and landed");

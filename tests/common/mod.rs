@@ -291,6 +291,16 @@ impl Running {
         Running { shutdown, thread }
     }
 
+    /// [`Running::start`] of an app already built (to take handles first).
+    pub fn start_app<F>(app: App, processor: F) -> Running
+    where
+        F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> Result<(), kstate::Error> + Send + 'static,
+    {
+        let shutdown = app.shutdown_handle();
+        let thread = std::thread::spawn(move || app.run(processor));
+        Running { shutdown, thread }
+    }
+
     /// [`Running::start`] with a [`kstate::Processor`] per task.
     pub fn start_processor<P, F>(builder: AppBuilder, factory: F) -> Running
     where

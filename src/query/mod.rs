@@ -1,0 +1,512 @@
+//! Interactive queries: reads of the stores from outside the processor.
+//!
+//! [`Queries`] (from [`App::queries`](crate::App::queries)) reads the
+//! committed state of the store partitions held by this instance, from any
+//! thread, and says where the others are served. A read goes to the
+//! partition that owns the key (the query partitioner, murmur2 by default),
+//! takes the partition's read lock for one RocksDB snapshot read and lets
+//! go: the processing thread never waits for it, and a store that closes
+//! waits at most for the reads in progress (architecture.md §8).
+//!
+//! What an answer means: the value of the committed state (what the
+//! changelog acknowledged and RocksDB holds, never the uncommitted writes
+//! of the processor, never half a commit) at the position it carries.
+
+mod murmur;
+mod types;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::codec::Codec;
+use crate::config::AppConfig;
+use crate::shutdown::ShutdownHandle;
+use crate::store::engine::{Checkpoint, Engine};
+use crate::store::published::{Role, RunState, SlotRead};
+
+pub use murmur::murmur2_partition;
+pub use types::{
+    Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, QueryError, QueryOptions, ScanAnswer, DEFAULT_QUERY_WAIT,
+};
+
+type QResult<T> = std::result::Result<T, QueryError>;
+/// Typed entries of one partition.
+type Entries<K, V> = Answer<Vec<(<K as Codec>::Item, <V as Codec>::Item)>>;
+/// Raw entries of one partition, and whether more matched than the limit.
+type RawEntries = Answer<(Vec<(Vec<u8>, Vec<u8>)>, bool)>;
+
+/// How long a waiting read sleeps between attempts.
+const RETRY_EVERY: Duration = Duration::from_millis(2);
+/// The most entries a scan returns per partition and call: a scan holds
+/// the partition's read lock (which a closing store waits for) while it runs.
+pub const MAX_SCAN_LIMIT: usize = 10_000;
+/// The longest wait a freshness bound may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// Reads this instance's stores from any thread, and finds the instances
+/// serving the others. Cheap to clone, `Send + Sync`. Reads take
+/// microseconds and never wait for the processing thread; only a read with
+/// a freshness bound waits (up to its [`QueryOptions::wait`]): from async
+/// code, use the `_async` variants, which wait without blocking a worker.
+///
+/// ```no_run
+/// use kstate::codec::{U64Be, Utf8};
+/// use kstate::{App, QueryError, QueryOptions};
+/// # fn f(app: &App) -> Result<(), QueryError> {
+/// let queries = app.queries();
+/// // (app.run(...) on another thread)
+/// match queries.get::<Utf8, U64Be>("counts", &"kafka".to_string(), &QueryOptions::new()) {
+///     Ok(answer) => println!("{:?} at {:?}", answer.value, answer.position),
+///     Err(QueryError::NotHosted { active: Some(host), .. }) => println!("ask {host}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Queries {
+    config: Arc<AppConfig>,
+    shutdown: ShutdownHandle,
+}
+
+impl std::fmt::Debug for Queries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queries").field("application_id", &self.config.application_id).finish()
+    }
+}
+
+/// A failed attempt: give up now, or retry until the deadline.
+enum Attempt {
+    Final(QueryError),
+    Retry(QueryError),
+}
+
+impl Queries {
+    pub(crate) fn new(config: Arc<AppConfig>, shutdown: ShutdownHandle) -> Queries {
+        Queries { config, shutdown }
+    }
+
+    /// The value of `key` in store `store`: `None` if absent (or expired).
+    pub fn get<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Answer<Option<V::Item>>> {
+        let (partition, encoded) = self.locate::<K>(store, key)?;
+        self.wait_blocking(options, || self.get_once::<V>(store, partition, &encoded, options))
+    }
+
+    /// [`Queries::get`] for async code: a wait for a freshness bound sleeps
+    /// on the tokio timer instead of the thread.
+    pub async fn get_async<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Answer<Option<V::Item>>> {
+        let (partition, encoded) = self.locate::<K>(store, key)?;
+        self.wait_async(options, || self.get_once::<V>(store, partition, &encoded, options)).await
+    }
+
+    /// Entries with `from <= key < to` (encoded key bytes) of every store
+    /// partition served here, at most `limit` (and at most
+    /// [`MAX_SCAN_LIMIT`] per partition), in key order. Partitions not
+    /// served here are listed in [`ScanAnswer::skipped`]. A position bound
+    /// (`at_least`) applies to its own partition; `after_input` is ignored
+    /// (it names no partition): use [`Queries::partition_range`].
+    pub fn range<K: Codec, V: Codec>(&self, store: &str, from: &K::Item, to: &K::Item, limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
+        let (from, to) = (self.encode::<K>(store, from)?, self.encode::<K>(store, to)?);
+        self.scan_all::<K, V>(store, &from, Some(&to), limit, options)
+    }
+
+    /// Entries whose encoded key starts with `prefix`, of every store
+    /// partition served here (see [`Queries::range`]).
+    pub fn prefix<K: Codec, V: Codec>(&self, store: &str, prefix: &[u8], limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
+        let end = prefix_end(prefix);
+        self.scan_all::<K, V>(store, prefix, end.as_deref(), limit, options)
+    }
+
+    /// [`Queries::range`] of one partition (the request a server forwards
+    /// to the partition's active host).
+    pub fn partition_range<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        partition: i32,
+        from: &K::Item,
+        to: &K::Item,
+        limit: usize,
+        options: &QueryOptions,
+    ) -> QResult<Entries<K, V>> {
+        self.check_store(store, true)?;
+        let (from, to) = (self.encode::<K>(store, from)?, self.encode::<K>(store, to)?);
+        self.check_partition(partition)?;
+        let answer = self.wait_blocking(options, || self.scan_once(store, partition, &from, Some(&to), limit, options))?;
+        decode_answer::<K, V>(store, answer).map(|(a, _)| a)
+    }
+
+    /// [`Queries::prefix`] of one partition.
+    pub fn partition_prefix<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        partition: i32,
+        prefix: &[u8],
+        limit: usize,
+        options: &QueryOptions,
+    ) -> QResult<Entries<K, V>> {
+        self.check_store(store, true)?;
+        self.check_partition(partition)?;
+        let end = prefix_end(prefix);
+        let answer = self.wait_blocking(options, || self.scan_once(store, partition, prefix, end.as_deref(), limit, options))?;
+        decode_answer::<K, V>(store, answer).map(|(a, _)| a)
+    }
+
+    /// The partition of `key` (encoded by `K`) among the input partitions.
+    pub fn partition_of<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<i32> {
+        Ok(self.locate::<K>(store, key)?.0)
+    }
+
+    /// Where `key`'s partition is served: its active instance and standby
+    /// instances, from the group's last assignment (their
+    /// `application_server`s; instances without one are not listed).
+    pub fn metadata_for_key<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<KeyMetadata> {
+        let (partition, _) = self.locate::<K>(store, key)?;
+        Ok(self.metadata_for_partition(partition))
+    }
+
+    /// [`Queries::metadata_for_key`] for a partition.
+    pub fn metadata_for_partition(&self, partition: i32) -> KeyMetadata {
+        let hosts = self.config.published.hosts();
+        KeyMetadata {
+            partition,
+            active: hosts.hosts.iter().find(|h| h.active.contains(&partition)).map(|h| h.endpoint.clone()),
+            standbys: hosts.hosts.iter().filter(|h| h.standby.contains(&partition)).map(|h| h.endpoint.clone()).collect(),
+        }
+    }
+
+    /// The active host of a partition, if known.
+    pub fn active_host(&self, partition: i32) -> Option<String> {
+        self.metadata_for_partition(partition).active
+    }
+
+    /// Every instance with an `application_server`, with its partitions,
+    /// from the group's last assignment (refreshed on every rebalance).
+    pub fn instances(&self) -> QResult<Vec<InstanceInfo>> {
+        self.check_running()?;
+        let stores: Vec<String> = self.config.user_stores().iter().map(|s| s.name().to_string()).collect();
+        Ok(self
+            .config
+            .published
+            .hosts()
+            .hosts
+            .iter()
+            .map(|h| InstanceInfo {
+                endpoint: h.endpoint.clone(),
+                active: h.active.iter().copied().collect(),
+                standby: h.standby.iter().copied().collect(),
+                stores: stores.clone(),
+            })
+            .collect())
+    }
+
+    /// This instance's `application_server`, if set.
+    pub fn this_endpoint(&self) -> Option<&str> {
+        self.config.application_server.as_deref()
+    }
+
+    /// Every store partition held here with its position and lag.
+    pub fn local_lags(&self) -> Vec<LocalLag> {
+        let mut out = Vec::new();
+        for def in self.config.user_stores() {
+            for (partition, slot) in self.config.published.slots_of(def.name()) {
+                let Some(copy) = copy_role(slot.role()) else { continue };
+                let Some(Ok(read)) = slot.read(|engine, _| Ok(((), engine.checkpoint()?))) else { continue };
+                let end = (copy != CopyRole::Active && read.end >= 0).then_some(read.end);
+                out.push(LocalLag {
+                    store: def.name().to_string(),
+                    partition,
+                    copy,
+                    position: read.checkpoint,
+                    end_offset: end,
+                    lag: if copy == CopyRole::Active { Some(0) } else { lag_of(&read) },
+                });
+            }
+        }
+        out
+    }
+
+    fn check_running(&self) -> QResult<()> {
+        if self.shutdown.is_shutdown() {
+            return Err(QueryError::ShuttingDown);
+        }
+        match self.config.published.state() {
+            RunState::NotStarted => Err(QueryError::NotStarted),
+            RunState::Stopped => Err(QueryError::ShuttingDown),
+            RunState::Running => Ok(()),
+        }
+    }
+
+    /// A user store usable for key-value reads (`key_value`) or any.
+    fn check_store(&self, store: &str, key_value: bool) -> QResult<()> {
+        let Some(def) = self.config.user_stores().iter().find(|s| s.name() == store) else {
+            return Err(QueryError::UnknownStore { store: store.to_string() });
+        };
+        if key_value && def.segmented().is_some() {
+            return Err(QueryError::WrongStoreKind {
+                store: store.to_string(),
+                kind: "window or session",
+                detail: "key-value reads of segmented stores are not supported; window and session queries are not available yet",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_partition(&self, partition: i32) -> QResult<()> {
+        self.check_running()?;
+        let n = self.config.published.partitions();
+        if partition < 0 || partition >= n {
+            return Err(QueryError::InvalidPosition { detail: format!("partition {partition} is not one of the {n} input partitions") });
+        }
+        Ok(())
+    }
+
+    fn encode<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<Vec<u8>> {
+        K::encode(key).map_err(|source| QueryError::Codec { store: store.to_string(), source: Box::new(source) })
+    }
+
+    /// The key's partition and encoded bytes.
+    fn locate<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<(i32, Vec<u8>)> {
+        self.check_store(store, true)?;
+        let encoded = self.encode::<K>(store, key)?;
+        self.check_running()?;
+        let n = self.config.published.partitions();
+        let partition = match &self.config.query_partitioner {
+            Some(f) => f(&encoded, n),
+            None => murmur2_partition(&encoded, n),
+        };
+        if partition < 0 || partition >= n {
+            return Err(QueryError::InvalidPosition { detail: format!("the query partitioner returned partition {partition} of {n}") });
+        }
+        Ok((partition, encoded))
+    }
+
+    fn get_once<V: Codec>(&self, store: &str, partition: i32, key: &[u8], options: &QueryOptions) -> std::result::Result<Answer<Option<V::Item>>, Attempt> {
+        let answer = self.read_once(store, partition, options, |engine, live| {
+            let (stored, checkpoint) = engine.committed_get(key)?;
+            Ok((stored.and_then(|s| live(&s)), checkpoint))
+        })?;
+        let value = answer.value.as_deref().map(V::decode).transpose().map_err(|source| Attempt::Final(QueryError::Codec { store: store.to_string(), source: Box::new(source) }))?;
+        Ok(Answer { value, position: answer.position, copy: answer.copy, lag: answer.lag })
+    }
+
+    /// Raw entries of one partition, up to `limit` (and whether more matched).
+    fn scan_once(&self, store: &str, partition: i32, from: &[u8], to: Option<&[u8]>, limit: usize, options: &QueryOptions) -> std::result::Result<RawEntries, Attempt> {
+        use std::ops::Bound;
+        let limit = limit.min(MAX_SCAN_LIMIT);
+        // Expired entries (TTL) are skipped but read: bounded too.
+        let mut examined_budget = limit.saturating_mul(4).saturating_add(1024);
+        self.read_once(store, partition, options, |engine, live| {
+            let mut out = Vec::new();
+            let mut more = false;
+            let end = to.map_or(Bound::Unbounded, Bound::Excluded);
+            let checkpoint = engine.committed_scan(Bound::Included(from), end, |k, v| {
+                if out.len() == limit || examined_budget == 0 {
+                    more = true;
+                    return false;
+                }
+                examined_budget -= 1;
+                if let Some(v) = live(v) {
+                    out.push((k.to_vec(), v));
+                }
+                true
+            })?;
+            Ok(((out, more), checkpoint))
+        })
+    }
+
+    fn scan_all<K: Codec, V: Codec>(&self, store: &str, from: &[u8], to: Option<&[u8]>, limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
+        self.check_store(store, true)?;
+        self.check_running()?;
+        let mut raw = Vec::new();
+        let (mut read, mut skipped, mut truncated) = (Vec::new(), Vec::new(), false);
+        for partition in 0..self.config.published.partitions() {
+            // A position bound names one partition; the others read as they are.
+            let mut own = options.clone();
+            if own.at_least.as_ref().is_some_and(|p| p.partition != partition) {
+                own.at_least = None;
+            }
+            own.after_input = None;
+            match self.scan_once(store, partition, from, to, limit, &own) {
+                Ok(answer) => {
+                    let (entries, more) = answer.value;
+                    truncated |= more;
+                    raw.extend(entries);
+                    read.push(Answer { value: (), position: answer.position, copy: answer.copy, lag: answer.lag });
+                }
+                Err(Attempt::Final(e) | Attempt::Retry(e)) => skipped.push((partition, e)),
+            }
+        }
+        raw.sort_by(|a, b| a.0.cmp(&b.0));
+        if raw.len() > limit {
+            raw.truncate(limit);
+            truncated = true;
+        }
+        let codec = |source| QueryError::Codec { store: store.to_string(), source: Box::new(source) };
+        let entries = raw.into_iter().map(|(k, v)| Ok((K::decode(&k).map_err(codec)?, V::decode(&v).map_err(codec)?))).collect::<QResult<_>>()?;
+        Ok(ScanAnswer { entries, read, skipped, truncated })
+    }
+
+    /// One attempt at reading a partition under `options`.
+    #[allow(clippy::type_complexity)]
+    fn read_once<T>(
+        &self,
+        store: &str,
+        partition: i32,
+        options: &QueryOptions,
+        read: impl FnOnce(&Engine, &dyn Fn(&[u8]) -> Option<Vec<u8>>) -> crate::Result<(T, Checkpoint)>,
+    ) -> std::result::Result<Answer<T>, Attempt> {
+        let name = || store.to_string();
+        self.check_running().map_err(Attempt::Final)?;
+        if let Some(p) = &options.at_least {
+            if p.store != store || p.partition != partition {
+                return Err(Attempt::Final(QueryError::InvalidPosition {
+                    detail: format!("a position of store `{}` partition {} bounds a read of store `{store}` partition {partition}", p.store, p.partition),
+                }));
+            }
+        }
+        let input_topic = match &options.after_input {
+            None => None,
+            Some((topic, offset)) => Some((self.input_topic(topic.as_deref()).map_err(Attempt::Final)?, *offset)),
+        };
+        let not_hosted = || QueryError::NotHosted { store: name(), partition, active: self.active_host(partition) };
+        let Some(slot) = self.config.published.find(store, partition) else { return Err(Attempt::Retry(not_hosted())) };
+        let role = slot.role();
+        if role != Role::Active && options.max_lag.is_none() {
+            return Err(Attempt::Retry(match role {
+                Role::Restoring => QueryError::Restoring { store: name(), partition, lag: None },
+                _ => not_hosted(),
+            }));
+        }
+        // Read before the snapshot: a lower bound of what it reflects (a
+        // copy opened since restored at least the changelog records these
+        // offsets' writes were acknowledged in).
+        let reflected = input_topic.as_ref().and_then(|(topic, _)| slot.input_reflected(topic));
+        let result: SlotRead<T> = match slot.read(read) {
+            // Withdrawn while it bulk loads (or, for an instant, while it
+            // starts following its task's stream time).
+            None => match slot.role() {
+                Role::Restoring | Role::Active => return Err(Attempt::Retry(QueryError::Restoring { store: name(), partition, lag: None })),
+                Role::Standby => {
+                    let max_lag = options.max_lag.unwrap_or(0);
+                    return Err(Attempt::Retry(QueryError::TooStale { store: name(), partition, copy: CopyRole::Standby, lag: None, max_lag }));
+                }
+                Role::Gone => return Err(Attempt::Retry(not_hosted())),
+            },
+            Some(Err(source)) => return Err(Attempt::Final(QueryError::Storage { store: name(), partition, source: Box::new(source) })),
+            Some(Ok(r)) => r,
+        };
+        let Some(copy) = copy_role(result.role) else { return Err(Attempt::Retry(not_hosted())) };
+        let lag = if copy == CopyRole::Active { Some(0) } else { lag_of(&result) };
+        if copy != CopyRole::Active {
+            let max_lag = options.max_lag.unwrap_or(0);
+            if lag.is_none_or(|l| l > max_lag) {
+                return Err(Attempt::Retry(match copy {
+                    CopyRole::Restoring => QueryError::Restoring { store: name(), partition, lag },
+                    _ => QueryError::TooStale { store: name(), partition, copy, lag, max_lag },
+                }));
+            }
+        }
+        let not_yet = |wanted: String| Attempt::Retry(QueryError::NotYet { store: name(), partition, position: result.checkpoint, wanted });
+        if let Some(p) = &options.at_least {
+            if result.checkpoint < p.offset {
+                return Err(not_yet(format!("changelog offset {:?}", p.offset)));
+            }
+        }
+        if let Some((topic, offset)) = &input_topic {
+            // Only the active copy knows which input its state reflects.
+            if copy != CopyRole::Active || reflected.is_none_or(|next| next <= *offset) {
+                return Err(not_yet(format!("input offset {offset} of `{topic}`")));
+            }
+        }
+        Ok(Answer {
+            value: result.value,
+            position: Position { store: name(), partition, offset: result.checkpoint },
+            copy,
+            lag: lag.unwrap_or(0),
+        })
+    }
+
+    fn input_topic(&self, topic: Option<&str>) -> QResult<String> {
+        let topics = &self.config.input_topics;
+        match topic {
+            Some(t) if topics.iter().any(|i| i == t) => Ok(t.to_string()),
+            Some(t) => Err(QueryError::InvalidPosition { detail: format!("`{t}` is not an input topic of the application ({topics:?})") }),
+            None if topics.len() == 1 => Ok(topics[0].clone()),
+            None => Err(QueryError::InvalidPosition { detail: format!("the application has several input topics ({topics:?}): use after_input_of") }),
+        }
+    }
+
+    fn deadline(options: &QueryOptions) -> Option<Instant> {
+        let bounded = options.at_least.is_some() || options.after_input.is_some();
+        bounded.then(|| Instant::now() + options.wait.unwrap_or(DEFAULT_QUERY_WAIT).min(MAX_WAIT))
+    }
+
+    fn wait_blocking<T>(&self, options: &QueryOptions, mut attempt: impl FnMut() -> std::result::Result<T, Attempt>) -> QResult<T> {
+        let deadline = Self::deadline(options);
+        loop {
+            match attempt() {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Retry(e @ QueryError::NotYet { .. })) if deadline.is_some_and(|d| Instant::now() < d) => drop(e),
+                Err(Attempt::Final(e) | Attempt::Retry(e)) => return Err(e),
+            }
+            std::thread::sleep(RETRY_EVERY);
+        }
+    }
+
+    async fn wait_async<T>(&self, options: &QueryOptions, mut attempt: impl FnMut() -> std::result::Result<T, Attempt>) -> QResult<T> {
+        let deadline = Self::deadline(options);
+        loop {
+            match attempt() {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Retry(e @ QueryError::NotYet { .. })) if deadline.is_some_and(|d| Instant::now() < d) => drop(e),
+                Err(Attempt::Final(e) | Attempt::Retry(e)) => return Err(e),
+            }
+            tokio::time::sleep(RETRY_EVERY).await;
+        }
+    }
+}
+
+fn copy_role(role: Role) -> Option<CopyRole> {
+    match role {
+        Role::Active => Some(CopyRole::Active),
+        Role::Standby => Some(CopyRole::Standby),
+        Role::Restoring => Some(CopyRole::Restoring),
+        Role::Gone => None,
+    }
+}
+
+/// Records between a copy's checkpoint and the changelog's end.
+fn lag_of<T>(read: &SlotRead<T>) -> Option<u64> {
+    (read.end >= 0).then(|| (read.end - read.checkpoint.map_or(0, |c| c + 1)).max(0) as u64)
+}
+
+/// The first key after every key starting with `prefix` (`None`: none).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+fn decode_answer<K: Codec, V: Codec>(store: &str, answer: RawEntries) -> QResult<(Entries<K, V>, bool)> {
+    let codec = |source| QueryError::Codec { store: store.to_string(), source: Box::new(source) };
+    let (raw, more) = answer.value;
+    let value = raw.into_iter().map(|(k, v)| Ok((K::decode(&k).map_err(codec)?, V::decode(&v).map_err(codec)?))).collect::<QResult<_>>()?;
+    Ok((Answer { value, position: answer.position, copy: answer.copy, lag: answer.lag }, more))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+}

@@ -1,0 +1,242 @@
+//! Store partitions published for interactive queries (`crate::query`).
+//!
+//! Every store partition open on this instance has a [`Slot`] in the
+//! application's [`Published`] registry: its RocksDB engine (read through
+//! snapshots, so a reader sees one committed state with its checkpoint,
+//! never half a commit), which copy this is (restoring, standby or active),
+//! the changelog's end offset as last seen, and for an active copy how far
+//! its input is reflected in RocksDB. The store withdraws its engine before
+//! it closes, reopens for a bulk load or is wiped: the withdrawal waits only
+//! for the reads in progress (each a point read or a bounded scan), so a
+//! query never keeps a closed RocksDB open and never holds up a rebalance
+//! (architecture.md §8).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::error::Result;
+use crate::group::HostTasks;
+use crate::store::engine::{Checkpoint, Engine};
+use crate::store::ttl::Ttl;
+
+/// Which copy of a store partition this instance holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// None (closed, or not opened here).
+    Gone = 0,
+    /// An active task's copy, being restored.
+    Restoring = 1,
+    /// A standby's or warmup's copy.
+    Standby = 2,
+    /// The active task's copy, processing.
+    Active = 3,
+}
+
+impl Role {
+    fn of(b: u8) -> Role {
+        match b {
+            1 => Role::Restoring,
+            2 => Role::Standby,
+            3 => Role::Active,
+            _ => Role::Gone,
+        }
+    }
+}
+
+/// What a reader needs of an open store partition.
+struct OpenStore {
+    engine: Arc<Engine>,
+    /// The store's TTL (a copy for reads, following the same clock).
+    ttl: Option<Ttl>,
+}
+
+/// One store partition as readers on other threads see it.
+pub(crate) struct Slot {
+    open: RwLock<Option<OpenStore>>,
+    role: AtomicU8,
+    /// The changelog's end offset as last seen by the restore thread
+    /// (restoring and standby copies); -1: unknown.
+    end: AtomicI64,
+    /// An active copy's input offsets (per topic, the next offset to
+    /// process) whose writes are all in RocksDB.
+    input: Mutex<BTreeMap<String, i64>>,
+}
+
+/// What a read through a slot found, and the state it was read at.
+pub(crate) struct SlotRead<T> {
+    pub(crate) value: T,
+    /// The checkpoint of the snapshot read (`None`: nothing committed).
+    pub(crate) checkpoint: Option<i64>,
+    pub(crate) role: Role,
+    /// The changelog's end offset as last seen (-1: unknown).
+    pub(crate) end: i64,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot { open: RwLock::new(None), role: AtomicU8::new(0), end: AtomicI64::new(-1), input: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Makes the store readable (again) as `role`.
+    pub(crate) fn publish(&self, engine: Arc<Engine>, ttl: Option<Ttl>, role: Role) {
+        let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
+        *open = Some(OpenStore { engine, ttl });
+        self.set_role(role);
+    }
+
+    /// Takes the engine away (a bulk load, a wipe), once the reads in
+    /// progress finished; the copy stays what it is (reads of it answer
+    /// "restoring" meanwhile).
+    pub(crate) fn withdraw_engine(&self) {
+        self.open.write().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// The copy is gone from here (closing, or handed to the closer).
+    pub(crate) fn close(&self) {
+        let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
+        open.take();
+        self.role.store(Role::Gone as u8, Ordering::Release);
+        self.end.store(-1, Ordering::Release);
+        self.input.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Whether an engine is published.
+    pub(crate) fn is_published(&self) -> bool {
+        self.open.read().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    pub(crate) fn set_role(&self, role: Role) {
+        self.role.store(role as u8, Ordering::Release);
+        if role != Role::Active {
+            self.input.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
+    }
+
+    pub(crate) fn role(&self) -> Role {
+        Role::of(self.role.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_end(&self, end: i64) {
+        self.end.store(end, Ordering::Release);
+    }
+
+    /// An active copy's input up to `next` (exclusive) of `topic` is in RocksDB.
+    pub(crate) fn input_landed(&self, topic: &str, next: i64) {
+        let mut input = self.input.lock().unwrap_or_else(|p| p.into_inner());
+        match input.get_mut(topic) {
+            Some(o) => *o = (*o).max(next),
+            None => {
+                input.insert(topic.to_string(), next);
+            }
+        }
+    }
+
+    /// The next input offset of `topic` not yet reflected (actives; `None`: unknown).
+    pub(crate) fn input_reflected(&self, topic: &str) -> Option<i64> {
+        self.input.lock().unwrap_or_else(|p| p.into_inner()).get(topic).copied()
+    }
+
+    /// Reads through the published engine; `None` when nothing is
+    /// published. `read` gets the engine and the TTL filter, and returns
+    /// its value with the checkpoint of the snapshot it read.
+    pub(crate) fn read<T>(&self, read: impl FnOnce(&Engine, &dyn Fn(&[u8]) -> Option<Vec<u8>>) -> Result<(T, Checkpoint)>) -> Option<Result<SlotRead<T>>> {
+        let open = self.open.read().unwrap_or_else(|p| p.into_inner());
+        let open = open.as_ref()?;
+        // Under the lock: the role and end of the copy being read (a
+        // promotion may still come after, reporting the lesser copy).
+        let role = self.role();
+        let end = self.end.load(Ordering::Acquire);
+        let now = open.ttl.as_ref().and_then(Ttl::read_time);
+        let live = |stored: &[u8]| match &open.ttl {
+            Some(ttl) => ttl.live(stored, now).map(<[u8]>::to_vec),
+            None => Some(stored.to_vec()),
+        };
+        Some(read(&open.engine, &live).map(|(value, checkpoint)| SlotRead {
+            value,
+            checkpoint: match checkpoint {
+                Checkpoint::At(c) => Some(c),
+                _ => None,
+            },
+            role,
+            end,
+        }))
+    }
+}
+
+/// Whether the application runs, as queries see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunState {
+    NotStarted = 0,
+    Running = 1,
+    Stopped = 2,
+}
+
+/// The group's view of where tasks are, as of one assignment.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hosts {
+    pub(crate) hosts: Vec<HostTasks>,
+}
+
+/// Every published store partition of one application, the group's
+/// host metadata, and whether it runs.
+#[derive(Default)]
+pub(crate) struct Published {
+    slots: RwLock<HashMap<String, HashMap<i32, Arc<Slot>>>>,
+    state: AtomicU8,
+    /// The input topics' partition count (0: not known yet).
+    partitions: AtomicI32,
+    hosts: RwLock<Arc<Hosts>>,
+}
+
+impl Published {
+    /// The slot of a store partition, created on first use.
+    pub(crate) fn slot(&self, store: &str, partition: i32) -> Arc<Slot> {
+        if let Some(s) = self.find(store, partition) {
+            return s;
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        slots.entry(store.to_string()).or_default().entry(partition).or_insert_with(|| Arc::new(Slot::new())).clone()
+    }
+
+    /// The slot of a store partition, if it was ever opened here.
+    pub(crate) fn find(&self, store: &str, partition: i32) -> Option<Arc<Slot>> {
+        self.slots.read().unwrap_or_else(|p| p.into_inner()).get(store)?.get(&partition).cloned()
+    }
+
+    /// Every slot of a store, by partition.
+    pub(crate) fn slots_of(&self, store: &str) -> Vec<(i32, Arc<Slot>)> {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<_> = slots.get(store).map(|m| m.iter().map(|(p, s)| (*p, s.clone())).collect()).unwrap_or_default();
+        out.sort_by_key(|(p, _)| *p);
+        out
+    }
+
+    pub(crate) fn set_state(&self, state: RunState) {
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    pub(crate) fn state(&self) -> RunState {
+        match self.state.load(Ordering::Acquire) {
+            0 => RunState::NotStarted,
+            1 => RunState::Running,
+            _ => RunState::Stopped,
+        }
+    }
+
+    pub(crate) fn set_partitions(&self, n: i32) {
+        self.partitions.store(n, Ordering::Release);
+    }
+
+    pub(crate) fn partitions(&self) -> i32 {
+        self.partitions.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_hosts(&self, hosts: Hosts) {
+        *self.hosts.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(hosts);
+    }
+
+    pub(crate) fn hosts(&self) -> Arc<Hosts> {
+        self.hosts.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}

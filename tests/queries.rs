@@ -201,3 +201,53 @@ fn a_standby_answers_stale_reads_within_its_lag_then_takes_over_without_going_ba
     assert_eq!(qb.metadata_for_key::<Utf8>("counts", &key).unwrap().active.as_deref(), Some("127.0.0.1:7102"));
     b.stop().unwrap();
 }
+
+#[test]
+fn window_and_session_stores_answer_fetches_at_their_position() {
+    use kstate::{Session, SessionWindows, Windows};
+    let Fixture { input, app, state } = fixture("iq-windows", 2);
+    let app = builder(&app, &input, state.path())
+        .store(StoreDefinition::window("clicks", Windows::tumbling(Duration::from_secs(10)).grace(Duration::from_secs(60))))
+        .store(StoreDefinition::session("visits", SessionWindows::with_gap(Duration::from_secs(5)).grace(Duration::from_secs(60))))
+        .store(StoreDefinition::new("counts"))
+        .commit_interval(Duration::from_millis(200))
+        // The record's value is its timestamp (ms).
+        .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
+        .build()
+        .unwrap();
+    let q = app.queries();
+    let running = Running::start_app(app, |ctx, rec| {
+        let (key, ts) = (rec.key_str().unwrap_or_default().to_string(), ctx.timestamp().unwrap_or(0));
+        let _ = ctx.window_store::<Utf8, U64Be>("clicks")?.update(&key, ts, |_, n| n.unwrap_or(0) + 1)?;
+        let _ = ctx.session_store::<Utf8, U64Be>("visits")?.record(&key, ts, |found| found.iter().map(|(_, n)| n).sum::<u64>() + 1)?;
+        Ok(())
+    });
+    wait_until("both tasks running", TIMEOUT, || q.local_lags().iter().filter(|l| l.copy == CopyRole::Active).count() == 6);
+    let producer = keyed_producer();
+    // Key a: clicks at 1 s, 2 s, 12 s, 30 s; sessions [1 s, 2 s] (gap 5 s), [12 s], [30 s].
+    let mut last = 0;
+    for ts in [1_000, 2_000, 12_000, 30_000] {
+        last = send(&producer, &input, "a", &ts.to_string()).1;
+    }
+    let bound = QueryOptions::new().after_input(last).wait(Duration::from_secs(10));
+    let key = "a".to_string();
+    let windows = q.window_fetch::<Utf8, U64Be>("clicks", &key, 0, 60_000, &bound).unwrap();
+    assert_eq!(windows.value, vec![(0, 2), (10_000, 1), (30_000, 1)]);
+    assert_eq!(windows.copy, CopyRole::Active);
+    assert!(windows.position.offset.is_some());
+    let some = q.window_fetch::<Utf8, U64Be>("clicks", &key, 5_000, 20_000, &QueryOptions::new()).unwrap();
+    assert_eq!(some.value, vec![(10_000, 1)]);
+    let sessions = q.session_fetch::<Utf8, U64Be>("visits", &key, &bound).unwrap();
+    let s = |start, end| Session { start, end };
+    assert_eq!(sessions.value, vec![(s(1_000, 2_000), 2), (s(12_000, 12_000), 1), (s(30_000, 30_000), 1)]);
+    assert_eq!(q.window_fetch::<Utf8, U64Be>("clicks", &"nobody".to_string(), 0, 60_000, &QueryOptions::new()).unwrap().value, vec![]);
+    // Each kind of store answers its own kind of query only.
+    for e in [
+        q.get::<Utf8, U64Be>("clicks", &key, &QueryOptions::new()).unwrap_err(),
+        q.window_fetch::<Utf8, U64Be>("visits", &key, 0, 1, &QueryOptions::new()).unwrap_err(),
+        q.session_fetch::<Utf8, U64Be>("counts", &key, &QueryOptions::new()).unwrap_err(),
+    ] {
+        assert!(matches!(e, QueryError::WrongStoreKind { .. }), "{e}");
+    }
+    running.stop().unwrap();
+}

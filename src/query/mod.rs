@@ -21,7 +21,11 @@ use std::time::{Duration, Instant};
 use crate::codec::Codec;
 use crate::config::AppConfig;
 use crate::shutdown::ShutdownHandle;
-use crate::store::engine::{Checkpoint, Engine};
+use std::ops::Bound;
+
+use crate::store::engine::{Checkpoint, Engine, SnapshotRead};
+use crate::store::windowed;
+use crate::windows::{Session, Shape};
 use crate::store::published::{Role, RunState, SlotRead};
 
 pub use murmur::murmur2_partition;
@@ -32,6 +36,8 @@ pub use types::{
 type QResult<T> = std::result::Result<T, QueryError>;
 /// Typed entries of one partition.
 type Entries<K, V> = Answer<Vec<(<K as Codec>::Item, <V as Codec>::Item)>>;
+/// Values by time or session, typed.
+type Timed<T, V> = Answer<Vec<(T, <V as Codec>::Item)>>;
 /// Raw entries of one partition, and whether more matched than the limit.
 type RawEntries = Answer<(Vec<(Vec<u8>, Vec<u8>)>, bool)>;
 
@@ -74,6 +80,14 @@ impl std::fmt::Debug for Queries {
     }
 }
 
+/// The kinds of stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    KeyValue,
+    Window,
+    Session,
+}
+
 /// A failed attempt: give up now, or retry until the deadline.
 enum Attempt {
     Final(QueryError),
@@ -87,14 +101,14 @@ impl Queries {
 
     /// The value of `key` in store `store`: `None` if absent (or expired).
     pub fn get<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Answer<Option<V::Item>>> {
-        let (partition, encoded) = self.locate::<K>(store, key)?;
+        let (partition, encoded) = self.locate::<K>(store, key, Kind::KeyValue)?;
         self.wait_blocking(options, || self.get_once::<V>(store, partition, &encoded, options))
     }
 
     /// [`Queries::get`] for async code: a wait for a freshness bound sleeps
     /// on the tokio timer instead of the thread.
     pub async fn get_async<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Answer<Option<V::Item>>> {
-        let (partition, encoded) = self.locate::<K>(store, key)?;
+        let (partition, encoded) = self.locate::<K>(store, key, Kind::KeyValue)?;
         self.wait_async(options, || self.get_once::<V>(store, partition, &encoded, options)).await
     }
 
@@ -127,7 +141,7 @@ impl Queries {
         limit: usize,
         options: &QueryOptions,
     ) -> QResult<Entries<K, V>> {
-        self.check_store(store, true)?;
+        self.check_store(store, Kind::KeyValue)?;
         let (from, to) = (self.encode::<K>(store, from)?, self.encode::<K>(store, to)?);
         self.check_partition(partition)?;
         let answer = self.wait_blocking(options, || self.scan_once(store, partition, &from, Some(&to), limit, options))?;
@@ -143,23 +157,56 @@ impl Queries {
         limit: usize,
         options: &QueryOptions,
     ) -> QResult<Entries<K, V>> {
-        self.check_store(store, true)?;
+        self.check_store(store, Kind::KeyValue)?;
         self.check_partition(partition)?;
         let end = prefix_end(prefix);
         let answer = self.wait_blocking(options, || self.scan_once(store, partition, prefix, end.as_deref(), limit, options))?;
         decode_answer::<K, V>(store, answer).map(|(a, _)| a)
     }
 
+    /// `key`'s windows starting in `[from, to]` in window store `store`,
+    /// oldest first (expired windows are not returned), with the position
+    /// they were read at.
+    pub fn window_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, from: i64, to: i64, options: &QueryOptions) -> QResult<Timed<i64, V>> {
+        let Some((shape, retention)) = self.check_store(store, Kind::Window)? else { unreachable!("a window store is segmented") };
+        let (partition, encoded) = self.locate::<K>(store, key, Kind::Window)?;
+        let answer = self.wait_blocking(options, || {
+            self.read_once(store, partition, options, |engine, _| {
+                engine.committed(|view| {
+                    let s = windowed::committed_segments(view, shape, retention)?;
+                    windowed::window_entries(&s, &encoded, from, to, |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
+                })
+            })
+        })?;
+        decode_values::<V, _>(store, answer)
+    }
+
+    /// `key`'s live sessions in session store `store`, by end, with the
+    /// position they were read at.
+    pub fn session_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Timed<Session, V>> {
+        let Some((shape, retention)) = self.check_store(store, Kind::Session)? else { unreachable!("a session store is segmented") };
+        let (partition, encoded) = self.locate::<K>(store, key, Kind::Session)?;
+        let answer = self.wait_blocking(options, || {
+            self.read_once(store, partition, options, |engine, _| {
+                engine.committed(|view| {
+                    let s = windowed::committed_segments(view, shape, retention)?;
+                    windowed::session_entries(&s, &encoded, i64::MIN, i64::MAX, |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
+                })
+            })
+        })?;
+        decode_values::<V, _>(store, answer)
+    }
+
     /// The partition of `key` (encoded by `K`) among the input partitions.
     pub fn partition_of<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<i32> {
-        Ok(self.locate::<K>(store, key)?.0)
+        Ok(self.locate::<K>(store, key, Kind::KeyValue)?.0)
     }
 
     /// Where `key`'s partition is served: its active instance and standby
     /// instances, from the group's last assignment (their
     /// `application_server`s; instances without one are not listed).
     pub fn metadata_for_key<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<KeyMetadata> {
-        let (partition, _) = self.locate::<K>(store, key)?;
+        let (partition, _) = self.locate::<K>(store, key, Kind::KeyValue)?;
         Ok(self.metadata_for_partition(partition))
     }
 
@@ -235,19 +282,27 @@ impl Queries {
         }
     }
 
-    /// A user store usable for key-value reads (`key_value`) or any.
-    fn check_store(&self, store: &str, key_value: bool) -> QResult<()> {
+    /// A user store of the kind the query reads; a window or session
+    /// store's shape and retention.
+    fn check_store(&self, store: &str, kind: Kind) -> QResult<Option<(Shape, Duration)>> {
         let Some(def) = self.config.user_stores().iter().find(|s| s.name() == store) else {
             return Err(QueryError::UnknownStore { store: store.to_string() });
         };
-        if key_value && def.segmented().is_some() {
-            return Err(QueryError::WrongStoreKind {
-                store: store.to_string(),
-                kind: "window or session",
-                detail: "key-value reads of segmented stores are not supported; window and session queries are not available yet",
-            });
+        let segmented = def.segmented();
+        let (is, detail) = match segmented {
+            None => (Kind::KeyValue, "read it with get, range or prefix"),
+            Some((Shape::Window(_), _)) => (Kind::Window, "read it with window_fetch"),
+            Some((Shape::Session(_), _)) => (Kind::Session, "read it with session_fetch"),
+        };
+        if is != kind {
+            let name = match is {
+                Kind::KeyValue => "key-value",
+                Kind::Window => "window",
+                Kind::Session => "session",
+            };
+            return Err(QueryError::WrongStoreKind { store: store.to_string(), kind: name, detail });
         }
-        Ok(())
+        Ok(segmented)
     }
 
     fn check_partition(&self, partition: i32) -> QResult<()> {
@@ -264,8 +319,8 @@ impl Queries {
     }
 
     /// The key's partition and encoded bytes.
-    fn locate<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<(i32, Vec<u8>)> {
-        self.check_store(store, true)?;
+    fn locate<K: Codec>(&self, store: &str, key: &K::Item, kind: Kind) -> QResult<(i32, Vec<u8>)> {
+        self.check_store(store, kind)?;
         let encoded = self.encode::<K>(store, key)?;
         self.check_running()?;
         let n = self.config.published.partitions();
@@ -281,7 +336,7 @@ impl Queries {
 
     fn get_once<V: Codec>(&self, store: &str, partition: i32, key: &[u8], options: &QueryOptions) -> std::result::Result<Answer<Option<V::Item>>, Attempt> {
         let answer = self.read_once(store, partition, options, |engine, live| {
-            let (stored, checkpoint) = engine.committed_get(key)?;
+            let (stored, checkpoint) = engine.committed(|view| view.get(key))?;
             Ok((stored.and_then(|s| live(&s)), checkpoint))
         })?;
         let value = answer.value.as_deref().map(V::decode).transpose().map_err(|source| Attempt::Final(QueryError::Codec { store: store.to_string(), source: Box::new(source) }))?;
@@ -290,7 +345,6 @@ impl Queries {
 
     /// Raw entries of one partition, up to `limit` (and whether more matched).
     fn scan_once(&self, store: &str, partition: i32, from: &[u8], to: Option<&[u8]>, limit: usize, options: &QueryOptions) -> std::result::Result<RawEntries, Attempt> {
-        use std::ops::Bound;
         let limit = limit.min(MAX_SCAN_LIMIT);
         // Expired entries (TTL) are skipped but read: bounded too.
         let mut examined_budget = limit.saturating_mul(4).saturating_add(1024);
@@ -298,7 +352,7 @@ impl Queries {
             let mut out = Vec::new();
             let mut more = false;
             let end = to.map_or(Bound::Unbounded, Bound::Excluded);
-            let checkpoint = engine.committed_scan(Bound::Included(from), end, |k, v| {
+            let ((), checkpoint) = engine.committed(|view| view.scan(Bound::Included(from), end, |k, v| {
                 if out.len() == limit || examined_budget == 0 {
                     more = true;
                     return false;
@@ -308,13 +362,13 @@ impl Queries {
                     out.push((k.to_vec(), v));
                 }
                 true
-            })?;
+            }))?;
             Ok(((out, more), checkpoint))
         })
     }
 
     fn scan_all<K: Codec, V: Codec>(&self, store: &str, from: &[u8], to: Option<&[u8]>, limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
-        self.check_store(store, true)?;
+        self.check_store(store, Kind::KeyValue)?;
         self.check_running()?;
         let mut raw = Vec::new();
         let (mut read, mut skipped, mut truncated) = (Vec::new(), Vec::new(), false);
@@ -477,6 +531,21 @@ fn copy_role(role: Role) -> Option<CopyRole> {
 /// Records between a copy's checkpoint and the changelog's end.
 fn lag_of<T>(read: &SlotRead<T>) -> Option<u64> {
     (read.end >= 0).then(|| (read.end - read.checkpoint.map_or(0, |c| c + 1)).max(0) as u64)
+}
+
+/// Entries between two keys (both included) of a snapshot, into a sink.
+fn snapshot_scan(view: &SnapshotRead<'_>, lo: &[u8], hi: &[u8], sink: &mut dyn FnMut(&[u8], &[u8])) -> crate::Result<()> {
+    view.scan(Bound::Included(lo), Bound::Included(hi), |k, v| {
+        sink(k, v);
+        true
+    })
+}
+
+/// Decodes the values of (time or session, value) entries.
+fn decode_values<V: Codec, T>(store: &str, answer: Answer<Vec<(T, Vec<u8>)>>) -> QResult<Timed<T, V>> {
+    let codec = |source| QueryError::Codec { store: store.to_string(), source: Box::new(source) };
+    let value = answer.value.into_iter().map(|(t, v)| Ok((t, V::decode(&v).map_err(codec)?))).collect::<QResult<_>>()?;
+    Ok(Answer { value, position: answer.position, copy: answer.copy, lag: answer.lag })
 }
 
 /// The first key after every key starting with `prefix` (`None`: none).

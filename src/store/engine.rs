@@ -72,10 +72,14 @@ pub(crate) struct RecordedSegments {
 }
 
 fn segments_in(db: &DB) -> Result<Option<RecordedSegments>> {
+    Ok(decode_segments(db.get_cf(meta_cf(db), SEGMENTS_KEY)?))
+}
+
+fn decode_segments(value: Option<Vec<u8>>) -> Option<RecordedSegments> {
     let int = |b: &[u8]| Some(i64::from_be_bytes(b.try_into().ok()?));
-    Ok(db.get_cf(meta_cf(db), SEGMENTS_KEY)?.and_then(|v| {
+    value.and_then(|v| {
         Some(RecordedSegments { interval: int(v.get(..8)?)?, time: int(v.get(8..16)?)?, layout: *v.get(16)?, retention: int(v.get(17..25)?)? })
-    }))
+    })
 }
 
 fn topic_id_in(db: &DB) -> Result<Option<String>> {
@@ -334,33 +338,14 @@ impl Engine {
         Ok(self.db().get_pinned(key)?.map(|v| v.to_vec()))
     }
 
-    /// One key's value and the checkpoint, as of one moment (a RocksDB
-    /// snapshot): a reader on another thread sees one committed state,
-    /// never half a commit (architecture.md §8).
-    pub(crate) fn committed_get(&self, key: &[u8]) -> Result<(Option<Vec<u8>>, Checkpoint)> {
-        let snapshot = self.db().snapshot();
-        let checkpoint = decode_checkpoint(snapshot.get_cf(self.meta(), CHECKPOINT_KEY)?);
-        let value = snapshot.get_pinned(key)?.map(|v| v.to_vec());
-        Ok((value, checkpoint))
-    }
-
-    /// [`Engine::scan`] and the checkpoint as of one moment (see
-    /// [`Engine::committed_get`]); `take` sees entries in key order until
-    /// it returns false.
-    pub(crate) fn committed_scan(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut take: impl FnMut(&[u8], &[u8]) -> bool) -> Result<Checkpoint> {
-        let snapshot = self.db().snapshot();
-        let checkpoint = decode_checkpoint(snapshot.get_cf(self.meta(), CHECKPOINT_KEY)?);
-        let (mode, ro, skip) = scan_options(start, end);
-        for entry in snapshot.iterator_opt(mode, ro) {
-            let (k, v) = entry?;
-            if skip.as_deref() == Some(&k[..]) {
-                continue;
-            }
-            if !take(&k, &v) {
-                break;
-            }
-        }
-        Ok(checkpoint)
+    /// Runs `read` on one RocksDB snapshot and returns its result with the
+    /// snapshot's checkpoint: a reader on another thread sees one committed
+    /// state at an exact changelog offset, never half a commit
+    /// (architecture.md §8).
+    pub(crate) fn committed<T>(&self, read: impl FnOnce(&SnapshotRead<'_>) -> Result<T>) -> Result<(T, Checkpoint)> {
+        let view = SnapshotRead { snapshot: self.db().snapshot(), meta: self.meta() };
+        let checkpoint = decode_checkpoint(view.snapshot.get_cf(view.meta, CHECKPOINT_KEY)?);
+        Ok((read(&view)?, checkpoint))
     }
 
     /// Iterates the data over `[start, end)` bounds in key order.
@@ -595,6 +580,39 @@ fn stat_field(text: &str, name: &str, separator: char) -> u64 {
         .find(|(k, _)| k.trim().ends_with(name))
         .and_then(|(_, v)| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Reads of one snapshot of a store partition (see [`Engine::committed`]).
+pub(crate) struct SnapshotRead<'a> {
+    snapshot: rocksdb::SnapshotWithThreadMode<'a, DB>,
+    meta: &'a rocksdb::ColumnFamily,
+}
+
+impl SnapshotRead<'_> {
+    /// One key's value.
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.snapshot.get_pinned(key)?.map(|v| v.to_vec()))
+    }
+
+    /// Entries within the bounds in key order, to `take` until it returns false.
+    pub(crate) fn scan(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut take: impl FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
+        let (mode, ro, skip) = scan_options(start, end);
+        for entry in self.snapshot.iterator_opt(mode, ro) {
+            let (k, v) = entry?;
+            if skip.as_deref() == Some(&k[..]) {
+                continue;
+            }
+            if !take(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A segmented store's recorded segments (its time) in this snapshot.
+    pub(crate) fn segments(&self) -> Result<Option<RecordedSegments>> {
+        Ok(decode_segments(self.snapshot.get_cf(self.meta, SEGMENTS_KEY)?))
+    }
 }
 
 /// An iterator's start, read options (the upper bound) and the key to

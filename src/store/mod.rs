@@ -14,7 +14,7 @@ pub(crate) mod published;
 pub(crate) mod segments;
 pub(crate) mod state_dir;
 mod ttl;
-mod windowed;
+pub(crate) mod windowed;
 
 use std::marker::PhantomData;
 use std::ops::Bound;

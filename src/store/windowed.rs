@@ -9,7 +9,9 @@ use std::ops::Bound;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 use crate::store::segments::{encode_time, decode_time, Segments, TIME};
+use crate::store::engine::SnapshotRead;
 use crate::store::KeyValueStore;
+use crate::windows::Shape;
 use crate::windows::{Session, SessionWindows, Windows};
 
 /// What a window or session store did with a write.
@@ -31,6 +33,77 @@ fn segments(store: &KeyValueStore) -> &Segments {
 /// Entries of one segment between two RocksDB keys (both included).
 fn scan<'a>(store: &'a KeyValueStore, from: &[u8], to: &[u8]) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a {
     store.range_bounds(Bound::Included(from), Bound::Included(to))
+}
+
+/// [`scan`] into a sink (what [`window_entries`] and [`session_entries`] read with).
+fn scan_into(store: &KeyValueStore, from: &[u8], to: &[u8], sink: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+    for entry in scan(store, from, to) {
+        let (k, v) = entry?;
+        sink(&k, &v);
+    }
+    Ok(())
+}
+
+/// `key`'s (encoded) windows starting in `[from, to]`, oldest first, as
+/// `scan` reads them under the segments `s`: the store's own reads, or a
+/// query's snapshot.
+pub(crate) fn window_entries(s: &Segments, key: &[u8], from: i64, to: i64, mut scan: impl FnMut(&[u8], &[u8], &mut dyn FnMut(&[u8], &[u8])) -> Result<()>) -> Result<Vec<(i64, Vec<u8>)>> {
+    let from = from.max(s.oldest_live());
+    let mut out = Vec::new();
+    if from > to {
+        return Ok(out);
+    }
+    let live = s.live_segments();
+    for segment in s.segment(from).max(*live.start())..=s.segment(to).min(*live.end()) {
+        let prefix = encode_time(segment);
+        let lo = [&prefix[..], key, &encode_time(from)].concat();
+        let hi = [&prefix[..], key, &encode_time(to)].concat();
+        scan(&lo, &hi, &mut |k, v| {
+            // A longer key with this one as prefix can sort in between.
+            if k.len() == key.len() + 2 * TIME {
+                out.push((decode_time(&k[TIME + key.len()..]), v.to_vec()));
+            }
+        })?;
+    }
+    Ok(out)
+}
+
+/// `key`'s (encoded) sessions that end at or after `earliest_end` and
+/// start at or before `latest_start`, by end (see [`window_entries`]).
+pub(crate) fn session_entries(
+    s: &Segments,
+    key: &[u8],
+    earliest_end: i64,
+    latest_start: i64,
+    mut scan: impl FnMut(&[u8], &[u8], &mut dyn FnMut(&[u8], &[u8])) -> Result<()>,
+) -> Result<Vec<(Session, Vec<u8>)>> {
+    let earliest_end = earliest_end.max(s.oldest_live());
+    let mut out = Vec::new();
+    let live = s.live_segments();
+    for segment in s.segment(earliest_end).max(*live.start())..=*live.end() {
+        let prefix = encode_time(segment);
+        let lo = [&prefix[..], key, &encode_time(earliest_end)].concat();
+        let hi = [&prefix[..], key, &encode_time(i64::MAX), &encode_time(i64::MAX)].concat();
+        scan(&lo, &hi, &mut |k, v| {
+            if k.len() != key.len() + 3 * TIME {
+                return;
+            }
+            let at = TIME + key.len();
+            let session = Session { end: decode_time(&k[at..]), start: decode_time(&k[at + TIME..]) };
+            if session.start <= latest_start {
+                out.push((session, v.to_vec()));
+            }
+        })?;
+    }
+    Ok(out)
+}
+
+/// The segments of a snapshot of a segmented store: its shape and
+/// retention, and the store time the snapshot recorded.
+pub(crate) fn committed_segments(view: &SnapshotRead<'_>, shape: Shape, retention: std::time::Duration) -> Result<Segments> {
+    let mut s = Segments::new(crate::store::layout_of(shape), retention);
+    s.reset(view.segments()?.map_or(crate::store::segments::NO_TIME, |r| r.time));
+    Ok(s)
 }
 
 /// A window store of one partition with key codec `K` and value codec `V`:
@@ -148,27 +221,8 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
 
     /// `key`'s windows starting in `[from, to]`, oldest first.
     pub fn fetch(&self, key: &K::Item, from: i64, to: i64) -> Result<Vec<(i64, V::Item)>> {
-        let key = K::encode(key)?;
-        let s = segments(self.inner);
-        let from = from.max(s.oldest_live());
-        let mut out = Vec::new();
-        if from > to {
-            return Ok(out);
-        }
-        let live = s.live_segments();
-        for segment in s.segment(from).max(*live.start())..=s.segment(to).min(*live.end()) {
-            let prefix = encode_time(segment);
-            let lo = [&prefix[..], &key, &encode_time(from)].concat();
-            let hi = [&prefix[..], &key, &encode_time(to)].concat();
-            for entry in scan(self.inner, &lo, &hi) {
-                let (k, v) = entry?;
-                // A longer key with this one as prefix can sort in between.
-                if k.len() == key.len() + 2 * TIME {
-                    out.push((decode_time(&k[TIME + key.len()..]), V::decode(&v)?));
-                }
-            }
-        }
-        Ok(out)
+        let raw = window_entries(segments(self.inner), &K::encode(key)?, from, to, |lo, hi, sink| scan_into(self.inner, lo, hi, sink))?;
+        raw.into_iter().map(|(start, v)| Ok((start, V::decode(&v)?))).collect()
     }
 
     /// `key`'s windows starting in `[from, to]`, newest first.
@@ -296,27 +350,8 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
     }
 
     fn find_encoded(&self, key: &[u8], earliest_end: i64, latest_start: i64) -> Result<Vec<(Session, V::Item)>> {
-        let s = segments(self.inner);
-        let earliest_end = earliest_end.max(s.oldest_live());
-        let mut out = Vec::new();
-        let live = s.live_segments();
-        for segment in s.segment(earliest_end).max(*live.start())..=*live.end() {
-            let prefix = encode_time(segment);
-            let lo = [&prefix[..], key, &encode_time(earliest_end)].concat();
-            let hi = [&prefix[..], key, &encode_time(i64::MAX), &encode_time(i64::MAX)].concat();
-            for entry in scan(self.inner, &lo, &hi) {
-                let (k, v) = entry?;
-                if k.len() != key.len() + 3 * TIME {
-                    continue;
-                }
-                let at = TIME + key.len();
-                let session = Session { end: decode_time(&k[at..]), start: decode_time(&k[at + TIME..]) };
-                if session.start <= latest_start {
-                    out.push((session, V::decode(&v)?));
-                }
-            }
-        }
-        Ok(out)
+        let raw = session_entries(segments(self.inner), key, earliest_end, latest_start, |lo, hi, sink| scan_into(self.inner, lo, hi, sink))?;
+        raw.into_iter().map(|(session, v)| Ok((session, V::decode(&v)?))).collect()
     }
 
     /// Every live session of `key`, by end.

@@ -15,6 +15,9 @@
 //!   partition, as a `read_committed` consumer sees them with the flag (the write-eos check);
 //! * `delete-topics --prefix P` — deletes every topic whose name starts with P (a full run writes GBs).
 
+#[path = "parts/query.rs"]
+mod query;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -123,6 +126,18 @@ fn run(args: &[String]) -> Result<String, BoxError> {
         "kstate-window-restore" => {
             kstate_window(&b, opt(args, "--app")?, opt(args, "--input")?, None, opt(args, "--state-dir")?, WindowSpec::of(args)?)
         }
+        "query-generate" => query::generate(&b, opt(args, "--topic")?, opt(args, "--records")?.parse()?, opt(args, "--keys")?.parse()?, query::PARTITIONS),
+        "kstate-query" => query::run(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--input")?,
+            opt(args, "--records")?.parse()?,
+            opt(args, "--keys")?.parse()?,
+            opt(args, "--state-dir")?,
+            opt(args, "--variant")?,
+            opt(args, "--threads").unwrap_or("4").parse()?,
+            opt(args, "--rate").unwrap_or("200000").parse()?,
+        ),
         "count" => count(&b, opt(args, "--topic")?, args.iter().any(|a| a == "--read-committed")),
         "delete-topics" => delete_topics(&b, opt(args, "--prefix")?),
         _ => Err(format!("unknown subcommand `{cmd}`").into()),

@@ -24,6 +24,7 @@ use crate::shutdown::ShutdownHandle;
 use std::ops::Bound;
 
 use crate::store::engine::{Checkpoint, Engine, SnapshotRead};
+use crate::store::segments::Segments;
 use crate::store::windowed;
 use crate::windows::{Session, Shape};
 use crate::store::published::{Role, RunState, SlotRead};
@@ -126,7 +127,7 @@ impl Queries {
     /// Entries whose encoded key starts with `prefix`, of every store
     /// partition served here (see [`Queries::range`]).
     pub fn prefix<K: Codec, V: Codec>(&self, store: &str, prefix: &[u8], limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
-        let end = prefix_end(prefix);
+        let end = crate::store::prefix_successor(prefix);
         self.scan_all::<K, V>(store, prefix, end.as_deref(), limit, options)
     }
 
@@ -159,7 +160,7 @@ impl Queries {
     ) -> QResult<Entries<K, V>> {
         self.check_store(store, Kind::KeyValue)?;
         self.check_partition(partition)?;
-        let end = prefix_end(prefix);
+        let end = crate::store::prefix_successor(prefix);
         let answer = self.wait_blocking(options, || self.scan_once(store, partition, prefix, end.as_deref(), limit, options))?;
         decode_answer::<K, V>(store, answer).map(|(a, _)| a)
     }
@@ -168,29 +169,32 @@ impl Queries {
     /// oldest first (expired windows are not returned), with the position
     /// they were read at.
     pub fn window_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, from: i64, to: i64, options: &QueryOptions) -> QResult<Timed<i64, V>> {
-        let Some((shape, retention)) = self.check_store(store, Kind::Window)? else { unreachable!("a window store is segmented") };
-        let (partition, encoded) = self.locate::<K>(store, key, Kind::Window)?;
-        let answer = self.wait_blocking(options, || {
-            self.read_once(store, partition, options, |engine, _| {
-                engine.committed(|view| {
-                    let s = windowed::committed_segments(view, shape, retention)?;
-                    windowed::window_entries(&s, &encoded, from, to, |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
-                })
-            })
-        })?;
-        decode_values::<V, _>(store, answer)
+        self.segmented_read::<K, V, _>(store, key, Kind::Window, options, |s, encoded, scan| windowed::window_entries(s, encoded, from, to, scan))
     }
 
     /// `key`'s live sessions in session store `store`, by end, with the
     /// position they were read at.
     pub fn session_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Timed<Session, V>> {
-        let Some((shape, retention)) = self.check_store(store, Kind::Session)? else { unreachable!("a session store is segmented") };
-        let (partition, encoded) = self.locate::<K>(store, key, Kind::Session)?;
+        self.segmented_read::<K, V, _>(store, key, Kind::Session, options, |s, encoded, scan| windowed::session_entries(s, encoded, i64::MIN, i64::MAX, scan))
+    }
+
+    /// A window or session read: `walk` reads `key`'s entries (encoded)
+    /// under the segments recorded in one snapshot.
+    fn segmented_read<K: Codec, V: Codec, T>(
+        &self,
+        store: &str,
+        key: &K::Item,
+        kind: Kind,
+        options: &QueryOptions,
+        walk: impl Fn(&Segments, &[u8], &mut dyn FnMut(&[u8], &[u8], &mut dyn FnMut(&[u8], &[u8])) -> crate::Result<()>) -> crate::Result<Vec<(T, Vec<u8>)>>,
+    ) -> QResult<Timed<T, V>> {
+        let Some((shape, retention)) = self.check_store(store, kind)? else { unreachable!("window and session stores are segmented") };
+        let (partition, encoded) = self.locate::<K>(store, key, kind)?;
         let answer = self.wait_blocking(options, || {
             self.read_once(store, partition, options, |engine, _| {
                 engine.committed(|view| {
                     let s = windowed::committed_segments(view, shape, retention)?;
-                    windowed::session_entries(&s, &encoded, i64::MIN, i64::MAX, |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
+                    walk(&s, &encoded, &mut |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
                 })
             })
         })?;
@@ -548,34 +552,9 @@ fn decode_values<V: Codec, T>(store: &str, answer: Answer<Vec<(T, Vec<u8>)>>) ->
     Ok(Answer { value, position: answer.position, copy: answer.copy, lag: answer.lag })
 }
 
-/// The first key after every key starting with `prefix` (`None`: none).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < u8::MAX {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
 fn decode_answer<K: Codec, V: Codec>(store: &str, answer: RawEntries) -> QResult<(Entries<K, V>, bool)> {
     let codec = |source| QueryError::Codec { store: store.to_string(), source: Box::new(source) };
     let (raw, more) = answer.value;
     let value = raw.into_iter().map(|(k, v)| Ok((K::decode(&k).map_err(codec)?, V::decode(&v).map_err(codec)?))).collect::<QResult<_>>()?;
     Ok((Answer { value, position: answer.position, copy: answer.copy, lag: answer.lag }, more))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_ends() {
-        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
-        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
-        assert_eq!(prefix_end(&[0xff, 0xff]), None);
-        assert_eq!(prefix_end(b""), None);
-    }
 }

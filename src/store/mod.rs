@@ -734,7 +734,7 @@ fn layout_problem(engine: &Engine, checkpoint: &Checkpoint, wanted: Option<(Shap
 }
 
 /// The smallest key greater than every key starting with `prefix`, if any.
-fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < u8::MAX {

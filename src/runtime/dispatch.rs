@@ -169,6 +169,8 @@ impl Dispatch<'_> {
             let due = [Some((TimeDomain::WallClock, now)), task.time.stream_time().map(|t| (TimeDomain::StreamTime, t))];
             for (domain, at) in due.into_iter().flatten() {
                 if task.time.maybe_due(domain, at, true) {
+                    let span = task.span.clone();
+                    let _in_task = span.enter();
                     if let Err(f) = self.fire(task, outputs, processor, domain, at, true)? {
                         fault = Some(f);
                         break;
@@ -190,7 +192,8 @@ impl Dispatch<'_> {
     /// Runs the timers and punctuations of `domain` due at `now` (timers
     /// only with `punctuations` false), in time order. `Ok(Err(fault))`:
     /// reading the task's time store failed (the task is to be
-    /// re-initialised); `Err`: a callback failed (fatal).
+    /// re-initialised); `Err`: a callback failed (fatal). The caller has
+    /// entered the task's span.
     fn fire<P: Processor>(
         &self,
         task: &mut Task,
@@ -200,7 +203,6 @@ impl Dispatch<'_> {
         now: i64,
         punctuations: bool,
     ) -> Result<std::result::Result<(), TaskFault>> {
-        let _in_task = task.span.enter();
         let time_store = self.config.time_store_index();
         let partition = task.partition;
         for _ in 0..MAX_FIRINGS {
@@ -273,9 +275,12 @@ impl Dispatch<'_> {
             return Ok(());
         };
         task.time.advance(timestamp);
+        // The processor's own log lines (its callbacks' too) belong to the
+        // task: one span entered per record.
+        let span = task.span.clone();
+        let _in_task = span.enter();
         let (processor, fresh) = set.get(partition, task.incarnation());
         if fresh {
-            let _in_task = task.span.enter();
             let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
             processor.init(&mut ctx).map_err(|source| Error::Callback { callback: "init", partition, source })?;
         }
@@ -292,11 +297,8 @@ impl Dispatch<'_> {
                 }
             }
         }
-        // The processor's own log lines belong to the task.
-        let in_task = task.span.enter();
         let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
         let processed = processor.process(&mut ctx, record);
-        drop(in_task);
         if let Err(source) = processed {
             // kstate's own output failure, passed on by the processor's `?`: the
             // typed error, whatever a handler would say (skipping the record

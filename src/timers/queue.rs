@@ -358,13 +358,13 @@ impl TimerQueue {
 
     /// Deletes the segments and markers the watermark passed.
     fn drop_passed(&mut self, store: &mut KeyValueStore) -> Result<()> {
-        let Some(w) = self.fired.clone() else { return Ok(()) };
-        while self.segments.first_key_value().is_some_and(|(max, _)| max.as_slice() <= &w[..]) {
+        let Some(w) = self.fired.as_deref() else { return Ok(()) };
+        while self.segments.first_key_value().is_some_and(|(max, _)| max.as_slice() <= w) {
             for k in self.segments.pop_first().expect("checked").1 {
                 store.delete(&k)?;
             }
         }
-        while self.markers.first_key_value().is_some_and(|(m, _)| m.as_slice() <= &w[..]) {
+        while self.markers.first_key_value().is_some_and(|(m, _)| m.as_slice() <= w) {
             let (m, _) = self.markers.pop_first().expect("checked");
             store.delete(&prefixed(self.d + 4, &m))?;
         }
@@ -529,11 +529,12 @@ impl TimerQueue {
 /// Pending timers as they are written: sorted, once each, above the
 /// watermark `fired` (those fired since they were registered dropped).
 fn settle(timers: &mut Vec<Tk>, fired: Option<&Tk>) {
-    timers.sort_unstable();
-    timers.dedup();
+    // Those fired first: fewer to sort.
     if let Some(w) = fired {
         timers.retain(|t| t > w);
     }
+    timers.sort_unstable();
+    timers.dedup();
 }
 
 /// Every live timer of one clock in a time store's entries (in key order),

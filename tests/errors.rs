@@ -122,6 +122,8 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("heartbeat not below the session timeout", base().kafka_config("heartbeat.interval.ms", "10000").kafka_config("session.timeout.ms", "6000")),
         ("bad session timeout", base().kafka_config("session.timeout.ms", "soon")),
         ("bad application server", base().application_server("no-port")),
+        ("empty application server", base().application_server("")),
+        ("application server without a host", base().application_server(":8080")),
         ("unsupported SASL mechanism", base().kafka_config("security.protocol", "SASL_SSL").kafka_config("sasl.mechanism", "GSSAPI")),
         ("no warmups", base().max_warmup_replicas(0)),
         ("probing interval below 1 s", base().probing_rebalance_interval(Duration::from_millis(10))),

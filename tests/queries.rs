@@ -241,6 +241,10 @@ fn window_and_session_stores_answer_fetches_at_their_position() {
     let s = |start, end| Session { start, end };
     assert_eq!(sessions.value, vec![(s(1_000, 2_000), 2), (s(12_000, 12_000), 1), (s(30_000, 30_000), 1)]);
     assert_eq!(q.window_fetch::<Utf8, U64Be>("clicks", &"nobody".to_string(), 0, 60_000, &QueryOptions::new()).unwrap().value, vec![]);
+    // Metadata routes every kind of store alike.
+    let p = q.partition_of::<Utf8>("counts", &key).unwrap();
+    assert_eq!((q.partition_of::<Utf8>("clicks", &key).unwrap(), q.partition_of::<Utf8>("visits", &key).unwrap()), (p, p));
+    assert_eq!(q.metadata_for_key::<Utf8>("visits", &key).unwrap().partition, p);
     // Each kind of store answers its own kind of query only.
     for e in [
         q.get::<Utf8, U64Be>("clicks", &key, &QueryOptions::new()).unwrap_err(),

@@ -203,14 +203,14 @@ impl Queries {
 
     /// The partition of `key` (encoded by `K`) among the input partitions.
     pub fn partition_of<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<i32> {
-        Ok(self.locate::<K>(store, key, Kind::KeyValue)?.0)
+        Ok(self.locate::<K>(store, key, self.kind_of(store)?)?.0)
     }
 
     /// Where `key`'s partition is served: its active instance and standby
     /// instances, from the group's last assignment (their
     /// `application_server`s; instances without one are not listed).
     pub fn metadata_for_key<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<KeyMetadata> {
-        let (partition, _) = self.locate::<K>(store, key, Kind::KeyValue)?;
+        let (partition, _) = self.locate::<K>(store, key, self.kind_of(store)?)?;
         Ok(self.metadata_for_partition(partition))
     }
 
@@ -286,6 +286,16 @@ impl Queries {
         }
     }
 
+    /// What kind of user store `store` is.
+    fn kind_of(&self, store: &str) -> QResult<Kind> {
+        match self.config.user_stores().iter().find(|s| s.name() == store).map(|d| d.segmented()) {
+            None => Err(QueryError::UnknownStore { store: store.to_string() }),
+            Some(None) => Ok(Kind::KeyValue),
+            Some(Some((Shape::Window(_), _))) => Ok(Kind::Window),
+            Some(Some((Shape::Session(_), _))) => Ok(Kind::Session),
+        }
+    }
+
     /// A user store of the kind the query reads; a window or session
     /// store's shape and retention.
     fn check_store(&self, store: &str, kind: Kind) -> QResult<Option<(Shape, Duration)>> {
@@ -293,10 +303,11 @@ impl Queries {
             return Err(QueryError::UnknownStore { store: store.to_string() });
         };
         let segmented = def.segmented();
-        let (is, detail) = match segmented {
-            None => (Kind::KeyValue, "read it with get, range or prefix"),
-            Some((Shape::Window(_), _)) => (Kind::Window, "read it with window_fetch"),
-            Some((Shape::Session(_), _)) => (Kind::Session, "read it with session_fetch"),
+        let is = self.kind_of(store)?;
+        let detail = match is {
+            Kind::KeyValue => "read it with get, range or prefix",
+            Kind::Window => "read it with window_fetch",
+            Kind::Session => "read it with session_fetch",
         };
         if is != kind {
             let name = match is {

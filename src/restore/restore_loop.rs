@@ -807,6 +807,8 @@ impl RestoreLoop {
             self.fail(partition, e);
             return;
         }
+        // Readable by queries again (withdrawn for the bulk load).
+        store.publish(Role::Standby);
         tracing::info!(store = store.name(), partition, checkpoint = ?store.checkpoint(), "standby caught up");
     }
 

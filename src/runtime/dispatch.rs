@@ -278,7 +278,7 @@ impl Dispatch<'_> {
         // The processor's own log lines (its callbacks' too) belong to the
         // task: one span entered per record.
         let span = task.span.clone();
-        let _in_task = span.enter();
+        let in_task = span.enter();
         let (processor, fresh) = set.get(partition, task.incarnation());
         if fresh {
             let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
@@ -293,6 +293,7 @@ impl Dispatch<'_> {
             if task.time.maybe_due(TimeDomain::StreamTime, now, false) {
                 if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, false)? {
                     // Re-initialised: the record comes again from its committed offset.
+                    drop(in_task); // (its log lines may be about every task)
                     return tasks.reinitialise_task(self.consumer, partition, e);
                 }
             }
@@ -325,6 +326,7 @@ impl Dispatch<'_> {
             let now = task.time.stream_time().expect("set by this record or before");
             if task.time.maybe_due(TimeDomain::StreamTime, now, true) {
                 if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, true)? {
+                    drop(in_task);
                     tasks.reinitialise_task(self.consumer, partition, e)?;
                 }
             }

@@ -54,16 +54,7 @@ pub fn generate(bootstrap: &str, topic: &str, records: u64, keys: u64, partition
     for i in 0..records {
         let idx = if i < keys { i } else { rng.below(keys) };
         let (p, k) = key(partitions, idx);
-        let mut record = BaseRecord::to(topic).partition(p).key(&k).payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, r)) => {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
+        super::send_retrying(&producer, BaseRecord::to(topic).partition(p).key(k.as_slice()).payload(value.as_slice()));
     }
     producer.flush(Duration::from_secs(60))?;
     Ok(format!("{{\"topic\":\"{topic}\",\"records\":{records},\"keys\":{keys},\"seconds\":{:.3}}}", started.elapsed().as_secs_f64()))

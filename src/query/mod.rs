@@ -512,10 +512,8 @@ impl Queries {
     fn wait_blocking<T>(&self, options: &QueryOptions, mut attempt: impl FnMut() -> std::result::Result<T, Attempt>) -> QResult<T> {
         let deadline = Self::deadline(options);
         loop {
-            match attempt() {
-                Ok(v) => return Ok(v),
-                Err(Attempt::Retry(e @ QueryError::NotYet { .. })) if deadline.is_some_and(|d| Instant::now() < d) => drop(e),
-                Err(Attempt::Final(e) | Attempt::Retry(e)) => return Err(e),
+            if let Some(answer) = outcome(attempt(), deadline) {
+                return answer;
             }
             std::thread::sleep(RETRY_EVERY);
         }
@@ -524,13 +522,21 @@ impl Queries {
     async fn wait_async<T>(&self, options: &QueryOptions, mut attempt: impl FnMut() -> std::result::Result<T, Attempt>) -> QResult<T> {
         let deadline = Self::deadline(options);
         loop {
-            match attempt() {
-                Ok(v) => return Ok(v),
-                Err(Attempt::Retry(e @ QueryError::NotYet { .. })) if deadline.is_some_and(|d| Instant::now() < d) => drop(e),
-                Err(Attempt::Final(e) | Attempt::Retry(e)) => return Err(e),
+            if let Some(answer) = outcome(attempt(), deadline) {
+                return answer;
             }
             tokio::time::sleep(RETRY_EVERY).await;
         }
+    }
+}
+
+/// What an attempt comes to: an answer or error to return, or `None`:
+/// a bound not reached yet, to try again before the deadline.
+fn outcome<T>(result: std::result::Result<T, Attempt>, deadline: Option<Instant>) -> Option<QResult<T>> {
+    match result {
+        Ok(v) => Some(Ok(v)),
+        Err(Attempt::Retry(QueryError::NotYet { .. })) if deadline.is_some_and(|d| Instant::now() < d) => None,
+        Err(Attempt::Final(e) | Attempt::Retry(e)) => Some(Err(e)),
     }
 }
 

@@ -18,7 +18,6 @@ Needs a broker (KSTATE_BOOTSTRAP, default: started with testing/kafka.sh).
 Builds the bench binary with `cargo bench --no-run`; a failing build shows
 the compiler's errors.
 """
-import json
 import os
 import shutil
 import statistics
@@ -26,31 +25,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from benchlib import build_bench, run, sh
+
 VARIANTS = ["plain", "paced", "max"]
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, cwd=ROOT, **kw)
-
-
-def build():
-    out = sh(["cargo", "bench", "--bench", "kstate_bench", "--no-run", "--message-format", "json-render-diagnostics"],
-             stdout=subprocess.PIPE)
-    if out.returncode:
-        sys.exit("building benches/kstate_bench.rs failed; the compiler's errors are above")
-    for line in out.stdout.decode().splitlines():
-        msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "kstate_bench" and msg.get("executable"):
-            return msg["executable"]
-    sys.exit("cargo built no kstate_bench executable")
-
-
-def run(cmd):
-    os.sync()
-    time.sleep(1)
-    out = sh(cmd, stdout=subprocess.PIPE, check=True).stdout.decode()
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def main():
@@ -62,7 +39,7 @@ def main():
         bootstrap = sh(["bash", "testing/kafka.sh", "start"], stdout=subprocess.PIPE, check=True).stdout.decode().split()[-1]
     else:
         bootstrap = os.environ["KSTATE_BOOTSTRAP"]
-    binary = build()
+    binary = build_bench()
     run_id = f"qb{int(time.time())}"
     source = f"{run_id}-in"
     print(run([binary, "query-generate", "--bootstrap", bootstrap, "--topic", source, "--records", str(records), "--keys", str(keys)]), flush=True)

@@ -14,7 +14,6 @@ started with testing/kafka.sh otherwise) and the Kafka Streams jar for the
 data generator (built here with Maven if missing). Builds the bench binary
 with `cargo bench --no-run`; a failing build shows the compiler's errors.
 """
-import json
 import os
 import shutil
 import statistics
@@ -22,35 +21,17 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from benchlib import ROOT, build_bench, run, sh
+
 JAR = os.path.join(ROOT, "testing/bench/kstreams/target/kstreams-bench.jar")
 VARIANTS = ["plain", "timers", "ttl", "read", "ttl-read"]
-
-
-def sh(cmd, **kw):
-    return subprocess.run(cmd, cwd=ROOT, **kw)
 
 
 def build():
     if not os.path.exists(JAR):
         if sh(["mvn", "-q", "-B", "-f", "testing/bench/kstreams/pom.xml", "package", "-DskipTests"]).returncode:
             sys.exit("building the Kafka Streams jar (the data generator) failed; see Maven's output above")
-    out = sh(["cargo", "bench", "--bench", "kstate_bench", "--no-run", "--message-format", "json-render-diagnostics"],
-             stdout=subprocess.PIPE)
-    if out.returncode:
-        sys.exit("building benches/kstate_bench.rs failed; the compiler's errors are above")
-    for line in out.stdout.decode().splitlines():
-        msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "kstate_bench" and msg.get("executable"):
-            return msg["executable"]
-    sys.exit("cargo built no kstate_bench executable")
-
-
-def run(cmd):
-    os.sync()
-    time.sleep(1)
-    out = sh(cmd, stdout=subprocess.PIPE, check=True).stdout.decode()
-    return json.loads(out.strip().splitlines()[-1])
+    return build_bench()
 
 
 def main():

@@ -1,0 +1,35 @@
+"""What the one-scenario bench scripts (time_bench.py, query_bench.py) share:
+building benches/kstate_bench.rs and running one contender process."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, cwd=ROOT, **kw)
+
+
+def build_bench():
+    """Builds the bench binary (`cargo bench --no-run`); a failing build
+    shows the compiler's errors and exits."""
+    out = sh(["cargo", "bench", "--bench", "kstate_bench", "--no-run", "--message-format", "json-render-diagnostics"],
+             stdout=subprocess.PIPE)
+    if out.returncode:
+        sys.exit("building benches/kstate_bench.rs failed; the compiler's errors are above")
+    for line in out.stdout.decode().splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "kstate_bench" and msg.get("executable"):
+            return msg["executable"]
+    sys.exit("cargo built no kstate_bench executable")
+
+
+def run(cmd):
+    """Runs one contender after a sync and a pause; its last stdout line as JSON."""
+    os.sync()
+    time.sleep(1)
+    out = sh(cmd, stdout=subprocess.PIPE, check=True).stdout.decode()
+    return json.loads(out.strip().splitlines()[-1])

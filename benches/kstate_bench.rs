@@ -435,11 +435,7 @@ fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &
     let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
     let partitions = partitions_of(&admin, input)?.len();
     let times = Times::default();
-    let app = with_env_kafka_config(App::builder())
-        .application_id(app)
-        .bootstrap_servers(bootstrap)
-        .input_topic(input)
-        .state_dir(state)
+    let app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new(store))
         .restore_listener(times.clone())
         .build()?;
@@ -508,6 +504,12 @@ fn produce(bootstrap: &str, topic: &str, source: &str) -> Result<String, BoxErro
 }
 
 /// `KSTATE_BENCH_RDKAFKA` settings as kstate `kafka_config` entries.
+/// A kstate contender's builder: its application id, broker, input and
+/// state dir, with the `KSTATE_BENCH_RDKAFKA` overrides.
+fn bench_app(bootstrap: &str, app: &str, input: &str, state: &str) -> kstate::AppBuilder {
+    with_env_kafka_config(App::builder()).application_id(app).bootstrap_servers(bootstrap).input_topic(input).state_dir(state)
+}
+
 fn with_env_kafka_config(mut b: kstate::AppBuilder) -> kstate::AppBuilder {
     if let Ok(extra) = std::env::var("KSTATE_BENCH_RDKAFKA") {
         for kv in extra.split(',').filter(|s| !s.is_empty()) {
@@ -528,11 +530,7 @@ fn kstate_write(
     output: Option<&str>,
     guarantee: ProcessingGuarantee,
 ) -> Result<String, BoxError> {
-    let app = with_env_kafka_config(App::builder())
-        .application_id(app)
-        .bootstrap_servers(bootstrap)
-        .input_topic(input)
-        .state_dir(state)
+    let app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new("kv"))
         .commit_interval(Duration::from_millis(100))
         .processing_guarantee(guarantee)
@@ -621,11 +619,7 @@ fn kstate_window(bootstrap: &str, app: &str, input: &str, records: Option<u64>, 
     let partitions = partitions_of(&admin, input)?.len();
     let times = Times::default();
     let windows = kstate::Windows::hopping(Duration::from_millis(w.size_ms), Duration::from_millis(w.advance_ms));
-    let app = with_env_kafka_config(App::builder())
-        .application_id(app)
-        .bootstrap_servers(bootstrap)
-        .input_topic(input)
-        .state_dir(state)
+    let app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::window("w", windows))
         .commit_interval(Duration::from_millis(100))
         .timestamp_extractor(move |rec, _| w.base_ms + rec.offset * w.step_ms)
@@ -699,11 +693,7 @@ fn kstate_time(bootstrap: &str, app: &str, input: &str, records: u64, state: &st
     if ttl {
         store = store.ttl(Duration::from_secs(3600), TimeDomain::WallClock);
     }
-    let app = with_env_kafka_config(App::builder())
-        .application_id(app)
-        .bootstrap_servers(bootstrap)
-        .input_topic(input)
-        .state_dir(state)
+    let app = bench_app(bootstrap, app, input, state)
         .store(store)
         .timers(timers)
         .commit_interval(Duration::from_millis(100))

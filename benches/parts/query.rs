@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kstate::codec::RawBytes;
-use kstate::{App, QueryOptions, StoreDefinition};
+use kstate::{QueryOptions, StoreDefinition};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
@@ -69,17 +69,12 @@ pub fn run(bootstrap: &str, app: &str, input: &str, records: u64, keys: u64, sta
         "paced" | "max" => true,
         v => return Err(format!("--variant: expected plain, paced or max, got `{v}`").into()),
     };
-    let app = super::with_env_kafka_config(App::builder())
-        .application_id(app)
-        .bootstrap_servers(bootstrap)
-        .input_topic(input)
-        .state_dir(state)
+    let app = super::bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new("kv"))
         .commit_interval(Duration::from_millis(100))
         .query_partitioner(|k, n| std::str::from_utf8(&k[..3.min(k.len())]).ok().and_then(|p| p.parse::<i32>().ok()).unwrap_or(0) % n)
         .build()?;
     let queries = app.queries();
-    let partitions = PARTITIONS;
     let stop = app.shutdown_handle();
     let seen = Arc::new(AtomicU64::new(0));
     let (loaded, ended) = (Arc::new(Mutex::new(None::<Instant>)), Arc::new(Mutex::new(None::<Instant>)));
@@ -125,7 +120,7 @@ pub fn run(bootstrap: &str, app: &str, input: &str, records: u64, keys: u64, sta
                 let started = Instant::now();
                 let options = QueryOptions::new();
                 while !done.load(Ordering::Relaxed) {
-                    let (_, k) = key(partitions, rng.below(keys));
+                    let (_, k) = key(PARTITIONS, rng.below(keys));
                     let t0 = Instant::now();
                     match queries.get::<RawBytes, RawBytes>("kv", &k, &options) {
                         Ok(a) => found += u64::from(a.value.is_some()),

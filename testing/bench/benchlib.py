@@ -33,3 +33,10 @@ def run(cmd):
     time.sleep(1)
     out = sh(cmd, stdout=subprocess.PIPE, check=True).stdout.decode()
     return json.loads(out.strip().splitlines()[-1])
+
+
+def bootstrap():
+    """KSTATE_BOOTSTRAP, or a broker started with testing/kafka.sh."""
+    if "KSTATE_BOOTSTRAP" in os.environ:
+        return os.environ["KSTATE_BOOTSTRAP"]
+    return sh(["bash", "testing/kafka.sh", "start"], stdout=subprocess.PIPE, check=True).stdout.decode().split()[-1]

@@ -18,14 +18,13 @@ Needs a broker (KSTATE_BOOTSTRAP, default: started with testing/kafka.sh).
 Builds the bench binary with `cargo bench --no-run`; a failing build shows
 the compiler's errors.
 """
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-from benchlib import build_bench, run, sh
+from benchlib import bootstrap as start_broker, build_bench, run, sh
 
 VARIANTS = ["plain", "paced", "max"]
 
@@ -35,10 +34,7 @@ def main():
     keys = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     rate = int(sys.argv[4]) if len(sys.argv) > 4 else 200_000
-    if "KSTATE_BOOTSTRAP" not in os.environ:
-        bootstrap = sh(["bash", "testing/kafka.sh", "start"], stdout=subprocess.PIPE, check=True).stdout.decode().split()[-1]
-    else:
-        bootstrap = os.environ["KSTATE_BOOTSTRAP"]
+    bootstrap = start_broker()
     binary = build_bench()
     run_id = f"qb{int(time.time())}"
     source = f"{run_id}-in"

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import ROOT, build_bench, run, sh
+from benchlib import bootstrap as start_broker, ROOT, build_bench, run, sh
 
 JAR = os.path.join(ROOT, "testing/bench/kstreams/target/kstreams-bench.jar")
 VARIANTS = ["plain", "timers", "ttl", "read", "ttl-read"]
@@ -37,10 +37,7 @@ def build():
 def main():
     records = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    if "KSTATE_BOOTSTRAP" not in os.environ:
-        bootstrap = sh(["bash", "testing/kafka.sh", "start"], stdout=subprocess.PIPE, check=True).stdout.decode().split()[-1]
-    else:
-        bootstrap = os.environ["KSTATE_BOOTSTRAP"]
+    bootstrap = start_broker()
     binary = build()
     run_id = f"tb{int(time.time())}"
     source = f"{run_id}-in"

@@ -7,6 +7,7 @@
 //! failover_bench instance --bootstrap B --app A --input T --state-dir D
 //!                [--standbys 0] [--session-timeout-ms 10000] [--heartbeat-ms 1000]
 //!                [--acceptable-lag N] [--max-warmups N] [--probing-ms MS]
+//!                [--peer-address HOST:PORT] [--peer-timeout-ms MS]
 //! failover_bench load --bootstrap B --topic T --partitions 6 --rate 2000
 //! ```
 //!
@@ -35,7 +36,10 @@
 //!
 //! `--acceptable-lag`, `--max-warmups` and `--probing-ms` set the builder's
 //! `acceptable_recovery_lag`, `max_warmup_replicas` and
-//! `probing_rebalance_interval` (kstate's defaults when absent).
+//! `probing_rebalance_interval` (kstate's defaults when absent);
+//! `--peer-address` turns on failure detection among the instances
+//! (`peer_address`, port 0: any free port) and `--peer-timeout-ms` sets
+//! `peer_timeout`.
 //!
 //! It stops cleanly when its stdin closes, or on Ctrl-C or SIGTERM. `load`
 //! produces `--rate` records/s (new keys, 100-byte values, round robin over
@@ -228,6 +232,14 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
     };
     let app = match o.0.get("probing-ms") {
         Some(v) => app.probing_rebalance_interval(Duration::from_millis(v.parse()?)),
+        None => app,
+    };
+    let app = match o.0.get("peer-address") {
+        Some(v) => app.peer_address(v),
+        None => app,
+    };
+    let app = match o.0.get("peer-timeout-ms") {
+        Some(v) => app.peer_timeout(Duration::from_millis(v.parse()?)),
         None => app,
     };
     let app = app.build()?;

@@ -17,6 +17,9 @@ use crate::shutdown::ShutdownHandle;
 use crate::time::InvalidTimestamp;
 use crate::timers::TIME_STORE;
 
+/// [`AppBuilder::peer_timeout`]'s default.
+const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A configured kstate application: a consumer-group member that owns the
 /// stores of the input partitions it is assigned.
 ///
@@ -185,6 +188,8 @@ impl Default for AppBuilder {
                 probing_rebalance_interval: Duration::from_secs(600),
                 state_cleanup_delay: Duration::from_secs(600),
                 application_server: None,
+                peer_address: None,
+                peer_timeout: DEFAULT_PEER_TIMEOUT,
                 client_tags: Default::default(),
                 processing_guarantee: ProcessingGuarantee::AtLeastOnce,
                 transaction_timeout: Duration::from_secs(10),
@@ -435,10 +440,34 @@ impl AppBuilder {
     }
 
     /// This instance's `host:port` (Kafka Streams' `application.server`),
-    /// published in its group metadata. Nothing in kstate reads it yet:
-    /// there are no interactive queries.
+    /// published in its group metadata: interactive queries' metadata
+    /// ([`Queries::active_host`](crate::Queries::active_host)) name it.
     pub fn application_server(mut self, host_port: impl Into<String>) -> Self {
         self.config.application_server = Some(host_port.into());
+        self
+    }
+
+    /// Turns on failure detection among the instances: this instance
+    /// listens on `host:port` (port 0: any free port) and publishes it to
+    /// the group; the instances keep links to each other and one that
+    /// finds another's process gone, or silent for
+    /// [`peer_timeout`](AppBuilder::peer_timeout), makes the group drop it
+    /// at once instead of at its session timeout, so its tasks move to
+    /// their standbys within about a second. The host must be an address
+    /// the other instances can reach. Unset: failures are detected by the
+    /// session timeout only. See the README's "Failure detection".
+    pub fn peer_address(mut self, host_port: impl Into<String>) -> Self {
+        self.config.peer_address = Some(host_port.into());
+        self
+    }
+
+    /// How long a peer may be silent before it is dropped (default 2 s;
+    /// at least 100 ms, below `session.timeout.ms`). An instance writes
+    /// only while its peers' leases hold, so a frozen instance stops
+    /// writing before it is dropped; doubled for a peer dropped for
+    /// silence again within ten minutes (a flapping link).
+    pub fn peer_timeout(mut self, timeout: Duration) -> Self {
+        self.config.peer_timeout = timeout;
         self
     }
 

@@ -234,6 +234,11 @@ pub(crate) struct AppConfig {
     pub(crate) probing_rebalance_interval: Duration,
     pub(crate) state_cleanup_delay: Duration,
     pub(crate) application_server: Option<String>,
+    /// Where this instance listens for the other instances (failure
+    /// detection), if set.
+    pub(crate) peer_address: Option<String>,
+    /// How long a silent peer holding this instance's lease is given.
+    pub(crate) peer_timeout: Duration,
     pub(crate) client_tags: std::collections::BTreeMap<String, String>,
     pub(crate) processing_guarantee: ProcessingGuarantee,
     /// `transaction.timeout.ms` of the transactional producer (exactly-once).
@@ -483,6 +488,26 @@ impl AppConfig {
         // kstate's own connections must be able to honour the security settings.
         crate::group::Security::from_kafka_config(&self.kafka_overrides)?;
         self.group_timeouts()?;
+        if let Some(address) = &self.peer_address {
+            let host = address.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map(|(host, _)| host.trim_matches(['[', ']']));
+            match host {
+                None | Some("") => return Err(Error::Config(format!("peer_address must be host:port, not `{address}`"))),
+                Some("0.0.0.0" | "::") => {
+                    return Err(Error::Config(format!(
+                        "peer_address `{address}` is published to the other instances, which cannot connect to an unspecified \
+                         address: give this host's name or IP address"
+                    )))
+                }
+                Some(_) => {}
+            }
+            let session = self.group_timeouts()?.session;
+            if self.peer_timeout < Duration::from_millis(100) || self.peer_timeout >= session {
+                return Err(Error::Config(format!(
+                    "peer_timeout must be at least 100 ms and below `session.timeout.ms` ({session:?}), got {:?}",
+                    self.peer_timeout
+                )));
+            }
+        }
         if let Some(server) = &self.application_server {
             let ok = server.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
             if !ok {

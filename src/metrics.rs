@@ -57,6 +57,10 @@
 //! | `kstate_timer_lateness_seconds` | histogram | how long after its time a timer fired, on its own clock, labels `partition`, `domain` |
 //! | `kstate_punctuations_total` | counter | punctuations run, labels `partition`, `domain` |
 //! | `kstate_punctuation_seconds` | histogram | how long a punctuation ran, labels `partition`, `domain` |
+//! | `kstate_peers` | gauge | other instances this one watches (members of its generation with a `peer_address`; no store labels) |
+//! | `kstate_peers_dropped_total` | counter | peers this instance made the group drop, label `reason` (`closed`: the process is gone; `timeout`: silent for `peer_timeout`) |
+//! | `kstate_peer_failover_seconds` | histogram | from dropping a peer to this instance's next assignment |
+//! | `kstate_peer_lease_lapses_total` | counter | times this instance stopped writing because a peer's lease ran out (a peer frozen or cut off, or this instance itself) |
 //! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
 //! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
 //! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
@@ -167,6 +171,14 @@ pub const INPUT_LAG: &str = "kstate_input_lag_records";
 pub const RESTORE_REMAINING_BYTES: &str = "kstate_restore_remaining_bytes";
 /// See the table above.
 pub const STANDBY_LAG_BYTES: &str = "kstate_standby_lag_bytes";
+/// See the table above.
+pub const PEERS: &str = "kstate_peers";
+/// See the table above.
+pub const PEERS_DROPPED: &str = "kstate_peers_dropped_total";
+/// See the table above.
+pub const PEER_FAILOVER_SECONDS: &str = "kstate_peer_failover_seconds";
+/// See the table above.
+pub const PEER_LEASE_LAPSES: &str = "kstate_peer_lease_lapses_total";
 
 /// Handles for one store partition, resolved once so the hot path only
 /// touches atomics.

@@ -106,6 +106,16 @@ fn unreachable_broker_fails_within_the_startup_timeout() {
 }
 
 #[test]
+fn a_peer_address_that_cannot_be_bound_is_a_startup_config_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let Fixture { input, app, state } = fixture("peerbind", 1);
+    let app = builder(&app, &input, state.path()).store(StoreDefinition::new("s")).peer_address(address.clone()).build().unwrap();
+    let e = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
+    assert!(matches!(&e, Error::Config(m) if m.contains(&address) && m.contains("cannot listen")), "{e:?}");
+}
+
+#[test]
 fn bad_configuration_is_rejected_before_connecting() {
     let base = || App::builder().application_id("a").bootstrap_servers("x:1").input_topic("t").state_dir("/tmp/x");
     let eos = || base().processing_guarantee(kstate::ProcessingGuarantee::ExactlyOnce);
@@ -126,6 +136,12 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("application server without a host", base().application_server(":8080")),
         ("unsupported SASL mechanism", base().kafka_config("security.protocol", "SASL_SSL").kafka_config("sasl.mechanism", "GSSAPI")),
         ("no warmups", base().max_warmup_replicas(0)),
+        ("peer address without a port", base().peer_address("host")),
+        ("peer address without a host", base().peer_address(":7070")),
+        ("unspecified peer address", base().peer_address("0.0.0.0:7070")),
+        ("unspecified IPv6 peer address", base().peer_address("[::]:7070")),
+        ("zero peer timeout", base().peer_address("h:7070").peer_timeout(Duration::ZERO)),
+        ("peer timeout not below the session timeout", base().peer_address("h:7070").peer_timeout(Duration::from_secs(45))),
         ("probing interval below 1 s", base().probing_rebalance_interval(Duration::from_millis(10))),
         ("state memory below 16 MiB", base().max_state_memory(1 << 20)),
         ("transactional.id is kstate's", base().kafka_config("transactional.id", "mine")),
@@ -138,6 +154,9 @@ fn bad_configuration_is_rejected_before_connecting() {
         assert!(matches!(b.build(), Err(Error::Config(_))), "{what} must be Error::Config");
     }
     assert!(base().store(StoreDefinition::new("ok")).build().is_ok());
+    assert!(base().store(StoreDefinition::new("ok")).peer_address("[::1]:0").build().is_ok());
+    // The peer timeout matters only with a peer address.
+    assert!(base().store(StoreDefinition::new("ok")).peer_timeout(Duration::ZERO).build().is_ok());
     assert!(eos().store(StoreDefinition::new("ok")).build().is_ok());
     // The transaction timeout matters only under exactly-once.
     assert!(base().transaction_timeout(Duration::from_millis(1)).build().is_ok());

@@ -11,7 +11,7 @@ use kafka_protocol::protocol::StrBytes;
 use super::assignor::{self, MemberState, TaskId};
 use super::end_offsets::end_offsets;
 use super::member::Member;
-use super::payload::{AssignmentError, HostTasks, MemberTasks, Subscription, USER_DATA_VERSION};
+use super::payload::{AssignmentError, HostTasks, MemberTasks, PeerInfo, Subscription, USER_DATA_VERSION};
 
 impl Member {
     /// The leader's part: every member's tasks, encoded for SyncGroup.
@@ -22,6 +22,7 @@ impl Member {
         let mut claims: BTreeMap<TaskId, Vec<String>> = BTreeMap::new();
         let mut pending: Vec<(usize, BTreeSet<TaskId>)> = Vec::new();
         let mut endpoints: BTreeMap<String, String> = BTreeMap::new();
+        let mut peers: Vec<PeerInfo> = Vec::new();
         for m in members {
             let id = m.member_id.to_string();
             match Subscription::decode(m.metadata.clone()) {
@@ -37,6 +38,10 @@ impl Member {
                     pending.push((states.len(), s.info.pending));
                     if let Some(endpoint) = s.info.endpoint {
                         endpoints.insert(id.clone(), endpoint);
+                    }
+                    if let Some(address) = s.info.peer {
+                        let instance_id = m.group_instance_id.as_ref().map(|i| i.to_string());
+                        peers.push(PeerInfo { member_id: id.clone(), instance_id, address });
                     }
                     states.push(MemberState {
                         member_id: id,
@@ -166,6 +171,7 @@ impl Member {
                     probe_in_ms,
                     error: 0,
                     hosts: hosts.clone(),
+                    peers: peers.clone(),
                 };
                 if mismatch {
                     tasks = MemberTasks { error: AssignmentError::MismatchedTopics as u16, ..MemberTasks::default() };

@@ -29,6 +29,7 @@ use super::conn::Connection;
 use super::coordinator::Brokers;
 use super::end_offsets::end_offsets;
 use super::payload::{AssignmentError, MemberTasks, Subscription, SubscriptionInfo, USER_DATA_VERSION};
+use super::peers::Peers;
 use super::session::{Generation, SessionClock};
 use crate::error::{Error, Result};
 
@@ -67,6 +68,8 @@ pub(crate) struct GroupSettings {
     pub(crate) changelog_topics: Vec<String>,
     pub(crate) process_id: String,
     pub(crate) endpoint: Option<String>,
+    /// Failure detection among the instances (`peer_address`), if set.
+    pub(crate) peer: Option<super::peers::PeerSettings>,
     pub(crate) client_tags: BTreeMap<String, String>,
     /// How long TLS or SASL refusals are retried after startup (they
     /// passed the startup check, so most likely a broker restarting) before
@@ -110,6 +113,8 @@ enum Command {
     Freeze(Duration),
     /// Leave the group (a clean shutdown) and end the thread.
     Leave,
+    /// Heartbeat now: a peer was dropped, the group is rebalancing.
+    Nudge,
 }
 
 /// The runtime's handle on the membership thread.
@@ -138,7 +143,28 @@ impl Membership {
         let silent = Arc::new(AtomicBool::new(false));
         let session = SessionClock::new(settings.session_timeout);
         let poll = SessionClock::new(settings.rebalance_timeout);
+        let peers = match &settings.peer {
+            Some(peer) => {
+                let nudge = commands.clone();
+                let nudge = Box::new(move || {
+                    let _ = nudge.send(Command::Nudge);
+                });
+                let peers = Peers::start(
+                    peer,
+                    &settings.group,
+                    settings.instance_id.clone(),
+                    settings.session_timeout,
+                    session.clone(),
+                    brokers.clone(),
+                    nudge,
+                )
+                    .map_err(|e| Error::io("kstate-peers threads", e))?;
+                Some(peers)
+            }
+            None => None,
+        };
         let member = Member {
+            peers,
             poll: poll.clone(),
             session: session.clone(),
             silent: silent.clone(),
@@ -225,6 +251,8 @@ impl Drop for Membership {
 
 /// The membership thread's state.
 pub(super) struct Member {
+    /// Failure detection among the instances, if `peer_address` is set.
+    peers: Option<Peers>,
     session: SessionClock,
     poll: SessionClock,
     pub(super) brokers: Brokers,
@@ -296,6 +324,11 @@ impl Member {
             let _ = self.events.send(GroupEvent::Failed(e));
         }
         let silent = self.silent.load(Ordering::SeqCst);
+        // The peers hear the bye before the group hears the leave, so that
+        // none of them takes the shutdown for a crash.
+        if let Some(peers) = self.peers.take() {
+            peers.stop(!silent);
+        }
         if self.settings.instance_id.is_none() && !self.member_id.is_empty() && self.generation >= 0 && !silent {
             self.leave_group();
         }
@@ -323,6 +356,9 @@ impl Member {
                 revoked = ?revoked, "assignment received"
             );
             self.track_moves(&tasks);
+            if let Some(peers) = &self.peers {
+                peers.assigned(generation.id, &generation.member_id, &tasks.peers);
+            }
             self.warmups.caught_up.clear();
             // A member that rejoined into an unchanged generation (the group
             // did not rebalance yet) waits for its heartbeat to say so.
@@ -382,6 +418,7 @@ impl Member {
             }
             match self.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(Command::Leave) | Err(RecvTimeoutError::Disconnected) => return Ok(None),
+                Ok(Command::Nudge) => next_heartbeat = Instant::now(),
                 Ok(Command::Applied) | Err(RecvTimeoutError::Timeout) => {}
                 #[cfg(test)]
                 Ok(Command::Freeze(pause)) => std::thread::sleep(pause),
@@ -542,7 +579,7 @@ impl Member {
                     return Ok(found);
                 }
                 Ok(Command::Leave) | Err(RecvTimeoutError::Disconnected) => return Ok(None),
-                Err(RecvTimeoutError::Timeout) => {}
+                Ok(Command::Nudge) | Err(RecvTimeoutError::Timeout) => {}
                 #[cfg(test)]
                 Ok(Command::Freeze(pause)) => std::thread::sleep(pause),
             }
@@ -577,6 +614,9 @@ impl Member {
         tracing::warn!(group = %self.settings.group, member = %self.member_id, tasks = ?self.owned, reason = why,
             "this member was fenced; its active tasks are closed without commit");
         self.generation = -1;
+        if let Some(peers) = &self.peers {
+            peers.lost();
+        }
         if self.owned.is_empty() {
             return Ok(());
         }
@@ -672,6 +712,7 @@ impl Member {
                 latest_supported_version: USER_DATA_VERSION,
                 process_id: self.settings.process_id.clone(),
                 endpoint: self.settings.endpoint.clone(),
+                peer: self.peers.as_ref().map(Peers::address),
                 client_tags: self.settings.client_tags.clone(),
                 standby: self.standby.clone(),
                 pending: self.pending.clone(),

@@ -12,6 +12,7 @@
 //! - [`assignor`]: the leader's pure, deterministic task assignor (its tests in `assignor/tests.rs`);
 //! - [`member`]: the membership thread (join, sync, heartbeat, leave);
 //! - `leader`: the leader's assignment step between JoinGroup and SyncGroup;
+//! - [`peers`]: failure detection among the instances (`peer_address`): drops a dead or silent peer at once;
 //! - [`session`]: the generation and the session clock that fence a frozen member;
 //! - [`offsets`]: offset commits under the member's generation, and reading committed offsets;
 //! - [`failure`]: which errors mean the group moved on, which are retried and for how long.
@@ -25,6 +26,7 @@ mod leader;
 pub(crate) mod member;
 pub(crate) mod offsets;
 pub(crate) mod payload;
+pub(crate) mod peers;
 pub(crate) mod scram;
 pub(crate) mod security;
 pub(crate) mod session;

@@ -42,6 +42,10 @@ pub(crate) struct SubscriptionInfo {
     /// Client tags (rack awareness).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) client_tags: BTreeMap<String, String>,
+    /// The member's peer listener (`peer_address`), if set: the leader
+    /// tells every member, so that they watch each other (`group::peers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) peer: Option<PeerAddress>,
     /// Standby tasks the member held in the previous generation.
     #[serde(default)]
     pub(crate) standby: BTreeSet<TaskId>,
@@ -98,6 +102,30 @@ pub(crate) struct AssignmentInfo {
     /// generation (interactive queries' metadata).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) hosts: Vec<HostTasks>,
+    /// Every member with a peer listener in this generation (failure
+    /// detection, `group::peers`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) peers: Vec<PeerInfo>,
+}
+
+/// Where a member's peer listener is, and which process answers there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PeerAddress {
+    /// `host:port` the other instances connect to.
+    pub(crate) address: String,
+    /// Random per process start: a listener answering with another one is
+    /// a restarted process, so the member that advertised it is gone.
+    pub(crate) incarnation: u64,
+}
+
+/// A member of this generation that other members watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PeerInfo {
+    pub(crate) member_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) instance_id: Option<String>,
+    #[serde(flatten)]
+    pub(crate) address: PeerAddress,
 }
 
 /// A member's endpoint (`application_server`) and its tasks as the leader
@@ -143,6 +171,7 @@ pub(crate) struct MemberTasks {
     pub(crate) probe_in_ms: Option<u64>,
     pub(crate) error: u16,
     pub(crate) hosts: Vec<HostTasks>,
+    pub(crate) peers: Vec<PeerInfo>,
 }
 
 fn with_version<T: Encodable>(message: &T, version: i16) -> Bytes {
@@ -230,6 +259,7 @@ impl MemberTasks {
             probe_in_ms: self.probe_in_ms,
             error: self.error,
             hosts: self.hosts.clone(),
+            peers: self.peers.clone(),
         };
         a.user_data = Some(serde_json::to_vec(&info).expect("serialisable").into());
         with_version(&a, CONSUMER_PROTOCOL_VERSION)
@@ -258,6 +288,7 @@ impl MemberTasks {
             probe_in_ms: info.probe_in_ms,
             error: info.error,
             hosts: info.hosts,
+            peers: info.peers,
         })
     }
 }
@@ -277,6 +308,7 @@ mod tests {
                 process_id: "p1".into(),
                 endpoint: Some("host:8080".into()),
                 client_tags: BTreeMap::from([("zone".into(), "a".into())]),
+                peer: Some(PeerAddress { address: "host:7070".into(), incarnation: 42 }),
                 standby: BTreeSet::from([2]),
                 pending: BTreeSet::from([5]),
                 caught_up: BTreeSet::from([2]),
@@ -298,6 +330,11 @@ mod tests {
             probe_in_ms: Some(60_000),
             error: 0,
             hosts: vec![HostTasks { endpoint: "a:1".into(), active: BTreeSet::from([0, 3]), standby: BTreeSet::from([1]) }],
+            peers: vec![PeerInfo {
+                member_id: "m-1".into(),
+                instance_id: Some("i-1".into()),
+                address: PeerAddress { address: "a:7070".into(), incarnation: 7 },
+            }],
         };
         assert_eq!(MemberTasks::decode(t.encode(&["in".into()], 1)).unwrap(), t);
         // A later version's extra fields are ignored.

@@ -33,6 +33,11 @@ pub(crate) struct SessionClock {
     /// runtime has not applied its outcome yet: the current generation is
     /// stale, commits under it would be refused.
     pub(super) between_generations: Arc<AtomicBool>,
+    /// Until when (ms on this clock's epoch) the peers that could drop this
+    /// member for silence promised not to (`group::peers`); `u64::MAX`
+    /// when none could. Past it the member writes nothing, as past a
+    /// session timeout: a peer may have made the group drop it.
+    lease_until_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Held by an exactly-once commit while it sends offsets under the
     /// current generation, and by the membership while it starts a
     /// JoinGroup: no JoinGroup (which ends the generation once the group
@@ -49,6 +54,7 @@ impl SessionClock {
             expired: Arc::new(AtomicBool::new(false)),
             joining: Arc::new(AtomicBool::new(false)),
             between_generations: Arc::new(AtomicBool::new(false)),
+            lease_until_ms: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             commit_gate: Arc::default(),
         }
     }
@@ -81,12 +87,33 @@ impl SessionClock {
         self.epoch.elapsed().saturating_sub(Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst)))
     }
 
-    /// Whether the coordinator confirmed this member within a session timeout.
+    /// Whether the coordinator confirmed this member within a session
+    /// timeout, and every peer watching it still holds it alive (its lease).
     pub(crate) fn alive(&self) -> bool {
-        if self.expired.load(Ordering::SeqCst) {
+        if self.expired.load(Ordering::SeqCst) || !self.leased() {
             return false;
         }
         let last = Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst));
         self.joining.load(Ordering::SeqCst) || self.epoch.elapsed().saturating_sub(last) < self.timeout
+    }
+
+    /// Whether the peers' lease holds (always, without peers).
+    pub(crate) fn leased(&self) -> bool {
+        (self.epoch.elapsed().as_millis() as u64) < self.lease_until_ms.load(Ordering::SeqCst)
+    }
+
+    /// Sets the peers' lease: writes stop at `until` (`None`: no peer can
+    /// drop this member for silence).
+    pub(super) fn set_lease(&self, until: Option<Instant>) {
+        let ms = until.map_or(u64::MAX, |t| t.saturating_duration_since(self.epoch).as_millis() as u64);
+        self.lease_until_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Whether the coordinator confirmed this member within a session
+    /// timeout, leaving the peers' lease aside (may it judge others?).
+    pub(super) fn confirmed_recently(&self) -> bool {
+        let last = Duration::from_millis(self.last_ok_ms.load(Ordering::SeqCst));
+        !self.expired.load(Ordering::SeqCst)
+            && (self.joining.load(Ordering::SeqCst) || self.epoch.elapsed().saturating_sub(last) < self.timeout)
     }
 }

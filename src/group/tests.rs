@@ -57,6 +57,7 @@ fn settings(group: &str, topic: &str, instance: Option<&str>, offsets_of: &str) 
         changelog_topics: Vec::new(),
         process_id: offsets_of.into(),
         endpoint: None,
+        peer: None,
         client_tags: BTreeMap::new(),
         give_up_after: Duration::from_secs(60),
     }

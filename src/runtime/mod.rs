@@ -44,7 +44,7 @@ use crate::task::{TaskManager, TaskManagerParts};
 
 use events::apply_group_events;
 use poll_loop::{process_loop, LoopParts};
-use startup::{client_config, input_partitions, local_tasks, process_id, warn_truncated_changelogs};
+use startup::{client_config, input_partitions, local_tasks, peer_listener, process_id, warn_truncated_changelogs};
 
 /// The task manager, shared with the membership thread (which reads the
 /// checkpoints of open stores for its subscription).
@@ -207,6 +207,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         changelog_topics: config.stores.iter().map(|s| crate::kafka::changelog_topic(&config.application_id, s.name())).collect(),
         process_id,
         endpoint: config.application_server.clone(),
+        peer: peer_listener(&config)?,
         client_tags: config.client_tags.clone(),
         give_up_after: config.task_timeout,
     };

@@ -112,3 +112,18 @@ pub(super) fn warn_truncated_changelogs(brokers: &Brokers, specs: &[ChangelogSpe
         Err(e) => tracing::warn!(error = %e, "could not check the changelogs' start offsets"),
     }
 }
+
+/// Binds `peer_address` (failure detection among the instances), if set;
+/// the advertised address carries the port actually bound (port 0 picks one).
+pub(super) fn peer_listener(config: &AppConfig) -> Result<Option<crate::group::peers::PeerSettings>> {
+    let Some(address) = &config.peer_address else { return Ok(None) };
+    let listener = std::net::TcpListener::bind(address.as_str())
+        .map_err(|e| Error::Config(format!("peer_address `{address}`: cannot listen there: {e}")))?;
+    let port = listener.local_addr().map_err(|e| Error::io("peer listener", e))?.port();
+    let host = address.rsplit_once(':').map_or(address.as_str(), |(host, _)| host);
+    Ok(Some(crate::group::peers::PeerSettings {
+        listener: std::sync::Arc::new(listener),
+        advertised: format!("{host}:{port}"),
+        timeout: config.peer_timeout,
+    }))
+}

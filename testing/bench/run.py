@@ -483,7 +483,9 @@ class Suite:
 
     # ---- failover --------------------------------------------------------
 
-    FAILOVER_CONTENDERS = [("kstate-0", "kstate", 0), ("kstate-1", "kstate", 1),
+    # kstate-1-peers: one standby and failure detection among the
+    # instances (`peer_address`): a killed instance is dropped at once.
+    FAILOVER_CONTENDERS = [("kstate-0", "kstate", 0), ("kstate-1", "kstate", 1), ("kstate-1-peers", "kstate-peers", 1),
                            ("kstreams-0", "kstreams", 0), ("kstreams-1", "kstreams", 1)]
 
     def failover(self):
@@ -514,10 +516,11 @@ class Suite:
 
     def failover_instance_cmd(self, kind, app, inp, state, standbys):
         session, hb = str(self.a.session_timeout_ms), str(self.a.heartbeat_ms)
-        if kind == "kstate":
+        if kind.startswith("kstate"):
+            peers = ["--peer-address", "127.0.0.1:0"] if kind == "kstate-peers" else []
             return [self.failover_bin, "instance", "--bootstrap", self.b, "--app", app, "--input", inp,
                     "--state-dir", state, "--standbys", str(standbys), "--session-timeout-ms", session,
-                    "--heartbeat-ms", hb]
+                    "--heartbeat-ms", hb] + peers
         # The consumer coordinator's INFO lines carry the moment each assignment arrived.
         return self.java[:1] + ["-Dorg.slf4j.simpleLogger.log.org.apache.kafka.clients.consumer.internals."
                                 "ConsumerCoordinator=info"] + self.java[1:] + ["failover", "--bootstrap", self.b, "--app-id", app, "--input-topic", inp,
@@ -635,6 +638,8 @@ class Suite:
         a = self.a
         for size in a.failover_sizes:
             rows = [(name, self.failover_results.get((size, name))) for name, _, _ in self.FAILOVER_CONTENDERS]
+            kill_medians = {n: statistics.median([m["kill_to_first_record_s"] for r in rs if "moved" in r for m in r["moved"]])
+                            for n, rs in rows if rs and any("moved" in r for r in rs)}
             rows = [(n, rs) for n, rs in rows if rs]
             if not rows:
                 continue
@@ -676,6 +681,11 @@ class Suite:
                                 if col("assignment_received_to_first_record_s") else None),
                             "restored_records_median": statistics.median(replayed) if replayed else None,
                             "runs": all_runs})
+            # The ratios the failure-detection goal is stated in (same run).
+            for ours, theirs in (("kstate-1-peers", "kstreams-1"), ("kstate-1-peers", "kstate-1")):
+                if ours in kill_medians and theirs in kill_medians and kill_medians[theirs] > 0:
+                    print(f"(a) kill -> first record, {ours} / {theirs}: "
+                          f"{kill_medians[ours]:.3f} s / {kill_medians[theirs]:.3f} s = {kill_medians[ours] / kill_medians[theirs]:.3f}")
 
     # ---- scale-out -------------------------------------------------------
 
@@ -1080,7 +1090,7 @@ def main():
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
     p.add_argument("--failover-contenders", type=lambda s: s.split(","), default=None,
-                   help="subset of kstate-0,kstate-1,kstreams-0,kstreams-1")
+                   help="subset of kstate-0,kstate-1,kstate-1-peers,kstreams-0,kstreams-1")
     p.add_argument("--session-timeout-ms", type=int, default=10_000, help="failover, scaleout: both contenders")
     p.add_argument("--heartbeat-ms", type=int, default=1_000, help="failover, scaleout: both contenders")
     p.add_argument("--load-rate", type=int, default=2_000, help="failover, scaleout: input records/s during the run")

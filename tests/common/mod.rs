@@ -2,6 +2,8 @@
 //! default 127.0.0.1:9092; `bash testing/test.sh` starts one).
 #![allow(dead_code)]
 
+pub mod instances;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -529,11 +531,17 @@ pub struct ChildInstance {
 
 impl ChildInstance {
     pub fn spawn(name: &str, entry: &str, settings: String, log: PathBuf) -> ChildInstance {
+        ChildInstance::spawn_env(name, entry, settings, log, &[])
+    }
+
+    /// [`ChildInstance::spawn`] with extra environment variables.
+    pub fn spawn_env(name: &str, entry: &str, settings: String, log: PathBuf, env: &[(&str, String)]) -> ChildInstance {
         use std::process::{Command, Stdio};
         let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
         let child = Command::new(std::env::current_exe().unwrap())
             .args([entry, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env("KSTATE_CHILD", settings)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RUST_LOG", "kstate=info")
             .stdin(Stdio::piped())
             .stdout(out.try_clone().unwrap())
@@ -553,6 +561,17 @@ impl ChildInstance {
         let text = self.text();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// The lines around the first line containing `needle` (20 before, 20
+    /// after), or the tail when nothing matches: what a failure message shows.
+    pub fn around(&self, needle: &str) -> String {
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().collect();
+        match lines.iter().position(|l| l.contains(needle)) {
+            Some(at) => lines[at.saturating_sub(20)..(at + 21).min(lines.len())].join("\n"),
+            None => self.tail(),
+        }
     }
 
     /// Fails the test if the instance ended on its own.

@@ -12,6 +12,7 @@
 //! - [`assignor`]: the leader's pure, deterministic task assignor (its tests in `assignor/tests.rs`);
 //! - [`member`]: the membership thread (join, sync, heartbeat, leave);
 //! - `leader`: the leader's assignment step between JoinGroup and SyncGroup;
+//! - `warmups`: a member's warmups (KIP-441) and the check that asks for their move;
 //! - [`peers`]: failure detection among the instances (`peer_address`): drops a dead or silent peer at once;
 //! - [`session`]: the generation and the session clock that fence a frozen member;
 //! - [`offsets`]: offset commits under the member's generation, and reading committed offsets;
@@ -30,6 +31,7 @@ pub(crate) mod peers;
 pub(crate) mod scram;
 pub(crate) mod security;
 pub(crate) mod session;
+mod warmups;
 
 pub(crate) use coordinator::Brokers;
 pub(crate) use end_offsets::start_offsets;

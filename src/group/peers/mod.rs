@@ -86,6 +86,23 @@ struct Peer {
     thread: Option<JoinHandle<()>>,
 }
 
+impl Peer {
+    /// A peer of a generation this instance just learnt of.
+    fn new(info: PeerInfo, commands: Sender<LinkCommand>, thread: Option<JoinHandle<()>>) -> Peer {
+        Peer {
+            info,
+            last_heard: None,
+            armed: false,
+            granted: Duration::ZERO,
+            lease: None,
+            lease_generation: None,
+            gone: None,
+            commands,
+            thread,
+        }
+    }
+}
+
 /// Timeout drops of one process (by incarnation), for damping.
 #[derive(Default, Clone, Copy)]
 struct Drops {
@@ -349,20 +366,7 @@ impl Peers {
             let (commands, rx) = mpsc::channel();
             let (shared, target) = (self.shared.clone(), info.clone());
             let thread = std::thread::Builder::new().name("kstate-peer-out".into()).spawn(move || link::call(shared, target, rx)).ok();
-            state.peers.insert(
-                id.to_string(),
-                Peer {
-                    info: info.clone(),
-                    last_heard: None,
-                    armed: false,
-                    granted: Duration::ZERO,
-                    lease: None,
-                    lease_generation: None,
-                    gone: None,
-                    commands,
-                    thread,
-                },
-            );
+            state.peers.insert(id.to_string(), Peer::new(info.clone(), commands, thread));
         }
         state.dropped.retain(|m| peers.iter().all(|p| &p.member_id != m));
         if state.dropped.len() > 10_000 {
@@ -662,18 +666,7 @@ mod tests {
             instance_id: None,
             address: PeerAddress { address: "h:1".into(), incarnation },
         };
-        let peer = Peer {
-            info,
-            last_heard: None,
-            armed: false,
-            granted: Duration::ZERO,
-            lease: None,
-            lease_generation: None,
-            gone: None,
-            commands,
-            thread: None,
-        };
-        s.state().peers.insert(member.into(), peer);
+        s.state().peers.insert(member.into(), Peer::new(info, commands, None));
     }
 
     #[test]

@@ -40,3 +40,11 @@ def bootstrap():
     if "KSTATE_BOOTSTRAP" in os.environ:
         return os.environ["KSTATE_BOOTSTRAP"]
     return sh(["bash", "testing/kafka.sh", "start"], stdout=subprocess.PIPE, check=True).stdout.decode().split()[-1]
+
+
+def rotated(variants, reps):
+    """(rep, variant) in run order: each repetition starts one variant later,
+    so that no variant always runs first (on a cold broker) or last."""
+    for rep in range(reps):
+        for v in variants[rep % len(variants):] + variants[:rep % len(variants)]:
+            yield rep, v

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import bootstrap as start_broker, build_bench, run, sh
+from benchlib import bootstrap as start_broker, build_bench, rotated, run, sh
 
 VARIANTS = ["plain", "paced", "max"]
 
@@ -41,18 +41,16 @@ def main():
     print(run([binary, "query-generate", "--bootstrap", bootstrap, "--topic", source, "--records", str(records), "--keys", str(keys)]), flush=True)
     results = {v: [] for v in VARIANTS}
     try:
-        for rep in range(reps):
-            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
-            for v in order:
-                app = f"{run_id}-{v}{rep}"
-                state = f"/tmp/query-bench-{app}"
-                r = run([binary, "kstate-query", "--bootstrap", bootstrap, "--app", app, "--input", source,
-                         "--records", str(records), "--keys", str(keys), "--state-dir", state, "--variant", v, "--rate", str(rate)])
-                results[v].append(r)
-                print(f"{v} rep {rep}: {r['records_per_sec']:,.0f} rec/s, {r['reads_per_sec']:,.0f} reads/s "
-                      f"(found {r['found']:,}, errors {r['errors']}), p50 {r['p50_us']} us, p99 {r['p99_us']} us, p99.9 {r['p999_us']} us", flush=True)
-                sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", app], stdout=subprocess.DEVNULL)
-                shutil.rmtree(state, ignore_errors=True)
+        for rep, v in rotated(VARIANTS, reps):
+            app = f"{run_id}-{v}{rep}"
+            state = f"/tmp/query-bench-{app}"
+            r = run([binary, "kstate-query", "--bootstrap", bootstrap, "--app", app, "--input", source,
+                     "--records", str(records), "--keys", str(keys), "--state-dir", state, "--variant", v, "--rate", str(rate)])
+            results[v].append(r)
+            print(f"{v} rep {rep}: {r['records_per_sec']:,.0f} rec/s, {r['reads_per_sec']:,.0f} reads/s "
+                  f"(found {r['found']:,}, errors {r['errors']}), p50 {r['p50_us']} us, p99 {r['p99_us']} us, p99.9 {r['p999_us']} us", flush=True)
+            sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", app], stdout=subprocess.DEVNULL)
+            shutil.rmtree(state, ignore_errors=True)
     finally:
         sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", run_id], stdout=subprocess.DEVNULL)
     med = lambda v, k: statistics.median(r[k] for r in results[v])

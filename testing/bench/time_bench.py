@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from benchlib import bootstrap as start_broker, ROOT, build_bench, run, sh
+from benchlib import bootstrap as start_broker, ROOT, build_bench, rotated, run, sh
 
 JAR = os.path.join(ROOT, "testing/bench/kstreams/target/kstreams-bench.jar")
 VARIANTS = ["plain", "timers", "ttl", "read", "ttl-read"]
@@ -45,17 +45,15 @@ def main():
          "--partitions", "4", "--records", str(records), "--seed", "42", "--compact", "false"])
     rates = {v: [] for v in VARIANTS}
     try:
-        for rep in range(reps):
-            order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
-            for v in order:
-                app = f"{run_id}-{v}{rep}"
-                state = f"/tmp/time-bench-{app}"
-                r = run([binary, "kstate-time", "--bootstrap", bootstrap, "--app", app, "--input", source,
-                         "--records", str(records), "--state-dir", state, "--variant", v])
-                rates[v].append(r["records_per_sec"])
-                print(f"{v} rep {rep}: {r['records_per_sec']:,.0f} rec/s (timers fired {r['timers_fired']:,})", flush=True)
-                sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", app], stdout=subprocess.DEVNULL)
-                shutil.rmtree(state, ignore_errors=True)
+        for rep, v in rotated(VARIANTS, reps):
+            app = f"{run_id}-{v}{rep}"
+            state = f"/tmp/time-bench-{app}"
+            r = run([binary, "kstate-time", "--bootstrap", bootstrap, "--app", app, "--input", source,
+                     "--records", str(records), "--state-dir", state, "--variant", v])
+            rates[v].append(r["records_per_sec"])
+            print(f"{v} rep {rep}: {r['records_per_sec']:,.0f} rec/s (timers fired {r['timers_fired']:,})", flush=True)
+            sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", app], stdout=subprocess.DEVNULL)
+            shutil.rmtree(state, ignore_errors=True)
     finally:
         sh([binary, "delete-topics", "--bootstrap", bootstrap, "--prefix", run_id], stdout=subprocess.DEVNULL)
     med = {v: statistics.median(x) for v, x in rates.items()}

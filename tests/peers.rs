@@ -43,6 +43,14 @@ const DEFAULTS: &str = "session_ms=45000;heartbeat_ms=3000";
 /// loaded 2-core machine (the failover benchmark reports the real figure).
 const TAKEOVER_BOUND: Duration = Duration::from_millis(2_500);
 
+/// The last 30 lines of an instance's log that are kstate's own (not the
+/// child's `KSTATE-` markers).
+fn log_lines(instance: &Instance) -> String {
+    let text = instance.text();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with("KSTATE-")).collect();
+    format!("--- {}:\n{}", instance.name, lines[lines.len().saturating_sub(30)..].join("\n"))
+}
+
 fn wall_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
 }
@@ -274,4 +282,60 @@ fn a_frozen_instance_is_dropped_after_peer_timeout_writes_nothing_after_and_come
         next[*p as usize] += 1;
         assert!(seen.contains_key(&id), "no output for input {id}");
     }
+}
+
+#[test]
+fn a_static_member_that_stops_cleanly_is_not_dropped_and_one_that_is_killed_is() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("peerstatic", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let id = |n: &str| format!("{app}-{n}");
+    let options = format!("{DEFAULTS};peer=127.0.0.1:0");
+    let start = |n: &str| Instance::start_opts(n, &bootstrap, &app, &input, dir, &id(n), ONE_STANDBY, &options);
+    let mut instances: Vec<Instance> = ["a", "b", "c"].iter().map(|n| start(n)).collect();
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    let before = balanced(&mut instances, Duration::from_secs(90));
+    let generation = instances[0].assignment().unwrap().0;
+    // A clean stop: c says bye and keeps its place (static membership);
+    // its peers drop no one, the group does not rebalance, and c back
+    // within its session gets its tasks again.
+    let marks: Vec<usize> = instances[..2].iter().map(Instance::log_len).collect();
+    instances.pop().unwrap().stop();
+    std::thread::sleep(Duration::from_secs(3));
+    for (i, m) in instances.iter().zip(&marks) {
+        assert!(!i.text()[*m..].contains("dropped a peer from the group"), "{} dropped a member that stopped cleanly:\n{}", i.name, i.tail());
+        assert_eq!(i.assignment().unwrap().0, generation, "{} rebalanced for a clean stop of a static member", i.name);
+    }
+    instances.push(start("c"));
+    let again = balanced(&mut instances, Duration::from_secs(60));
+    assert_eq!(again[2].0, before[2].0, "c came back to its own tasks");
+    // A kill: its peers drop it by its instance id at once, its standbys
+    // take over, and its restart rejoins.
+    std::thread::sleep(Duration::from_secs(2));
+    let marks: Vec<usize> = instances[..2].iter().map(Instance::log_len).collect();
+    let moved = again[2].0.clone();
+    let killed = Instant::now();
+    instances.pop().unwrap().kill();
+    loop {
+        let owned: BTreeSet<i32> =
+            instances.iter().flat_map(|i| i.assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
+        if moved.iter().all(|t| owned.contains(t)) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < TAKEOVER_BOUND,
+            "a and b do not run the killed static member's tasks {moved:?} after {TAKEOVER_BOUND:?}:\n{}\n{}",
+            log_lines(&instances[0]),
+            log_lines(&instances[1])
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("the killed static member's tasks {moved:?} moved after {:?}", killed.elapsed());
+    let dropped = instances.iter().zip(&marks).filter(|(i, m)| i.text()[**m..].contains("dropped a peer from the group")).count();
+    assert!(dropped >= 1, "no survivor dropped the killed static member");
+    instances.push(start("c"));
+    balanced(&mut instances, Duration::from_secs(90));
+    let sent = feeder.join(true);
+    stop_and_check(instances, &app, &input, &sent, "a static member stopped, then killed");
 }

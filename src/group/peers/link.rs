@@ -19,15 +19,27 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::super::payload::PeerInfo;
+use super::super::payload::{PeerAddress, PeerInfo};
 use super::Shared;
 
 /// One message on a peer link.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "t")]
 pub(super) enum Msg {
-    /// Caller → listener, first: who calls.
-    Hello { group: String, incarnation: u64 },
+    /// Caller → listener, first: who calls. A static member that restarted
+    /// into its place without a rebalance is learnt from this (`Shared::introduced`).
+    Hello {
+        group: String,
+        incarnation: u64,
+        #[serde(default)]
+        member: String,
+        #[serde(default)]
+        generation: i32,
+        #[serde(default)]
+        instance_id: Option<String>,
+        #[serde(default)]
+        address: String,
+    },
     /// Listener → caller: the process answering here.
     Welcome { incarnation: u64 },
     /// Listener → caller: not a member of this application.
@@ -127,7 +139,7 @@ pub(super) fn listen(shared: Arc<Shared>, listener: Arc<TcpListener>) {
 }
 
 /// Answers one caller: its pings with acks (and leases), its nudges and bye.
-fn answer(shared: &Shared, stream: TcpStream) -> std::io::Result<()> {
+fn answer(shared: &Arc<Shared>, stream: TcpStream) -> std::io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_millis(100)))?;
@@ -145,7 +157,7 @@ fn answer(shared: &Shared, stream: TcpStream) -> std::io::Result<()> {
             continue;
         };
         match msg {
-            Msg::Hello { group, incarnation } => {
+            Msg::Hello { group, incarnation, member, generation, instance_id, address } => {
                 if group != shared.group {
                     let reason = format!("this is a peer of application `{}`, not `{group}`", shared.group);
                     send(&mut writer, &Msg::Refused { reason })?;
@@ -153,6 +165,10 @@ fn answer(shared: &Shared, stream: TcpStream) -> std::io::Result<()> {
                 }
                 caller = Some(incarnation);
                 send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation })?;
+                if let Some(instance_id) = instance_id {
+                    let info = PeerInfo { member_id: member, instance_id: Some(instance_id), address: PeerAddress { address, incarnation } };
+                    Shared::introduced(shared, info, generation);
+                }
             }
             Msg::Ping { seq, member, generation, armed } if caller.is_some() => {
                 let (lease_ms, dropped, generation) = shared.pinged(&member, generation, armed);
@@ -230,7 +246,7 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     let Some(addr) = peer.address.address.to_socket_addrs().ok().and_then(|mut a| a.next()) else { return };
     if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
         let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-        let _ = send(&mut stream, &Msg::Hello { group: shared.group.clone(), incarnation: shared.incarnation });
+        let _ = send(&mut stream, &shared.hello());
         let _ = send(&mut stream, &Msg::Bye);
     }
 }
@@ -251,7 +267,7 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
-    send(&mut writer, &Msg::Hello { group: shared.group.clone(), incarnation: shared.incarnation })?;
+    send(&mut writer, &shared.hello())?;
     let welcome_by = Instant::now() + shared.timeout;
     let interval = shared.timeout / 6;
     let mut next_ping = Instant::now();

@@ -129,6 +129,8 @@ struct State {
 pub(super) struct Shared {
     group: String,
     incarnation: u64,
+    /// This instance's peer address, as published.
+    advertised: String,
     timeout: Duration,
     session_timeout: Duration,
     session: SessionClock,
@@ -253,6 +255,44 @@ impl Shared {
         self.refresh_lease(&state);
     }
 
+    /// This instance's `Hello`.
+    fn hello(&self) -> link::Msg {
+        let state = self.state();
+        link::Msg::Hello {
+            group: self.group.clone(),
+            incarnation: self.incarnation,
+            member: state.member.clone(),
+            generation: state.generation,
+            instance_id: state.instance_id.clone(),
+            address: self.advertised.clone(),
+        }
+    }
+
+    /// A static member of this generation introduced itself under a member
+    /// id or incarnation this instance does not know: it restarted into its
+    /// place (`group.instance.id`) without a rebalance. Watch the new process
+    /// instead of the old one.
+    fn introduced(shared: &Arc<Shared>, info: PeerInfo, generation: i32) {
+        let mut state = shared.state();
+        if generation != state.generation || generation < 0 || info.instance_id.is_none() || info.instance_id == state.instance_id {
+            return;
+        }
+        let Some(old) = state.peers.iter().find(|(_, p)| p.info.instance_id == info.instance_id).map(|(id, _)| id.clone()) else { return };
+        if old == info.member_id && state.peers[&old].info.address == info.address {
+            return;
+        }
+        if let Some(p) = state.peers.remove(&old) {
+            let _ = p.commands.send(LinkCommand::Stop);
+        }
+        tracing::info!(peer = %info.address.address, member = %info.member_id, instance = ?info.instance_id,
+            "a static member restarted into its place; watching the new process");
+        let (commands, rx) = mpsc::channel();
+        let (s, target) = (shared.clone(), info.clone());
+        let thread = std::thread::Builder::new().name("kstate-peer-out".into()).spawn(move || link::call(s, target, rx)).ok();
+        state.peers.insert(info.member_id.clone(), Peer::new(info, commands, thread));
+        shared.refresh_lease(&state);
+    }
+
     /// Whether `incarnation` is this process or a member of its generation.
     fn is_member_incarnation(&self, incarnation: u64) -> bool {
         incarnation == self.incarnation || self.state().peers.values().any(|p| p.info.address.incarnation == incarnation)
@@ -288,6 +328,7 @@ impl Peers {
         let shared = Arc::new(Shared {
             group: group.to_string(),
             incarnation: rand_u64(),
+            advertised: settings.advertised.clone(),
             timeout: settings.timeout,
             session_timeout,
             session,
@@ -337,9 +378,13 @@ impl Peers {
             metrics::histogram!(crate::metrics::PEER_FAILOVER_SECONDS).record(took.as_secs_f64());
             tracing::info!(generation, took = ?took, "new assignment after dropping a peer");
         }
+        let instance_id = state.instance_id.clone();
         let wanted: BTreeMap<&str, &PeerInfo> = peers
             .iter()
             .filter(|p| p.member_id != member && p.address.incarnation != self.shared.incarnation)
+            // This member's own place under an earlier member id (a static
+            // member that restarted into an unchanged generation).
+            .filter(|p| p.instance_id.is_none() || p.instance_id != instance_id)
             .map(|p| (p.member_id.as_str(), p))
             .collect();
         let stale: Vec<String> = state
@@ -640,6 +685,7 @@ mod tests {
         Shared {
             group: "g".into(),
             incarnation: 1,
+            advertised: "me:1".into(),
             timeout: Duration::from_millis(timeout_ms),
             session_timeout: Duration::from_millis(session_ms),
             session: SessionClock::new(Duration::from_millis(session_ms)),

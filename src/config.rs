@@ -202,6 +202,12 @@ impl StoreDefinition {
     }
 }
 
+/// The host of a `host:port` address (an IPv6 host keeps its brackets), or
+/// `None` when there is no host or no valid port.
+pub(crate) fn host_of(host_port: &str) -> Option<&str> {
+    host_port.rsplit_once(':').filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()).map(|(host, _)| host)
+}
+
 /// A validated application configuration (built by [`AppBuilder`](crate::AppBuilder)).
 #[derive(Clone)]
 pub(crate) struct AppConfig {
@@ -487,10 +493,9 @@ impl AppConfig {
         }
         // kstate's own connections must be able to honour the security settings.
         crate::group::Security::from_kafka_config(&self.kafka_overrides)?;
-        self.group_timeouts()?;
+        let timeouts = self.group_timeouts()?;
         if let Some(address) = &self.peer_address {
-            let host = address.rsplit_once(':').filter(|(_, port)| port.parse::<u16>().is_ok()).map(|(host, _)| host.trim_matches(['[', ']']));
-            match host {
+            match host_of(address).map(|host| host.trim_matches(['[', ']'])) {
                 None | Some("") => return Err(Error::Config(format!("peer_address must be host:port, not `{address}`"))),
                 Some("0.0.0.0" | "::") => {
                     return Err(Error::Config(format!(
@@ -500,7 +505,7 @@ impl AppConfig {
                 }
                 Some(_) => {}
             }
-            let session = self.group_timeouts()?.session;
+            let session = timeouts.session;
             if self.peer_timeout < Duration::from_millis(100) || self.peer_timeout >= session {
                 return Err(Error::Config(format!(
                     "peer_timeout must be at least 100 ms and below `session.timeout.ms` ({session:?}), got {:?}",
@@ -509,8 +514,7 @@ impl AppConfig {
             }
         }
         if let Some(server) = &self.application_server {
-            let ok = server.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !ok {
+            if host_of(server).is_none() {
                 return Err(Error::Config(format!("application_server must be host:port, not `{server}`")));
             }
         }

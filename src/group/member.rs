@@ -280,7 +280,6 @@ pub(super) struct Member {
     refused_since: Option<Instant>,
 }
 
-
 /// How a group request ended, apart from success.
 enum Outcome {
     /// Rejoin the group (a rebalance started, or the coordinator moved).

@@ -120,7 +120,7 @@ pub(super) fn peer_listener(config: &AppConfig) -> Result<Option<crate::group::p
     let listener = std::net::TcpListener::bind(address.as_str())
         .map_err(|e| Error::Config(format!("peer_address `{address}`: cannot listen there: {e}")))?;
     let port = listener.local_addr().map_err(|e| Error::io("peer listener", e))?.port();
-    let host = address.rsplit_once(':').map_or(address.as_str(), |(host, _)| host);
+    let host = crate::config::host_of(address).unwrap_or(address);
     Ok(Some(crate::group::peers::PeerSettings {
         listener: std::sync::Arc::new(listener),
         advertised: format!("{host}:{port}"),

@@ -446,8 +446,7 @@ impl Peers {
         }
         // The byes go out before the listener closes.
         let deadline = Instant::now() + Duration::from_secs(1);
-        let links = self.threads.len() - 2;
-        for t in self.threads.drain(2..).take(links) {
+        for t in self.threads.drain(2..) {
             while !t.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }

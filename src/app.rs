@@ -64,6 +64,12 @@ impl App {
         crate::Queries::new(self.config.clone(), self.shutdown.clone())
     }
 
+    /// A handle that asks the running application for a snapshot of every
+    /// active store partition now (see [`AppBuilder::snapshots`]).
+    pub fn snapshot_handle(&self) -> crate::SnapshotHandle {
+        self.config.snapshot_handle.clone()
+    }
+
     /// A handle that stops [`App::run`] cleanly from any thread.
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
@@ -198,6 +204,8 @@ impl Default for AppBuilder {
                 invalid_timestamp: InvalidTimestamp::Fail,
                 published: Default::default(),
                 query_partitioner: None,
+                snapshots: None,
+                snapshot_handle: Default::default(),
             },
         }
     }
@@ -543,6 +551,19 @@ impl AppBuilder {
         F: Fn(&[u8], i32) -> i32 + Send + Sync + 'static,
     {
         self.config.query_partitioner = Some(Arc::new(partitioner));
+        self
+    }
+
+    /// Snapshots of the stores in object storage: each active store
+    /// partition is snapshotted incrementally every
+    /// [`interval`](crate::SnapshotConfig::interval) (only SST files the
+    /// snapshot store does not have are uploaded), and a store partition
+    /// with no local state (a new instance, a lost disk) is seeded from the
+    /// newest usable snapshot, so its restore replays only the changelog
+    /// past the snapshot. Snapshot failures are logged and retried; they
+    /// never stop processing. See the README's "Snapshots".
+    pub fn snapshots(mut self, config: crate::SnapshotConfig) -> Self {
+        self.config.snapshots = Some(config);
         self
     }
 

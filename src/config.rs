@@ -261,6 +261,10 @@ pub(crate) struct AppConfig {
     /// Maps a store key to its partition for queries (`None`: murmur2, as
     /// the Java clients' default partitioner).
     pub(crate) query_partitioner: Option<Arc<QueryPartitioner>>,
+    /// Snapshots in object storage (`None`: none).
+    pub(crate) snapshots: Option<crate::snapshot::SnapshotConfig>,
+    /// Asks the running application for a snapshot round.
+    pub(crate) snapshot_handle: crate::snapshot::SnapshotHandle,
 }
 
 /// See [`AppBuilder::query_partitioner`](crate::AppBuilder::query_partitioner).
@@ -358,6 +362,9 @@ impl AppConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(snapshots) = &self.snapshots {
+            snapshots.validate().map_err(Error::Config)?;
+        }
         check_name("application_id", &self.application_id)?;
         if self.bootstrap_servers.trim().is_empty() {
             return Err(Error::Config("bootstrap_servers is empty".into()));

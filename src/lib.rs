@@ -114,6 +114,7 @@ mod record;
 pub mod restore;
 mod runtime;
 mod shutdown;
+mod snapshot;
 mod store;
 mod task;
 mod time;
@@ -135,7 +136,8 @@ pub use query::{
 pub use record::{Headers, Record, TimestampType};
 pub use restore::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 pub use shutdown::ShutdownHandle;
-pub use store::{KeyValueStore, SessionRecord, SessionStore, TypedStore, WindowPut, WindowStore, WindowUpdate};
+pub use snapshot::{GcReport, RemoteSnapshot, RemoteSnapshotFile, SnapshotConfig, SnapshotHandle};
+pub use store::{SnapshotSeed, KeyValueStore, SessionRecord, SessionStore, TypedStore, WindowPut, WindowStore, WindowUpdate};
 pub use time::{InvalidTimestamp, Punctuation, PunctuationId, TimeDomain, Timer, TimestampExtractor};
 pub use timers::{TimersSummary, TIME_STORE};
 pub use windows::{Session, SessionWindows, Windows};

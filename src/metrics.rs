@@ -61,12 +61,37 @@
 //! | `kstate_peers_dropped_total` | counter | peers this instance made the group drop, label `reason` (`closed`: the process is gone; `timeout`: silent for `peer_timeout`) |
 //! | `kstate_peer_failover_seconds` | histogram | from dropping a peer to this instance's next assignment |
 //! | `kstate_peer_lease_lapses_total` | counter | times this instance stopped writing because a peer's lease ran out (a peer frozen or cut off, or this instance itself) |
+//! | `kstate_snapshots_total` | counter | snapshots of store partitions, label `result` (`ok`, `failed`; no store labels) |
+//! | `kstate_snapshot_seconds` | histogram | how long a snapshot took: checkpoint, upload of new files, manifest (no store labels) |
+//! | `kstate_snapshot_delta_bytes` | gauge | bytes the last snapshot of a store partition uploaded (files the snapshot store did not have) |
+//! | `kstate_snapshot_full_bytes` | gauge | bytes of all files of the last snapshot of a store partition |
+//! | `kstate_snapshot_files` | gauge | files of the last snapshot of a store partition |
+//! | `kstate_snapshot_age_seconds` | gauge | time since the last complete snapshot of a store partition taken here (updated every second) |
+//! | `kstate_snapshot_seeds_total` | counter | store partitions without local state that looked for a snapshot, label `result` (`seeded`, `skipped`: none usable, reasons logged; `none`: there was none; no store labels) |
+//! | `kstate_snapshot_seed_bytes_per_sec` | gauge | download rate of the last seeding of a store partition from a snapshot: the recovery bandwidth |
 //! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
 //! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
 //! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
 //! | `kstate_rocksdb_block_cache_bytes` | gauge | RocksDB `rocksdb.block-cache-usage` (shared cache) |
 
 use metrics::{counter, gauge, Counter, Gauge};
+
+/// Snapshots taken (label `result`).
+pub const SNAPSHOTS: &str = "kstate_snapshots_total";
+/// Duration of a snapshot.
+pub const SNAPSHOT_SECONDS: &str = "kstate_snapshot_seconds";
+/// Bytes the last snapshot uploaded.
+pub const SNAPSHOT_DELTA_BYTES: &str = "kstate_snapshot_delta_bytes";
+/// Bytes of the last snapshot's files.
+pub const SNAPSHOT_FULL_BYTES: &str = "kstate_snapshot_full_bytes";
+/// Files of the last snapshot.
+pub const SNAPSHOT_FILES: &str = "kstate_snapshot_files";
+/// Age of the last complete snapshot.
+pub const SNAPSHOT_AGE: &str = "kstate_snapshot_age_seconds";
+/// Seedings from snapshots (label `result`).
+pub const SNAPSHOT_SEEDS: &str = "kstate_snapshot_seeds_total";
+/// Download rate of the last seeding.
+pub const SNAPSHOT_SEED_RATE: &str = "kstate_snapshot_seed_bytes_per_sec";
 
 /// Expired entries deleted counter name.
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";

@@ -4,17 +4,25 @@
 #   kstate_ensure_packages  install the Debian packages the build needs
 #   kstate_start_broker     start a test broker unless KSTATE_BOOTSTRAP is set,
 #                           stop it again when the calling script exits
+#   kstate_start_minio      start an S3-compatible server (testing/minio.sh)
+#                           unless KSTATE_S3_ENDPOINT is set, stop it on exit
 # The EXIT trap (kstate_on_exit) stops a broker started here and removes the
 # files listed in KSTATE_TMPFILES.
 
 KSTATE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KSTATE_KAFKA_SH=$KSTATE_ROOT/testing/kafka.sh
 KSTATE_STARTED_BROKER=0
+KSTATE_MINIO_SH=$KSTATE_ROOT/testing/minio.sh
+KSTATE_STARTED_MINIO=0
 KSTATE_TMPFILES=()
 
 # shellcheck disable=SC2317 # called through the trap
 kstate_on_exit() {
     kstate_stop_broker
+    if [[ $KSTATE_STARTED_MINIO == 1 ]]; then
+        KSTATE_STARTED_MINIO=0
+        bash "$KSTATE_MINIO_SH" stop || true
+    fi
     if ((${#KSTATE_TMPFILES[@]} > 0)); then rm -f "${KSTATE_TMPFILES[@]}"; fi
 }
 # EXIT also runs on Ctrl-C / SIGTERM through these exits.
@@ -33,6 +41,8 @@ kstate_dpkg_installed() {
 #   build-essential      make + C/C++ compilers for librdkafka and RocksDB
 #                        (only checked by command: cc, c++, make)
 #   default-jre-headless, maven   the test broker (only without KSTATE_BOOTSTRAP)
+#   golang, curl         the S3-compatible test server (testing/minio.sh;
+#                        only checked by command)
 kstate_ensure_packages() {
     if ! command -v dpkg-query >/dev/null 2>&1; then
         kstate_log "not a Debian system: make sure clang, libclang, make and a C/C++ compiler are installed"
@@ -51,6 +61,8 @@ kstate_ensure_packages() {
         command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
         command -v mvn >/dev/null 2>&1 || missing+=(maven)
     fi
+    command -v go >/dev/null 2>&1 || missing+=(golang)
+    command -v curl >/dev/null 2>&1 || missing+=(curl)
     ((${#missing[@]} > 0)) || return 0
 
     if [[ $(id -u) != 0 ]]; then
@@ -96,4 +108,26 @@ kstate_start_broker() {
     set -a
     eval "$env_lines"
     set +a
+}
+
+# The snapshot tests' object storage: a MinIO server from testing/minio.sh
+# (built once from the Go module proxy), unless KSTATE_S3_ENDPOINT names one.
+# Exports KSTATE_S3_ENDPOINT, KSTATE_S3_BUCKET and the AWS_* credentials.
+kstate_start_minio() {
+    if [[ -n ${KSTATE_S3_ENDPOINT:-} ]]; then
+        kstate_log "using the S3 server at KSTATE_S3_ENDPOINT=$KSTATE_S3_ENDPOINT"
+        return 0
+    fi
+    if bash "$KSTATE_MINIO_SH" status >/dev/null 2>&1; then
+        kstate_log "reusing the MinIO server already running (left running)"
+    else
+        bash "$KSTATE_MINIO_SH" start >/dev/null
+        KSTATE_STARTED_MINIO=1
+    fi
+    local env_lines
+    env_lines=$(bash "$KSTATE_MINIO_SH" env) || { kstate_log "testing/minio.sh env failed"; exit 1; }
+    set -a
+    eval "$env_lines"
+    set +a
+    kstate_log "KSTATE_S3_ENDPOINT=$KSTATE_S3_ENDPOINT bucket $KSTATE_S3_BUCKET"
 }

@@ -8,7 +8,9 @@
 # 1. installs missing Debian packages (clang, libclang-dev, ...; as root only,
 #    otherwise prints the apt-get command and exits 1);
 # 2. unless KSTATE_BOOTSTRAP is set, starts a broker with testing/kafka.sh
-#    (stopped again on exit) and exports KSTATE_BOOTSTRAP;
+#    (stopped again on exit) and exports KSTATE_BOOTSTRAP; unless
+#    KSTATE_S3_ENDPOINT is set, starts a MinIO server with testing/minio.sh
+#    (built once from the Go module proxy) for the snapshot tests;
 # 3. runs `cargo test --workspace --all-targets "$@"` (the library and the
 #    operator CLI in cli/), then `cargo test --workspace --doc`.
 # The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
@@ -19,6 +21,7 @@ cd "$KSTATE_ROOT"
 
 kstate_ensure_packages
 kstate_start_broker
+kstate_start_minio
 
 # libtest's result lines are tee'd to a file so a total can be printed at the end.
 results=$(mktemp "${TMPDIR:-/tmp}/kstate-test.XXXXXX")

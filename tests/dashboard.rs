@@ -215,6 +215,10 @@ const TOPICS: &[(&str, &[&str])] = &[
         &["kstate_stream_time_ms", "kstate_timers_pending", "kstate_timers_fired_total", "kstate_punctuations_total", "kstate_timer_lateness_seconds", "kstate_ttl_expired_total"],
     ),
     (
+        "snapshots: age, size, duration, failures, recovery bandwidth",
+        &["kstate_snapshot_age_seconds", "kstate_snapshot_delta_bytes", "kstate_snapshot_full_bytes", "kstate_snapshot_seconds", "kstate_snapshots_total", "kstate_snapshot_seed_bytes_per_sec"],
+    ),
+    (
         "windows",
         &["kstate_window_segments", "kstate_window_oldest_live_ms", "kstate_window_late_records_total", "kstate_window_segments_dropped_total"],
     ),
@@ -229,6 +233,7 @@ const RUNBOOK_SECTIONS: &[&str] = &[
     "Lagging standby",
     "TTL and timer cleanup",
     "Windows: late records and segments",
+    "Snapshots",
 ];
 
 #[test]
@@ -311,6 +316,10 @@ const NOT_CAUSED: &[(&str, &str)] = &[
     // owner yet (probing rebalances with an instance that lags); the second
     // instance here may be given plain standbys instead.
     ("kstate_warmup_lag_records", "needs a warmup task"),
+    // Stores here never seed from a snapshot (`seed_stores(false)`, so the
+    // full restore below stays one); tests/snapshots.rs seeds them.
+    ("kstate_snapshot_seed_bytes_per_sec", "needs a store seeded from a snapshot"),
+    ("kstate_snapshot_seeds_total", "needs a store seeded from a snapshot"),
 ];
 
 /// Series names in a Prometheus text render, with the sum of their values.
@@ -404,6 +413,10 @@ fn dashboard_metrics_are_exported() {
     const PARTITIONS: i32 = 2;
     let Fixture { input, app, state } = fixture("dashboard", PARTITIONS);
     let second_state = tempfile::tempdir().unwrap();
+    let snapshot_dir = tempfile::tempdir().unwrap();
+    let snapshots = kstate::SnapshotConfig::new(format!("file://{}", snapshot_dir.path().display()))
+        .interval(Duration::from_secs(1))
+        .seed_stores(false);
     // Each record: a put into a TTL store (entries expire after 1 s) and
     // a wall-clock timer 100 ms ahead; a stream-time punctuation.
     struct Writer;
@@ -439,6 +452,7 @@ fn dashboard_metrics_are_exported() {
             .store(StoreDefinition::window("w", kstate::Windows::tumbling(Duration::from_secs(1))))
             .timers(true)
             .num_standby_replicas(1)
+            .snapshots(snapshots.clone())
             .commit_interval(Duration::from_millis(200));
         Running::start_processor(builder, |_| Writer)
     };

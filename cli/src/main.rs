@@ -98,6 +98,18 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Snapshots in object storage (`AppBuilder::snapshots`): list, show, gc.
+    Snapshots {
+        /// The snapshot URL the application uses (`SnapshotConfig::new`);
+        /// credentials come from the environment (AWS_*, GOOGLE_*, AZURE_*).
+        #[arg(long, env = "KSTATE_SNAPSHOT_URL", value_name = "URL")]
+        url: String,
+        /// An object store setting (`aws_endpoint=http://...`); repeatable.
+        #[arg(short = 'O', value_name = "KEY=VALUE", value_parser = parse_property)]
+        option: Vec<(String, String)>,
+        #[command(subcommand)]
+        action: SnapshotsAction,
+    },
     /// Delete one task's local state (every store's partition, or one store's).
     Wipe {
         /// The application id.
@@ -109,6 +121,37 @@ enum Command {
         /// Only this store (default: every store of the application).
         #[arg(long)]
         store: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotsAction {
+    /// Every snapshot of the application, by store partition.
+    List {
+        /// The application id.
+        #[arg(long)]
+        app: String,
+        /// Only this store.
+        #[arg(long)]
+        store: Option<String>,
+    },
+    /// One snapshot's manifest: checkpoint, topic id, files.
+    Show {
+        /// The application id.
+        #[arg(long)]
+        app: String,
+        /// The snapshot id (from `list`).
+        id: String,
+    },
+    /// Keep the newest snapshots of each store partition; delete the rest
+    /// and every file no kept snapshot names (safe while the application runs).
+    Gc {
+        /// The application id.
+        #[arg(long)]
+        app: String,
+        /// Snapshots kept per store partition.
+        #[arg(long, default_value_t = 3)]
+        retain: usize,
     },
 }
 
@@ -151,6 +194,16 @@ fn main() -> ExitCode {
     // SAFETY: setting a signal disposition before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if let Command::Snapshots { url, option, action } = &cli.command {
+        let at = admin::SnapshotStore { url: url.clone(), options: option.clone() };
+        return match snapshots(&cli, &at, action) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let Some(state_dir) = cli.state_dir.clone() else {
         Cli::command()
             .error(clap::error::ErrorKind::MissingRequiredArgument, "--state-dir (or KSTATE_STATE_DIR) is required")
@@ -273,6 +326,7 @@ fn run(cli: &Cli, state_dir: PathBuf) -> admin::Result<ExitCode> {
                 );
             }
         }
+        Command::Snapshots { .. } => unreachable!("handled in main: needs no state dir"),
         Command::Wipe { app, partition, store } => {
             let r = admin::wipe(&state_dir, app, *partition, store.as_deref())?;
             if cli.json {
@@ -293,6 +347,73 @@ fn run(cli: &Cli, state_dir: PathBuf) -> admin::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn snapshots(cli: &Cli, at: &admin::SnapshotStore, action: &SnapshotsAction) -> admin::Result<()> {
+    match action {
+        SnapshotsAction::List { app, store } => {
+            let r = admin::list_snapshots(at, app, store.as_deref())?;
+            if cli.json {
+                json(&r);
+                return Ok(());
+            }
+            let mut t = Table::new(&["STORE", "PARTITION", "SNAPSHOT", "CHECKPOINT", "AGE", "FILES", "BYTES"]);
+            for p in &r {
+                for s in p.snapshots.iter().rev() {
+                    t.row(vec![
+                        p.store.clone(),
+                        p.partition.to_string(),
+                        s.id.clone(),
+                        s.checkpoint.to_string(),
+                        age((now_ms() - s.created_at_ms) as f64 / 1000.0),
+                        count(s.files.len() as u64),
+                        bytes(s.bytes()),
+                    ]);
+                }
+                for why in &p.unreadable {
+                    eprintln!("warning: {}/{}: {why}", p.store, p.partition);
+                }
+            }
+            t.print();
+        }
+        SnapshotsAction::Show { app, id } => {
+            let s = admin::show_snapshot(at, app, id)?;
+            if cli.json {
+                json(&s);
+                return Ok(());
+            }
+            println!("snapshot {} of {}/{}/{}", s.id, s.application_id, s.store, s.partition);
+            println!("  checkpoint     {} of {} (topic id {})", s.checkpoint, s.changelog_topic, opt(s.changelog_topic_id.as_ref()));
+            println!("  taken          {} ago by kstate {}", age((now_ms() - s.created_at_ms) as f64 / 1000.0), s.kstate_version);
+            println!("  definition     {} (schema version {}, format {})", s.definition, s.schema_version, s.format_version);
+            println!("  size           {} in {} files", bytes(s.bytes()), s.files.len());
+            let mut t = Table::new(&["FILE", "OBJECT", "BYTES", "CRC32"]);
+            for f in &s.files {
+                t.row(vec![f.name.clone(), f.object.clone(), bytes(f.size), format!("{:08x}", f.crc32)]);
+            }
+            t.print();
+        }
+        SnapshotsAction::Gc { app, retain } => {
+            let r = admin::gc_snapshots(at, app, *retain)?;
+            if cli.json {
+                json(&r);
+                return Ok(());
+            }
+            let mut t = Table::new(&["STORE", "PARTITION", "KEPT", "DELETED", "FILES DELETED", "BYTES FREED"]);
+            for p in &r {
+                t.row(vec![
+                    p.store.clone(),
+                    p.partition.to_string(),
+                    p.report.manifests_kept.to_string(),
+                    p.report.manifests_deleted.to_string(),
+                    p.report.files_deleted.to_string(),
+                    bytes(p.report.bytes_deleted),
+                ]);
+            }
+            t.print();
+        }
+    }
+    Ok(())
 }
 
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {

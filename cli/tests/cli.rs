@@ -514,3 +514,73 @@ fn inspect_shows_a_tasks_stream_time_and_pending_timers() {
     assert_eq!(code, 0);
     assert!(out.contains("stream time 1009; 5 stream-time timers (earliest 1010); 10 wall-clock timers"), "{out}");
 }
+
+#[test]
+fn snapshots_list_show_and_gc_read_the_snapshot_store_without_a_state_dir() {
+    let _serial = serial();
+    let f = fixture("cli-snaps", 1);
+    let snaps = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", snaps.path().display());
+    let input = records(0, 600, 50);
+    produce(&f.input, &input);
+    let app = builder(&f.app, &f.input, f.state.path())
+        .store(StoreDefinition::new("a"))
+        .snapshots(kstate::SnapshotConfig::new(&url).interval(Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    let handle = app.snapshot_handle();
+    let running = Running::start_app(app, writer(&["a"]));
+    let listed = |n: usize| {
+        let v = kstate_json(0, &["snapshots", "--url", &url, "list", "--app", &f.app]);
+        v.as_array().unwrap().iter().map(|p| p["snapshots"].as_array().unwrap().len()).sum::<usize>() >= n
+    };
+    for (round, end) in [(1, 600), (2, 900), (3, 1200)] {
+        if round > 1 {
+            produce(&f.input, &records(end - 300, end, 50));
+        }
+        wait_until("input committed", Duration::from_secs(60), || committed_offset(&f.app, &f.input, 0) == Some(end as i64));
+        handle.snapshot_now();
+        wait_until("a snapshot listed", Duration::from_secs(60), || listed(round));
+    }
+    running.stop().unwrap();
+
+    let v = kstate_json(0, &["snapshots", "--url", &url, "list", "--app", &f.app, "--store", "a"]);
+    let partition = &v.as_array().unwrap()[0];
+    assert_eq!((partition["store"].as_str(), partition["partition"].as_i64()), (Some("a"), Some(0)));
+    let all = partition["snapshots"].as_array().unwrap();
+    assert_eq!(all.len(), 3, "{v}");
+    let newest = all.last().unwrap();
+    let id = newest["id"].as_str().unwrap();
+    assert_eq!(newest["checkpoint"].as_i64(), Some(end_offset_at(&bootstrap(), &kstate::changelog_topic(&f.app, "a"), 0) - 1));
+
+    let shown = kstate_json(0, &["snapshots", "--url", &url, "show", "--app", &f.app, id]);
+    assert_eq!(shown["id"], newest["id"]);
+    assert!(shown["files"].as_array().unwrap().iter().any(|f| f["name"].as_str().unwrap().ends_with(".sst")), "{shown}");
+    let (code, text, _) = kstate(&["snapshots", "--url", &url, "show", "--app", &f.app, id]);
+    assert_eq!(code, 0);
+    assert!(text.contains("checkpoint") && text.contains("CRC32"), "{text}");
+    kstate_fails(1, "no snapshot `nope`", &["snapshots", "--url", &url, "show", "--app", &f.app, "nope"]);
+    kstate_fails(1, "unsupported scheme", &["snapshots", "--url", "ftp://x/y", "list", "--app", &f.app]);
+
+    let gc = kstate_json(0, &["snapshots", "--url", &url, "gc", "--app", &f.app, "--retain", "1"]);
+    assert_eq!(gc[0]["manifests_deleted"].as_u64(), Some(2), "{gc}");
+    assert!(gc[0]["files_deleted"].as_u64().unwrap() > 0, "{gc}");
+    let v = kstate_json(0, &["snapshots", "--url", &url, "list", "--app", &f.app]);
+    assert_eq!(v[0]["snapshots"].as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["snapshots"][0]["id"].as_str(), Some(id), "the newest is kept");
+
+    // What is left still seeds a new instance to the same state.
+    let state = tempfile::tempdir().unwrap();
+    let restores = Restores::default();
+    let b = builder(&f.app, &f.input, state.path())
+        .store(StoreDefinition::new("a"))
+        .restore_listener(restores.clone())
+        .snapshots(kstate::SnapshotConfig::new(&url));
+    let running = Running::start(b, writer(&["a"]));
+    wait_until("restored", Duration::from_secs(60), || restores.ended() >= 1);
+    running.stop().unwrap();
+    assert_eq!(restores.starts.lock().unwrap()[0].snapshot.as_ref().map(|s| s.snapshot_id.as_str()), Some(id));
+    let mut all_input = input;
+    all_input.extend(records(600, 1200, 50));
+    assert_same_state(&read_store_dir(state.path(), &f.app, "a", 0).0, &model(&all_input), "seeded after gc");
+}

@@ -63,6 +63,23 @@ impl ChangelogProducer {
         Ok(ChangelogProducer { producer, queue_timeout, topics: Mutex::default(), txn })
     }
 
+    /// A changelog partition as the brokers describe it now: its start and
+    /// end offsets and its topic id (if the brokers tell it).
+    pub(crate) fn describe_changelog(
+        &self,
+        topic: &str,
+        partition: i32,
+        timeout: Duration,
+    ) -> std::result::Result<(i64, i64, Option<String>), String> {
+        use rdkafka::producer::Producer;
+        let client = self.producer.client();
+        let (low, high) = client
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(|e| format!("{topic}/{partition}: {e}"))?;
+        let topic_id = super::topic_id::describe(client.native_ptr(), topic, timeout).ok();
+        Ok((low, high, topic_id))
+    }
+
     /// A tracker for the deliveries of one changelog partition's records,
     /// for a store opened on it.
     pub(crate) fn tracker(&self, topic: String, partition: i32) -> Arc<DeliveryTracker> {

@@ -60,6 +60,13 @@ pub struct RestoreStart {
     pub end_offset: i64,
     /// Set when local state was discarded for a full restore, saying why.
     pub full_restore_reason: Option<String>,
+    /// The snapshot the store was seeded from before this restore, if any
+    /// (the restore then replays only the changelog past its checkpoint).
+    pub snapshot: Option<crate::store::SnapshotSeed>,
+    /// Snapshots that were passed over for this store partition, each with
+    /// the reason (unusable for the changelog as it is now, a file missing
+    /// or corrupt, the snapshot store unreachable).
+    pub snapshots_skipped: Vec<String>,
 }
 
 /// A batch of records was written to a store during restore.

@@ -432,6 +432,8 @@ impl RestoreLoop {
                 start = self.prober.start(self.timeout, &topic, partition, (low, high), &segments, written_under);
             }
         }
+        // A seeded store the checks above wiped was not restored from its snapshot.
+        let seed = store.seeded.seed.take().filter(|_| reason.is_none());
         let event = RestoreStart {
             store: store.name().to_string(),
             partition,
@@ -439,6 +441,8 @@ impl RestoreLoop {
             start_offset: start,
             end_offset: high,
             full_restore_reason: reason.map(|r| r.0),
+            snapshot: seed,
+            snapshots_skipped: std::mem::take(&mut store.seeded.skipped),
         };
         let standby = self.jobs[&partition].standby;
         let key = (topic.clone(), partition);

@@ -44,7 +44,8 @@ use crate::task::{TaskManager, TaskManagerParts};
 
 use events::apply_group_events;
 use poll_loop::{process_loop, LoopParts};
-use startup::{client_config, input_partitions, local_tasks, peer_listener, process_id, warn_truncated_changelogs};
+use crate::snapshot::{SnapshotThread, Snapshots};
+use startup::{snapshot_info, client_config, input_partitions, local_tasks, peer_listener, process_id, warn_truncated_changelogs};
 
 /// The task manager, shared with the membership thread (which reads the
 /// checkpoints of open stores for its subscription).
@@ -148,6 +149,10 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     };
     let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
     warn_truncated_changelogs(&brokers, &specs, partitions);
+    let snapshots = match &config.snapshots {
+        Some(s) => Some(Arc::new(Snapshots::new(s.clone(), &config.application_id, &config.snapshot_handle).map_err(Error::Config)?)),
+        None => None,
+    };
     let task_manager = TaskManager::new(TaskManagerParts {
         config: config.clone(),
         producer,
@@ -158,6 +163,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         restorer,
         committer: Committer::start(brokers.clone(), config.application_id.clone())?,
         brokers: brokers.clone(),
+        snapshots: snapshots.clone(),
     });
     let shared = Arc::new(Shared { tasks: Mutex::new(task_manager) });
 
@@ -250,6 +256,15 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     let membership = Membership::start(brokers, settings, local)?;
     shared.tasks.lock().expect("task lock").attach_session(membership.session.clone());
 
+    let mut snapshot_thread = match snapshots {
+        Some(service) => Some(SnapshotThread::start(
+            service,
+            config.stores.iter().map(snapshot_info(&config.application_id)).collect(),
+            config.published.clone(),
+            config.state_dir.join(&config.application_id),
+        )?),
+        None => None,
+    };
     let (waker, wake_requests) = FetchWaker::new();
     let result = std::thread::scope(|scope| -> Result<()> {
         std::thread::Builder::new()
@@ -275,6 +290,8 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             store_index: &store_index,
         };
         let result = process_loop(parts, &mut processors);
+        // No snapshot is taken of stores about to close.
+        drop(snapshot_thread.take());
 
         let mut tasks = shared.tasks.lock().expect("task lock");
         // Events that arrived meanwhile first: tasks lost must not be

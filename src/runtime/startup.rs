@@ -127,3 +127,28 @@ pub(super) fn peer_listener(config: &AppConfig) -> Result<Option<crate::group::p
         timeout: config.peer_timeout,
     }))
 }
+
+/// How the snapshot thread sees a store: its name, its definition as
+/// manifests record it, its changelog topic.
+pub(super) fn snapshot_info(
+    application_id: &str,
+) -> impl Fn(&crate::config::StoreDefinition) -> crate::snapshot::StoreInfo + '_ {
+    move |def| {
+        let mut definition = match (def.windows(), def.session_windows()) {
+            (Some(w), _) => format!("window {w:?}"),
+            (_, Some(s)) => format!("session {s:?}"),
+            _ => "key_value".to_string(),
+        };
+        if let Some(r) = def.retention_period() {
+            definition.push_str(&format!(" retention={}ms", r.as_millis()));
+        }
+        if let Some((ttl, domain)) = def.time_to_live() {
+            definition.push_str(&format!(" ttl={}ms/{domain:?}", ttl.as_millis()));
+        }
+        crate::snapshot::StoreInfo {
+            name: def.name().to_string(),
+            definition,
+            changelog_topic: crate::kafka::changelog_topic(application_id, def.name()),
+        }
+    }
+}

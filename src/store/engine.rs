@@ -521,6 +521,11 @@ impl Engine {
         DataStats::of(self.db())
     }
 
+    /// The database's directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Writes a RocksDB checkpoint (hard links of the SST files where the
     /// file system allows) of both column families to `dest`, which must
     /// not exist. Flushes first: the data skips the WAL.
@@ -658,6 +663,14 @@ impl ReadOnlyDb {
         opts.set_max_open_files(-1);
         let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF];
         let db = DB::open_cf_as_secondary(&opts, db_path, scratch, cfs)?;
+        Ok(ReadOnlyDb { db })
+    }
+
+    /// Opens a database nothing else has open (a checkpoint directory) read-only.
+    pub(crate) fn open_read_only(db_path: &Path) -> Result<ReadOnlyDb> {
+        let opts = Options::default();
+        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF];
+        let db = DB::open_cf_for_read_only(&opts, db_path, cfs, false)?;
         Ok(ReadOnlyDb { db })
     }
 

@@ -11,6 +11,7 @@ pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod overlay;
 pub(crate) mod published;
+mod seed;
 pub(crate) mod segments;
 pub(crate) mod state_dir;
 mod ttl;
@@ -32,6 +33,8 @@ use crate::metrics::StoreMetrics;
 use crate::store::overlay::{layered, MergeIter, Overlay};
 use crate::store::segments::{Layout, Segments, SegmentsUpdate};
 use crate::windows::Shape;
+pub(crate) use seed::Seeded;
+pub use seed::SnapshotSeed;
 use ttl::Ttl;
 
 pub(crate) use ttl::NO_TIME;
@@ -57,6 +60,9 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) live_tail_retention: Option<i64>,
     /// Where the store is published for interactive queries.
     pub(crate) published: Option<Arc<published::Published>>,
+    /// Seeds the database directory from a snapshot when it has none
+    /// (called under the directory lock, before RocksDB opens it).
+    pub(crate) seed: Option<&'a (dyn Fn(&Path) -> Seeded + Sync)>,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -90,6 +96,8 @@ pub struct KeyValueStore {
     /// Why the local state cannot be trusted, found while opening it,
     /// and the `reason` label of the full restore it causes.
     pub(crate) open_problem: Option<(String, &'static str)>,
+    /// Whether a snapshot seeded the database at open, or why none did.
+    pub(crate) seeded: Seeded,
     db_dir: PathBuf,
     resources: EngineResources,
     /// Time to live of the entries, if the store has one.
@@ -237,6 +245,7 @@ impl KeyValueStore {
     pub(crate) fn open(args: StoreOpenArgs<'_>) -> Result<KeyValueStore> {
         let lock = DirLock::acquire(&args.dir, args.lock_timeout)?;
         let db_dir = args.dir.join("db");
+        let seeded = args.seed.map(|seed| seed(&db_dir)).unwrap_or_default();
         let (engine, open_problem) = match Engine::open(&db_dir, args.resources) {
             Ok(e) => match e.checkpoint() {
                 Ok(Checkpoint::Corrupt(why)) => {
@@ -290,6 +299,7 @@ impl KeyValueStore {
             metrics: StoreMetrics::new(args.name, args.partition),
             reported_tickers: Default::default(),
             open_problem,
+            seeded,
             db_dir,
             resources: args.resources.clone(),
             ttl: args.ttl.map(|(ttl, domain)| Ttl::new(ttl, domain)),
@@ -820,6 +830,7 @@ pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>
     let producer = Arc::new(ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).expect("producer"));
     let resources = EngineResources::new(8 << 20, 4 << 20);
     KeyValueStore::open(StoreOpenArgs {
+        seed: None,
         name: "scratch",
         partition: 0,
         dir: dir.to_path_buf(),

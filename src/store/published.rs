@@ -137,6 +137,13 @@ impl Slot {
         self.input.lock().unwrap_or_else(|p| p.into_inner()).get(topic).copied()
     }
 
+    /// Runs `f` on the published engine, held like a read (a snapshot's
+    /// checkpoint call); `None` when nothing is published.
+    pub(crate) fn with_engine<T>(&self, f: impl FnOnce(&Engine) -> T) -> Option<T> {
+        let open = self.open.read().unwrap_or_else(|p| p.into_inner());
+        open.as_ref().map(|o| f(&o.engine))
+    }
+
     /// Reads through the published engine; `None` when nothing is
     /// published. `read` gets the engine and the TTL filter, and returns
     /// its value with the checkpoint of the snapshot it read.

@@ -56,6 +56,7 @@ impl TaskManager {
             restorer,
             committer,
             brokers,
+            snapshots,
         } = parts;
         TaskManager {
             tasks: BTreeMap::new(),
@@ -65,7 +66,7 @@ impl TaskManager {
             producer,
             resources,
             restorer,
-            openers: Openers::new(max_record_bytes, changelogs, brokers),
+            openers: Openers::new(max_record_bytes, changelogs, brokers, snapshots),
             closer: Closer::default(),
             standbys: Standbys::default(),
             failures: HashMap::new(),

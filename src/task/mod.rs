@@ -224,4 +224,6 @@ pub(crate) struct TaskManagerParts {
     /// kstate's own broker connections: exactly-once waits for stable
     /// committed offsets through them.
     pub(crate) brokers: Brokers,
+    /// Seeds stores with no local state from snapshots, if configured.
+    pub(crate) snapshots: Option<Arc<crate::snapshot::Snapshots>>,
 }

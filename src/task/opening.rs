@@ -36,13 +36,20 @@ pub(super) struct Openers {
     /// kstate's own broker connections: exactly-once waits for stable
     /// committed offsets through them.
     pub(super) brokers: Brokers,
+    /// Seeds stores with no local state from snapshots, if configured.
+    pub(super) snapshots: Option<Arc<crate::snapshot::Snapshots>>,
 }
 
 impl Openers {
-    pub(super) fn new(max_record_bytes: usize, changelogs: HashMap<String, crate::kafka::ChangelogInfo>, brokers: Brokers) -> Self {
+    pub(super) fn new(
+        max_record_bytes: usize,
+        changelogs: HashMap<String, crate::kafka::ChangelogInfo>,
+        brokers: Brokers,
+        snapshots: Option<Arc<crate::snapshot::Snapshots>>,
+    ) -> Self {
         let (tx, rx) = std::sync::mpsc::channel();
         let changelogs = Arc::new(changelogs);
-        Openers { tx, rx, running: 0, next_incarnation: 0, max_record_bytes, changelogs, brokers }
+        Openers { tx, rx, running: 0, next_incarnation: 0, max_record_bytes, changelogs, brokers, snapshots }
     }
 }
 
@@ -125,6 +132,7 @@ impl TaskManager {
         let changelogs = self.openers.changelogs.clone();
         let max_record_bytes = self.openers.max_record_bytes;
         let done = self.openers.tx.clone();
+        let snapshots = self.openers.snapshots.clone();
         let span = self.tasks.get(&partition).map_or_else(|| self.standby_span(partition), |t| t.span.clone());
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
@@ -147,6 +155,20 @@ impl TaskManager {
                     let mut stores = Vec::with_capacity(config.stores.len());
                     for def in &config.stores {
                         let changelog_topic = crate::kafka::changelog_topic(&config.application_id, def.name());
+                        let info = changelogs.get(&changelog_topic);
+                        let seed_topic = changelog_topic.clone();
+                        let seed = |db_dir: &std::path::Path| match &snapshots {
+                            Some(s) => s.seed_dir(def.name(), partition, db_dir, || {
+                                let (low, high, topic_id) = producer.describe_changelog(&seed_topic, partition, config.startup_timeout)?;
+                                Ok(crate::restore::checkpoint::ChangelogState {
+                                    low,
+                                    high,
+                                    topic_id,
+                                    tombstone_retention: info.and_then(|i| i.tombstone_retention),
+                                })
+                            }),
+                            None => Default::default(),
+                        };
                         stores.push(KeyValueStore::open(StoreOpenArgs {
                             name: def.name(),
                             partition,
@@ -161,6 +183,7 @@ impl TaskManager {
                             ttl: def.time_to_live(),
                             segments: def.segmented(),
                             published: Some(config.published.clone()),
+                            seed: Some(&seed),
                         })?);
                     }
                     wait_stable(stores)

@@ -1,0 +1,165 @@
+//! Seeding a store partition that has no local state from the newest usable
+//! snapshot: its files downloaded in parallel and verified, then opened as
+//! the store's database; the restore replays only the changelog past the
+//! snapshot's checkpoint (architecture.md §10).
+
+use std::path::Path as FsPath;
+use std::time::Instant;
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::gc::manifests;
+use super::manifest::{RemoteSnapshot, FORMAT_VERSION};
+use super::remote::{RemoteError, RemoteResult, Sum};
+use super::upload::Uploaded;
+use super::Snapshots;
+use crate::restore::checkpoint::{full_restore_reason, ChangelogState, LocalCheckpoint};
+use crate::store::{Seeded, SnapshotSeed};
+
+impl Snapshots {
+    /// Seeds `db_dir` (which must not exist) from the newest snapshot of the
+    /// store partition that the changelog as it is now can continue. Every
+    /// snapshot passed over is named with the reason in the result; none
+    /// usable leaves `db_dir` absent (a full replay follows).
+    pub(crate) async fn seed(
+        &self,
+        store: &str,
+        partition: i32,
+        db_dir: &FsPath,
+        changelog: &ChangelogState,
+    ) -> Seeded {
+        let mut seeded = Seeded::default();
+        let dir = self.dir_of(store, partition);
+        let all = match manifests(&self.remote, &dir).await {
+            Ok(all) => all,
+            Err(e) => {
+                seeded.skipped.push(format!(
+                    "snapshots of {store}/{partition} could not be listed: {e}"
+                ));
+                return seeded;
+            }
+        };
+        let mut usable: Vec<RemoteSnapshot> = Vec::new();
+        let now = crate::store::engine::now_ms();
+        for (path, m) in all {
+            let m = match m {
+                Ok(m) => m,
+                Err(why) => {
+                    seeded
+                        .skipped
+                        .push(format!("{path}: unreadable manifest: {why}"));
+                    continue;
+                }
+            };
+            let why = if m.format_version > FORMAT_VERSION {
+                Some(format!(
+                    "format version {} is newer than this kstate's {FORMAT_VERSION}",
+                    m.format_version
+                ))
+            } else if m.application_id != self.app || m.store != store || m.partition != partition {
+                Some(format!(
+                    "it belongs to {}/{}/{}",
+                    m.application_id, m.store, m.partition
+                ))
+            } else {
+                full_restore_reason(
+                    &LocalCheckpoint {
+                        checkpoint: Some(m.checkpoint),
+                        topic_id: m.changelog_topic_id.clone(),
+                        appended_after_ms: m.appended_after_ms,
+                    },
+                    changelog,
+                    now,
+                )
+                .map(|(why, _)| why)
+            };
+            match why {
+                Some(why) => seeded.skipped.push(format!(
+                    "snapshot {} (checkpoint {}): {why}",
+                    m.id, m.checkpoint
+                )),
+                None => usable.push(m),
+            }
+        }
+        // The newest state first.
+        usable.sort_by_key(|m| std::cmp::Reverse((m.checkpoint, m.created_at_ms)));
+        for m in usable {
+            let started = Instant::now();
+            match self.download_into(&m, db_dir).await {
+                Ok(identity) => {
+                    let uploaded = Uploaded {
+                        identity,
+                        uid: super::manifest::new_id(),
+                        files: m
+                            .files
+                            .iter()
+                            .filter(|f| f.name.ends_with(".sst"))
+                            .map(|f| (f.name.clone(), f.clone()))
+                            .collect(),
+                    };
+                    self.remember_uploaded(store, partition, uploaded);
+                    seeded.seed = Some(SnapshotSeed {
+                        snapshot_id: m.id.clone(),
+                        checkpoint: m.checkpoint,
+                        created_at_ms: m.created_at_ms,
+                        bytes: m.bytes(),
+                        files: m.files.len(),
+                        download: started.elapsed(),
+                    });
+                    return seeded;
+                }
+                Err(e) => seeded.skipped.push(format!(
+                    "snapshot {} (checkpoint {}): {e}",
+                    m.id, m.checkpoint
+                )),
+            }
+        }
+        seeded
+    }
+
+    /// Downloads a snapshot's files into a fresh directory beside `db_dir`,
+    /// verifies them, gives the database an identity of its own, and moves
+    /// it into place. Returns that identity.
+    async fn download_into(&self, m: &RemoteSnapshot, db_dir: &FsPath) -> RemoteResult<String> {
+        let tmp = db_dir.with_extension("seeding");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| RemoteError::io(&tmp, e))?;
+        let dir = self.dir_of(&m.store, m.partition);
+        let result: RemoteResult<String> = async {
+            futures::stream::iter(m.files.iter().map(|f| {
+                let from = super::remote::object_at(&dir, &f.object);
+                let to = tmp.join(&f.name);
+                async move {
+                    self.remote
+                        .download(
+                            &from,
+                            &to,
+                            Sum {
+                                size: f.size,
+                                crc32: f.crc32,
+                            },
+                            &self.limiter,
+                        )
+                        .await
+                }
+            }))
+            .buffer_unordered(self.config.parallel_transfers.max(1))
+            .try_collect::<Vec<()>>()
+            .await?;
+            // A database of its own: files it writes later must not take
+            // names the snapshot's origin uses (upload.rs names files by
+            // the uploading database).
+            let identity = super::manifest::new_id();
+            let id_path = tmp.join("IDENTITY");
+            std::fs::write(&id_path, format!("{identity}\n"))
+                .map_err(|e| RemoteError::io(&id_path, e))?;
+            std::fs::rename(&tmp, db_dir).map_err(|e| RemoteError::io(db_dir, e))?;
+            Ok(identity)
+        }
+        .await;
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        result
+    }
+}

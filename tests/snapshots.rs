@@ -1,0 +1,356 @@
+//! Snapshots in object storage against a real broker and a real
+//! S3-compatible server (MinIO from `testing/minio.sh`, which
+//! `testing/test.sh` starts; `KSTATE_S3_ENDPOINT`, default
+//! http://127.0.0.1:9000) and the local directory backend: a new instance
+//! seeded from a snapshot replays only the changelog past it, a corrupt or
+//! missing file falls back to the previous snapshot or a full replay,
+//! retention deletes only what no kept snapshot names, and a server that
+//! dies mid-upload stops nobody.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use kstate::admin::{list_snapshots, SnapshotStore};
+use kstate::{RemoteSnapshot, SnapshotConfig, StoreDefinition};
+
+const STORE: &str = "s";
+const WAIT: Duration = Duration::from_secs(90);
+
+fn s3_endpoint() -> String {
+    std::env::var("KSTATE_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into())
+}
+
+fn s3_bucket() -> String {
+    std::env::var("KSTATE_S3_BUCKET").unwrap_or_else(|_| "kstate-test".into())
+}
+
+/// The snapshot settings for MinIO at `endpoint` under a prefix of this test's own.
+fn s3_at(endpoint: &str, prefix: &str) -> (SnapshotConfig, SnapshotStore) {
+    let url = format!("s3://{}/{prefix}", s3_bucket());
+    let mut options = vec![("aws_endpoint".to_string(), endpoint.to_string()), ("aws_allow_http".to_string(), "true".to_string())];
+    // The credentials testing/minio.sh sets, unless the environment names others.
+    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        options.push(("aws_access_key_id".into(), "kstate".into()));
+        options.push(("aws_secret_access_key".into(), "kstate-secret".into()));
+        options.push(("aws_region".into(), "us-east-1".into()));
+    }
+    let mut config = SnapshotConfig::new(&url).interval(Duration::from_secs(3600));
+    for (k, v) in &options {
+        config = config.option(k, v);
+    }
+    (config, SnapshotStore { url, options })
+}
+
+fn local_dir(dir: &Path) -> (SnapshotConfig, SnapshotStore) {
+    let url = format!("file://{}", dir.display());
+    (SnapshotConfig::new(&url).interval(Duration::from_secs(3600)), SnapshotStore { url, options: vec![] })
+}
+
+/// Each record `k -> v` writes `k -> v` and `k/v -> v` (common::record_writes).
+fn app_builder(f: &Fixture, state: &Path, snapshots: SnapshotConfig, restores: &Restores) -> kstate::AppBuilder {
+    builder(&f.app, &f.input, state).store(StoreDefinition::new(STORE)).snapshots(snapshots).restore_listener(restores.clone())
+}
+
+fn start(f: &Fixture, state: &Path, snapshots: SnapshotConfig, restores: &Restores) -> (Running, kstate::SnapshotHandle) {
+    let app = app_builder(f, state, snapshots, restores).build().expect("valid config");
+    let handle = app.snapshot_handle();
+    let running = Running::start_app(app, |ctx, record| {
+        let (Some(k), Some(v)) = (record.key, record.value) else { return Ok(()) };
+        let store = ctx.store(STORE)?;
+        for (key, value) in record_writes(k, v) {
+            store.put(&key, &value)?;
+        }
+        Ok(())
+    });
+    (running, handle)
+}
+
+fn records(from: usize, n: usize, partitions: i32) -> Vec<KeyedRecord> {
+    (from..from + n).map(|i| ((i % partitions as usize) as i32, format!("k{}", i % 300).into_bytes(), Some(format!("v{i}").into_bytes()))).collect()
+}
+
+/// The newest snapshot of each partition, once every partition has one
+/// whose checkpoint is at least `min_checkpoint[p]`.
+fn snapshots_at_least(at: &SnapshotStore, app: &str, min_checkpoint: &BTreeMap<i32, i64>) -> BTreeMap<i32, RemoteSnapshot> {
+    let mut found = BTreeMap::new();
+    wait_until("snapshots of every partition", WAIT, || {
+        found = list_snapshots(at, app, Some(STORE))
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| Some((p.partition, p.snapshots.into_iter().max_by_key(|s| s.checkpoint)?)))
+            .collect();
+        min_checkpoint.iter().all(|(p, c)| found.get(p).is_some_and(|s| s.checkpoint >= *c))
+    });
+    found
+}
+
+/// The changelog's last offset of each partition (its end minus one).
+fn changelog_last(app: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let topic = kstate::changelog_topic(app, STORE);
+    (0..partitions).map(|p| (p, end_offset_at(&bootstrap(), &topic, p) - 1)).collect()
+}
+
+fn stored_state(state: &Path, app: &str, partitions: i32) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut all = BTreeMap::new();
+    for p in 0..partitions {
+        all.extend(read_store_dir(state, app, STORE, p).0);
+    }
+    all
+}
+
+/// Runs an instance on a fresh state dir until every partition restored,
+/// stops it, and returns its restore events and state.
+fn fresh_instance(f: &Fixture, snapshots: SnapshotConfig, partitions: i32) -> (Restores, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let state = tempfile::tempdir().unwrap();
+    let restores = Restores::default();
+    let (running, _) = start(f, state.path(), snapshots, &restores);
+    wait_until("every partition restored", WAIT, || restores.ended() >= partitions as usize);
+    running.stop().unwrap();
+    (restores.clone(), stored_state(state.path(), &f.app, partitions))
+}
+
+#[test]
+fn a_new_instance_is_seeded_from_an_s3_snapshot_and_replays_only_the_tail() {
+    let f = fixture("snap-seed", 2);
+    let (config, at) = s3_at(&s3_endpoint(), &unique("seed"));
+    let mut input = records(0, 3000, 2);
+    produce(&f.input, &input);
+    let restores = Restores::default();
+    let (running, handle) = start(&f, f.state.path(), config.clone(), &restores);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 2, WAIT);
+    let before = changelog_last(&f.app, 2);
+    handle.snapshot_now();
+    let snaps = snapshots_at_least(&at, &f.app, &before);
+    // 1% more after the snapshot: the tail.
+    let tail = records(3000, 30, 2);
+    produce(&f.input, &tail);
+    input.extend(tail);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 2, WAIT);
+    running.stop().unwrap();
+    let last = changelog_last(&f.app, 2);
+
+    let (restores, state) = fresh_instance(&f, config, 2);
+    let starts = restores.starts.lock().unwrap().clone();
+    let ends = restores.ends.lock().unwrap().clone();
+    for p in 0..2 {
+        let start = starts.iter().find(|s| s.partition == p).expect("a restore start");
+        let seed = start.snapshot.as_ref().unwrap_or_else(|| panic!("partition {p} not seeded: {:?}", start.snapshots_skipped));
+        assert_eq!(seed.snapshot_id, snaps[&p].id, "partition {p}: the newest snapshot");
+        assert_eq!(start.start_offset, snaps[&p].checkpoint + 1, "partition {p}: replay starts past the snapshot");
+        let replayed: u64 = ends.iter().filter(|e| e.partition == p).map(|e| e.records).sum();
+        assert_eq!(replayed as i64, last[&p] - snaps[&p].checkpoint, "partition {p}: only the tail is replayed");
+        assert!(replayed > 0 && replayed < 100, "partition {p}: a tail of {replayed} records");
+    }
+    assert_same_state(&state, &model_of(&input), "the seeded instance's stores");
+}
+
+#[test]
+fn a_corrupt_or_missing_snapshot_file_falls_back_to_the_previous_snapshot_then_to_a_full_replay() {
+    let f = fixture("snap-corrupt", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    let mut input = records(0, 1000, 1);
+    produce(&f.input, &input);
+    let restores = Restores::default();
+    let (running, handle) = start(&f, f.state.path(), config.clone(), &restores);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    handle.snapshot_now();
+    let older = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].clone();
+    let more = records(1000, 500, 1);
+    produce(&f.input, &more);
+    input.extend(more);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    handle.snapshot_now();
+    let newer = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].clone();
+    running.stop().unwrap();
+    assert!(newer.checkpoint > older.checkpoint);
+
+    // A file only the newer snapshot has, corrupted with its size kept.
+    let older_objects: BTreeSet<_> = older.files.iter().map(|f| f.object.clone()).collect();
+    let only_newer = newer.files.iter().find(|f| f.name.ends_with(".sst") && !older_objects.contains(&f.object)).expect("a new SST file");
+    let path = dir.path().join(&f.app).join(STORE).join("0").join(&only_newer.object);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+
+    let (restores, state) = fresh_instance(&f, config.clone(), 1);
+    let start = restores.starts.lock().unwrap()[0].clone();
+    assert_eq!(start.snapshot.as_ref().map(|s| s.snapshot_id.clone()), Some(older.id.clone()), "fell back to the older snapshot: {start:?}");
+    assert!(start.snapshots_skipped.iter().any(|why| why.contains(&newer.id) && why.contains("CRC")), "{:?}", start.snapshots_skipped);
+    assert_eq!(start.start_offset, older.checkpoint + 1);
+    assert_same_state(&state, &model_of(&input), "seeded from the older snapshot");
+
+    // A file of the older one gone too: a full replay.
+    let any = &older.files.iter().find(|f| f.name.ends_with(".sst")).expect("an SST file").object;
+    std::fs::remove_file(dir.path().join(&f.app).join(STORE).join("0").join(any)).unwrap();
+    let (restores, state) = fresh_instance(&f, config, 1);
+    let start = restores.starts.lock().unwrap()[0].clone();
+    assert!(start.snapshot.is_none(), "{start:?}");
+    assert_eq!(start.snapshots_skipped.len(), 2, "{:?}", start.snapshots_skipped);
+    assert_eq!(start.start_offset, 0, "a full replay");
+    assert_same_state(&state, &model_of(&input), "restored in full");
+}
+
+#[test]
+fn retention_keeps_the_newest_snapshots_and_every_file_they_name() {
+    let f = fixture("snap-gc", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    let config = config.retain(2);
+    let restores = Restores::default();
+    let (running, handle) = start(&f, f.state.path(), config.clone(), &restores);
+    let mut input = Vec::new();
+    let mut ids = Vec::new();
+    for round in 0..4 {
+        let batch = records(round * 400, 400, 1);
+        produce(&f.input, &batch);
+        input.extend(batch);
+        wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+        handle.snapshot_now();
+        ids.push(snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].id.clone());
+    }
+    running.stop().unwrap();
+    let kept = list_snapshots(&at, &f.app, Some(STORE)).unwrap();
+    let kept: Vec<RemoteSnapshot> = kept.into_iter().flat_map(|p| p.snapshots).collect();
+    assert_eq!(kept.iter().map(|s| s.id.clone()).collect::<Vec<_>>(), ids[2..].to_vec(), "the two newest are kept");
+    let files_dir = dir.path().join(&f.app).join(STORE).join("0").join("files");
+    let on_disk: BTreeSet<String> =
+        std::fs::read_dir(&files_dir).unwrap().map(|e| format!("files/{}", e.unwrap().file_name().to_string_lossy())).collect();
+    let named: BTreeSet<String> = kept.iter().flat_map(|s| s.files.iter().map(|f| f.object.clone())).collect();
+    assert_eq!(on_disk, named, "exactly the files the kept snapshots name");
+    // Incremental: the newest reuses SST files of the one before.
+    let reused = kept[1].files.iter().filter(|f| kept[0].files.iter().any(|g| g.object == f.object)).count();
+    assert!(reused > 0, "the newest snapshot reuses files: {kept:?}");
+    let (_, state) = fresh_instance(&f, config, 1);
+    assert_same_state(&state, &model_of(&input), "seeded after collection");
+}
+
+/// A MinIO server of this test's own (it is killed and restarted).
+struct OwnMinio {
+    port: u16,
+    data: tempfile::TempDir,
+}
+
+impl OwnMinio {
+    fn script(&self, verb: &str) -> std::process::Output {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new("bash")
+            .arg(root.join("testing/minio.sh"))
+            .arg(verb)
+            .env("KSTATE_MINIO_PORT", self.port.to_string())
+            .env("KSTATE_MINIO_DATA", self.data.path().join("minio"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "minio.sh {verb}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+    fn start(port: u16) -> OwnMinio {
+        let m = OwnMinio { port, data: tempfile::tempdir().unwrap() };
+        m.script("start");
+        m
+    }
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnMinio {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/minio.sh"))
+            .arg("stop")
+            .env("KSTATE_MINIO_PORT", self.port.to_string())
+            .env("KSTATE_MINIO_DATA", self.data.path().join("minio"))
+            .output();
+    }
+}
+
+#[test]
+fn the_s3_server_dying_mid_upload_or_mid_download_stops_nobody_and_falls_back() {
+    let f = fixture("snap-fault", 1);
+    let minio = OwnMinio::start(9010);
+    let (config, at) = s3_at(&minio.endpoint(), &unique("fault"));
+    // One file at a time, paced after each request: the first SST file is
+    // uploaded at once, the next request waits ~8 s, and the server dies
+    // in between (an upload cut in the middle: files there, no manifest).
+    let slow = config.clone().parallel_transfers(1).max_bytes_per_second(64 << 10);
+    // Incompressible values: about 500 KB of SST files.
+    let big: Vec<KeyedRecord> = (0..1200).map(|i| (0, format!("k{i}").into_bytes(), Some((0..200).map(|_| rand::random::<u8>()).collect()))).collect();
+    produce(&f.input, &big);
+    let mut input = big;
+    let restores = Restores::default();
+    let (running, handle) = start(&f, f.state.path(), slow.clone(), &restores);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    let triggered = std::time::Instant::now();
+    handle.snapshot_now();
+    std::thread::sleep(Duration::from_millis(1500));
+    minio.script("kill");
+    // Processing goes on while the snapshot store is gone.
+    let more = records(0, 200, 1);
+    produce(&f.input, &more);
+    input.extend(more);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    assert!(!running.is_finished(), "the application stopped");
+    assert!(list_snapshots(&at, &f.app, Some(STORE)).is_err(), "the server is down");
+    // Past the paced wait: the upload's next request failed.
+    std::thread::sleep(Duration::from_secs(12).saturating_sub(triggered.elapsed()));
+    minio.script("restart");
+    let listed = list_snapshots(&at, &f.app, Some(STORE)).unwrap();
+    assert!(listed.iter().all(|p| p.snapshots.is_empty()), "the cut upload wrote no manifest: {listed:?}");
+    handle.snapshot_now();
+    let snap = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].clone();
+    running.stop().unwrap();
+
+    // A new instance seeds from it.
+    let (restores, state) = fresh_instance(&f, config.clone(), 1);
+    let start0 = restores.starts.lock().unwrap()[0].clone();
+    assert_eq!(start0.snapshot.as_ref().map(|s| s.snapshot_id.clone()), Some(snap.id.clone()), "{start0:?}");
+    assert_same_state(&state, &model_of(&input), "seeded from the snapshot taken after the outage");
+
+    // The server dies while another new instance downloads (one file at a
+    // time, the next request ~12 s after the large SST file): it restores
+    // in full instead, and nobody stops.
+    let state = tempfile::tempdir().unwrap();
+    let restores = Restores::default();
+    let (running, _) = start(&f, state.path(), slow, &restores);
+    std::thread::sleep(Duration::from_secs(2));
+    minio.script("kill");
+    wait_until("the restore", WAIT, || restores.ended() >= 1);
+    running.stop().unwrap();
+    let start1 = restores.starts.lock().unwrap()[0].clone();
+    assert!(start1.snapshot.is_none(), "{start1:?}");
+    assert!(start1.snapshots_skipped.iter().any(|why| why.contains(&snap.id)), "{:?}", start1.snapshots_skipped);
+    assert_eq!(start1.start_offset, 0, "a full replay");
+    assert_same_state(&stored_state(state.path(), &f.app, 1), &model_of(&input), "restored in full after the failed download");
+}
+
+#[test]
+fn bad_snapshot_settings_are_config_errors_at_build() {
+    let state = tempfile::tempdir().unwrap();
+    let build = |c: SnapshotConfig| {
+        builder("snap-config", "in", state.path()).store(StoreDefinition::new(STORE)).snapshots(c).build().err().map(|e| e.to_string())
+    };
+    let dir = format!("file://{}", state.path().join("snaps").display());
+    let cases = [
+        (SnapshotConfig::new("ftp://host/x"), "unsupported scheme"),
+        (SnapshotConfig::new("not a url"), "snapshot URL"),
+        (SnapshotConfig::new("file://relative/dir"), "snapshot"),
+        (SnapshotConfig::new("s3://bucket/x").option("aws_no_such_key", "1"), "aws_no_such_key"),
+        (SnapshotConfig::new(&dir).interval(Duration::from_millis(500)), "below 1 s"),
+        (SnapshotConfig::new(&dir).retain(0), "retain"),
+        (SnapshotConfig::new(&dir).parallel_transfers(0), "parallel_transfers"),
+        (SnapshotConfig::new(&dir).max_bytes_per_second(0), "max_bytes_per_second"),
+    ];
+    for (config, needle) in cases {
+        let what = format!("{config:?}");
+        let err = build(config).unwrap_or_else(|| panic!("{what}: built"));
+        assert!(err.contains("configuration") || err.contains("config"), "{what}: {err}");
+        assert!(err.contains(needle), "{what}: `{needle}` not in: {err}");
+    }
+    assert_eq!(build(SnapshotConfig::new(&dir)), None);
+}

@@ -5,7 +5,12 @@
 //! * `consume --topic T` — plain rdkafka consumer reading every partition to the end (the physical limit);
 //! * `consume-batch --topic T` — the same, reading up to 1024 records per call as kstate does;
 //! * `rocksdb-raw --topic T --dir D` — the same consumer writing WAL-less WriteBatches into RocksDB;
-//! * `kstate-restore --app A --store S --input I --state-dir D` — kstate restoring `A-S-changelog`;
+//! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U]` — kstate restoring
+//!   `A-S-changelog`; with a snapshot URL, stores without local state are seeded from snapshots first
+//!   (S3 settings from the environment: `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials);
+//! * `kstate-snapshot --app A --store S --input I --state-dir D --snapshot-url U` — kstate opening
+//!   the state dir, then snapshotting every store partition at once: upload time, bytes uploaded
+//!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
 //! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once]`
@@ -92,7 +97,22 @@ fn run(args: &[String]) -> Result<String, BoxError> {
         "rocksdb-raw" => consume(&b, opt(args, "--topic")?, Some(opt(args, "--dir")?)),
         "consume-batch" => consume_batch(&b, opt(args, "--topic")?),
         "pipe" => pipe(&b, opt(args, "--input")?, opt(args, "--output")?),
-        "kstate-restore" => kstate_restore(&b, opt(args, "--app")?, opt(args, "--store")?, opt(args, "--input")?, opt(args, "--state-dir")?),
+        "kstate-restore" => kstate_restore(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--store")?,
+            opt(args, "--input")?,
+            opt(args, "--state-dir")?,
+            opt(args, "--snapshot-url").ok(),
+        ),
+        "kstate-snapshot" => kstate_snapshot(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--store")?,
+            opt(args, "--input")?,
+            opt(args, "--state-dir")?,
+            opt(args, "--snapshot-url")?,
+        ),
         "produce" => produce(&b, opt(args, "--topic")?, opt(args, "--source")?),
         "kstate-write" => kstate_write(
             &b,
@@ -406,6 +426,7 @@ fn pipe(bootstrap: &str, input: &str, output: &str) -> Result<String, BoxError> 
 #[derive(Default, Clone)]
 struct Times {
     first_start: Arc<Mutex<Option<Instant>>>,
+    starts: Arc<Mutex<Vec<RestoreStart>>>,
     ends: Arc<Mutex<Vec<(Instant, RestoreEnd)>>>,
 }
 
@@ -423,22 +444,24 @@ impl Times {
 }
 
 impl RestoreListener for Times {
-    fn on_restore_start(&self, _: &RestoreStart) {
+    fn on_restore_start(&self, e: &RestoreStart) {
         self.first_start.lock().unwrap().get_or_insert_with(Instant::now);
+        self.starts.lock().unwrap().push(e.clone());
     }
     fn on_restore_end(&self, e: &RestoreEnd) {
         self.ends.lock().unwrap().push((Instant::now(), e.clone()));
     }
 }
 
-fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &str) -> Result<String, BoxError> {
+fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &str, snapshot_url: Option<&str>) -> Result<String, BoxError> {
     let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
     let partitions = partitions_of(&admin, input)?.len();
     let times = Times::default();
-    let app = bench_app(bootstrap, app, input, state)
-        .store(StoreDefinition::new(store))
-        .restore_listener(times.clone())
-        .build()?;
+    let mut builder = bench_app(bootstrap, app, input, state).store(StoreDefinition::new(store)).restore_listener(times.clone());
+    if let Some(url) = snapshot_url {
+        builder = builder.snapshots(kstate::SnapshotConfig::new(url).interval(Duration::from_secs(24 * 3600)));
+    }
+    let app = builder.build()?;
     let stop = app.shutdown_handle();
     let started = Instant::now();
     let runner = std::thread::spawn(move || app.run(|_, _| Ok::<(), kstate::Error>(())));
@@ -452,9 +475,71 @@ fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &
     stop.shutdown();
     runner.join().map_err(|_| "runtime panicked")??;
     let (records, bytes, secs) = times.summary()?;
+    let seeds: Vec<kstate::SnapshotSeed> = times.starts.lock().unwrap().iter().filter_map(|s| s.snapshot.clone()).collect();
+    let seeded_bytes: u64 = seeds.iter().map(|s| s.bytes).sum();
+    let download = seeds.iter().map(|s| s.download.as_secs_f64()).fold(0.0, f64::max);
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4}}}",
-        records as f64 / secs
+        "{{\"contender\":\"kstate\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4},\
+         \"seeded_partitions\":{},\"seeded_bytes\":{seeded_bytes},\"download_seconds\":{download:.4}}}",
+        records as f64 / secs,
+        seeds.len()
+    ))
+}
+
+/// Opens the state dir (replaying any tail), then takes a snapshot of every
+/// store partition at once and waits until each is listed at its
+/// changelog's last offset.
+fn kstate_snapshot(bootstrap: &str, app_id: &str, store: &str, input: &str, state: &str, url: &str) -> Result<String, BoxError> {
+    let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let partitions = partitions_of(&admin, input)?.len();
+    let changelog = kstate::changelog_topic(app_id, store);
+    let last: HashMap<i32, i64> = partitions_of(&admin, &changelog)?.into_iter().map(|(p, _, hi)| (p, hi - 1)).collect();
+    let at = kstate::admin::SnapshotStore { url: url.to_string(), options: vec![] };
+    let before: HashSet<(i32, String)> = kstate::admin::list_snapshots(&at, app_id, Some(store))
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|p| p.snapshots.into_iter().flat_map(move |s| s.files.into_iter().map(move |f| (p.partition, f.object))))
+        .collect();
+    let times = Times::default();
+    let app = bench_app(bootstrap, app_id, input, state)
+        .store(StoreDefinition::new(store))
+        .restore_listener(times.clone())
+        .snapshots(kstate::SnapshotConfig::new(url).interval(Duration::from_secs(24 * 3600)).seed_stores(false))
+        .build()?;
+    let stop = app.shutdown_handle();
+    let handle = app.snapshot_handle();
+    let runner = std::thread::spawn(move || app.run(|_, _| Ok::<(), kstate::Error>(())));
+    while times.ends.lock().unwrap().len() < partitions && !runner.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Past the first round of the snapshot thread (which skips nothing
+    // but finds the tasks still opening).
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    handle.snapshot_now();
+    let newest = loop {
+        let listed = kstate::admin::list_snapshots(&at, app_id, Some(store))?;
+        let newest: Vec<kstate::RemoteSnapshot> =
+            listed.into_iter().filter_map(|p| p.snapshots.into_iter().max_by_key(|s| s.checkpoint)).collect();
+        if newest.len() == last.len() && newest.iter().all(|s| s.checkpoint >= last[&s.partition]) {
+            break newest;
+        }
+        if runner.is_finished() || started.elapsed() > Duration::from_secs(1800) {
+            return Err("the snapshots did not appear".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let secs = started.elapsed().as_secs_f64();
+    stop.shutdown();
+    runner.join().map_err(|_| "runtime panicked")??;
+    let full: u64 = newest.iter().map(|s| s.bytes()).sum();
+    let uploaded: u64 =
+        newest.iter().flat_map(|s| s.files.iter().filter(|f| !before.contains(&(s.partition, f.object.clone()))).map(|f| f.size)).sum();
+    let files: usize = newest.iter().map(|s| s.files.len()).sum();
+    Ok(format!(
+        "{{\"contender\":\"kstate-snapshot\",\"seconds\":{secs:.4},\"uploaded_bytes\":{uploaded},\"full_bytes\":{full},\"files\":{files},\
+         \"upload_bytes_per_sec\":{:.1}}}",
+        uploaded as f64 / secs
     ))
 }
 

@@ -354,3 +354,47 @@ fn bad_snapshot_settings_are_config_errors_at_build() {
     }
     assert_eq!(build(SnapshotConfig::new(&dir)), None);
 }
+
+/// The SST objects of a snapshot and their bytes.
+fn sst_objects(s: &RemoteSnapshot) -> BTreeMap<String, u64> {
+    s.files.iter().filter(|f| f.name.ends_with(".sst")).map(|f| (f.object.clone(), f.size)).collect()
+}
+
+#[test]
+fn snapshots_stay_incremental_across_a_restart_and_after_seeding() {
+    let f = fixture("snap-incr", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    let mut input = records(0, 3000, 1);
+    produce(&f.input, &input);
+    let snapshot = |state: &Path, restores: &Restores| {
+        let (running, handle) = start(&f, state, config.clone(), restores);
+        wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+        handle.snapshot_now();
+        let s = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].clone();
+        running.stop().unwrap();
+        s
+    };
+    let first = snapshot(f.state.path(), &Restores::default());
+    let more = records(3000, 30, 1);
+    produce(&f.input, &more);
+    input.extend(more);
+    // The same state dir after a restart: only the new SST files go up.
+    let second = snapshot(f.state.path(), &Restores::default());
+    let (a, b) = (sst_objects(&first), sst_objects(&second));
+    let new_bytes: u64 = b.iter().filter(|(o, _)| !a.contains_key(*o)).map(|(_, n)| n).sum();
+    assert!(b.keys().any(|o| a.contains_key(o)), "the restarted instance reuses uploaded files: {a:?} / {b:?}");
+    assert!(new_bytes * 4 < b.values().sum::<u64>(), "uploaded {new_bytes} of {} bytes after a restart", b.values().sum::<u64>());
+    // A new instance seeded from it: its first snapshot reuses the seed's files.
+    let more = records(3030, 30, 1);
+    produce(&f.input, &more);
+    input.extend(more);
+    let state = tempfile::tempdir().unwrap();
+    let restores = Restores::default();
+    let third = snapshot(state.path(), &restores);
+    assert_eq!(restores.starts.lock().unwrap()[0].snapshot.as_ref().map(|s| s.snapshot_id.clone()), Some(second.id.clone()));
+    let c = sst_objects(&third);
+    let new_bytes: u64 = c.iter().filter(|(o, _)| !b.contains_key(*o)).map(|(_, n)| n).sum();
+    assert!(new_bytes * 4 < c.values().sum::<u64>(), "uploaded {new_bytes} of {} bytes after seeding", c.values().sum::<u64>());
+    assert_same_state(&stored_state(state.path(), &f.app, 1), &model_of(&input), "the seeded instance");
+}

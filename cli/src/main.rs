@@ -82,6 +82,16 @@ enum Command {
         /// Bound on reading each partition's size sample, in seconds.
         #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
         read_timeout: f64,
+        /// Also price seeding from the application's snapshots at this URL
+        /// (`SnapshotConfig::new`; credentials from the environment).
+        #[arg(long, env = "KSTATE_SNAPSHOT_URL", value_name = "URL")]
+        snapshot_url: Option<String>,
+        /// An object store setting for --snapshot-url (`aws_endpoint=...`); repeatable.
+        #[arg(short = 'O', value_name = "KEY=VALUE", value_parser = parse_property)]
+        option: Vec<(String, String)>,
+        /// Snapshot download rate in MB/s (default 100).
+        #[arg(long, value_name = "MB_PER_SEC")]
+        download_rate: Option<f64>,
     },
     /// Copy a stopped store partition (RocksDB checkpoint) to a new directory.
     Snapshot {
@@ -273,9 +283,15 @@ fn run(cli: &Cli, state_dir: PathBuf) -> admin::Result<ExitCode> {
                 return Ok(ExitCode::from(3));
             }
         }
-        Command::EstimateRestore { app, stores, partitions, rate, read_timeout } => {
+        Command::EstimateRestore { app, stores, partitions, rate, read_timeout, snapshot_url, option, download_rate } => {
             let kafka = kafka(cli, *read_timeout);
-            let options = admin::EstimateOptions { stores: stores.clone(), partitions: partitions.clone(), rate: *rate };
+            let options = admin::EstimateOptions {
+                stores: stores.clone(),
+                partitions: partitions.clone(),
+                rate: *rate,
+                snapshots: snapshot_url.as_ref().map(|url| admin::SnapshotStore { url: url.clone(), options: option.clone() }),
+                download_rate: download_rate.map(|mb| mb * 1e6),
+            };
             let r = admin::estimate_restore(&state_dir, app, &kafka, &options)?;
             if cli.json {
                 json(&r);
@@ -610,4 +626,28 @@ fn print_estimate(r: &admin::RestoreEstimate) {
         count(r.rate_records_per_sec as u64),
         age(r.estimated_seconds)
     );
+    if let (Some(with), Some(rate)) = (r.estimated_seconds_with_snapshots, r.download_rate_bytes_per_sec) {
+        let mut t = Table::new(&["STORE", "PART", "SNAPSHOT", "CHECKPOINT", "DOWNLOAD", "TAIL RECORDS", "SNAPSHOT PATH", "FULL REPLAY"]);
+        for p in &r.partitions {
+            if let Some(s) = &p.snapshot {
+                t.row(vec![
+                    p.store.clone(),
+                    p.partition.to_string(),
+                    s.snapshot_id.clone(),
+                    s.checkpoint.to_string(),
+                    bytes(s.bytes),
+                    count(s.tail_records),
+                    age(s.estimated_seconds),
+                    age(p.records as f64 / r.rate_records_per_sec),
+                ]);
+            }
+        }
+        t.print();
+        println!(
+            "with snapshots (downloads at {:.0} MB/s, the rest replayed at {} rec/s): about {}",
+            rate / 1e6,
+            count(r.rate_records_per_sec as u64),
+            age(with)
+        );
+    }
 }

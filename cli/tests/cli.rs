@@ -569,6 +569,22 @@ fn snapshots_list_show_and_gc_read_the_snapshot_store_without_a_state_dir() {
     assert_eq!(v[0]["snapshots"].as_array().unwrap().len(), 1);
     assert_eq!(v[0]["snapshots"][0]["id"].as_str(), Some(id), "the newest is kept");
 
+    // estimate-restore prices both paths for a state dir without the store.
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(empty.path().join(&f.app)).unwrap();
+    let mut k = vec!["--state-dir".to_string(), sd(empty.path()), "--bootstrap".into(), bootstrap()];
+    k.extend(["estimate-restore", "--app", &f.app, "--store", "a", "--rate", "1000", "--snapshot-url", &url, "--download-rate", "1"].map(String::from));
+    let e = kstate_json(0, &k.iter().map(String::as_str).collect::<Vec<_>>());
+    let p0 = &e["partitions"][0];
+    let end = p0["end_offset"].as_i64().unwrap();
+    assert_eq!(p0["records"].as_i64(), Some(end), "{e}");
+    assert_eq!(p0["snapshot"]["snapshot_id"].as_str(), Some(id), "{e}");
+    assert_eq!(p0["snapshot"]["tail_records"].as_i64(), Some(end - 1 - newest["checkpoint"].as_i64().unwrap()), "{e}");
+    let full = e["estimated_seconds"].as_f64().unwrap();
+    let with = e["estimated_seconds_with_snapshots"].as_f64().unwrap();
+    let download = p0["snapshot"]["bytes"].as_f64().unwrap() / 1e6;
+    assert!((with - download).abs() < 0.01 && (full - end as f64 / 1000.0).abs() < 0.01, "{e}");
+
     // What is left still seeds a new instance to the same state.
     let state = tempfile::tempdir().unwrap();
     let restores = Restores::default();

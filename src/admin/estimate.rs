@@ -27,6 +27,33 @@ pub struct EstimateOptions {
     /// Records per second; `None`: the rate measured on this state
     /// directory, else [`DEFAULT_RESTORE_RATE`].
     pub rate: Option<f64>,
+    /// Also price seeding from the application's snapshots (where a store
+    /// partition would otherwise restore from the changelog's start).
+    pub snapshots: Option<super::SnapshotStore>,
+    /// Download bytes per second for that price; `None`: [`DEFAULT_DOWNLOAD_RATE`].
+    pub download_rate: Option<f64>,
+}
+
+/// The download rate assumed for snapshots when none is given (bytes per second).
+pub const DEFAULT_DOWNLOAD_RATE: f64 = 100e6;
+
+/// The other path of a store partition that would restore from the
+/// changelog's start: seeding from its newest usable snapshot, then the
+/// changelog past it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotPath {
+    /// The snapshot.
+    pub snapshot_id: String,
+    /// Its checkpoint.
+    pub checkpoint: i64,
+    /// Bytes to download.
+    pub bytes: u64,
+    /// Changelog records to replay after it.
+    pub tail_records: u64,
+    /// `bytes / download rate + tail_records / rate`.
+    pub estimated_seconds: f64,
+    /// Newer snapshots passed over, with the reason.
+    pub skipped: Vec<String>,
 }
 
 /// Where the rate of an estimate comes from.
@@ -67,6 +94,9 @@ pub struct PartitionEstimate {
     /// Why the restore starts at the changelog's start, when it does
     /// although local state exists.
     pub note: Option<String>,
+    /// With [`EstimateOptions::snapshots`], for a restore from the start:
+    /// the path through the newest usable snapshot, if there is one.
+    pub snapshot: Option<SnapshotPath>,
 }
 
 /// The outcome of [`estimate_restore()`].
@@ -87,6 +117,12 @@ pub struct RestoreEstimate {
     /// `total_records / rate` (the restore thread replays every store
     /// partition of an instance, so the rate is for all of them together).
     pub estimated_seconds: f64,
+    /// With [`EstimateOptions::snapshots`]: the download rate used (bytes per second).
+    pub download_rate_bytes_per_sec: Option<f64>,
+    /// With [`EstimateOptions::snapshots`]: the time when every store
+    /// partition with a usable snapshot is seeded from it instead (downloads
+    /// at the download rate, the rest replayed at `rate`).
+    pub estimated_seconds_with_snapshots: Option<f64>,
 }
 
 /// Estimates what a restart of `app` on this state directory would replay:
@@ -109,7 +145,15 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             None => (DEFAULT_RESTORE_RATE, RateSource::Assumed),
         },
     };
+    let download_rate = options.download_rate.unwrap_or(DEFAULT_DOWNLOAD_RATE);
+    if !(download_rate.is_finite() && download_rate > 0.0) {
+        return Err(AdminError::Admin(format!("the download rate must be a positive number of bytes per second, not {download_rate}")));
+    }
     let stores: BTreeSet<String> = stores_of(&app_dir).into_iter().chain(options.stores.iter().cloned()).collect();
+    let snapshots: Vec<super::PartitionSnapshots> = match &options.snapshots {
+        Some(at) => super::list_snapshots(at, app, None)?,
+        None => Vec::new(),
+    };
     let consumer = kafka.consumer()?;
     let mut partitions = Vec::new();
     for store in &stores {
@@ -163,6 +207,10 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
                 sampled < SAMPLE_RECORDS
             })?;
             let estimated_bytes = if sampled == 0 { 0 } else { (sample_bytes as f64 / sampled as f64 * records as f64) as u64 };
+            // The seeding path, for a restore from the start (as kstate seeds only an empty store).
+            let snapshot = (options.snapshots.is_some() && from == low && records > 0)
+                .then(|| snapshot_path(&snapshots, store, p, &changelog, (rate, download_rate)))
+                .flatten();
             partitions.push(PartitionEstimate {
                 store: store.clone(),
                 partition: p,
@@ -174,11 +222,23 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
                 estimated_bytes,
                 sampled_records: sampled,
                 note,
+                snapshot,
             });
         }
     }
     let total_records = partitions.iter().map(|p| p.records).sum::<u64>();
+    let with_snapshots = options.snapshots.as_ref().map(|_| {
+        partitions
+            .iter()
+            .map(|p| match &p.snapshot {
+                Some(s) => s.bytes as f64 / download_rate + s.tail_records as f64 / rate,
+                None => p.records as f64 / rate,
+            })
+            .sum::<f64>()
+    });
     Ok(RestoreEstimate {
+        download_rate_bytes_per_sec: options.snapshots.as_ref().map(|_| download_rate),
+        estimated_seconds_with_snapshots: with_snapshots,
         application_id: app.to_string(),
         rate_records_per_sec: rate,
         rate_source,
@@ -187,4 +247,41 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
         estimated_seconds: total_records as f64 / rate,
         partitions,
     })
+}
+
+/// The newest snapshot of a store partition that the changelog as it is
+/// now can continue (the checks seeding makes), priced.
+fn snapshot_path(
+    all: &[super::PartitionSnapshots],
+    store: &str,
+    partition: i32,
+    changelog: &ChangelogState,
+    (rate, download_rate): (f64, f64),
+) -> Option<SnapshotPath> {
+    let found = all.iter().find(|s| s.store == store && s.partition == partition)?;
+    let mut newest_first: Vec<&crate::snapshot::RemoteSnapshot> = found.snapshots.iter().collect();
+    newest_first.sort_by_key(|s| std::cmp::Reverse((s.checkpoint, s.created_at_ms)));
+    let mut skipped = Vec::new();
+    for s in newest_first {
+        let local = crate::restore::LocalCheckpoint {
+            checkpoint: Some(s.checkpoint),
+            topic_id: s.changelog_topic_id.clone(),
+            appended_after_ms: s.appended_after_ms,
+        };
+        if let Some((why, _)) = full_restore_reason(&local, changelog, crate::store::engine::now_ms()) {
+            skipped.push(format!("snapshot {}: {why}", s.id));
+            continue;
+        }
+        let tail_records = (changelog.high - s.checkpoint - 1).max(0) as u64;
+        let bytes = s.bytes();
+        return Some(SnapshotPath {
+            snapshot_id: s.id.clone(),
+            checkpoint: s.checkpoint,
+            bytes,
+            tail_records,
+            estimated_seconds: bytes as f64 / download_rate + tail_records as f64 / rate,
+            skipped,
+        });
+    }
+    None
 }

@@ -98,6 +98,9 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
         return Err(e);
     }
     crate::store::engine::remove_checkpoint_hint(&dir)?;
+    // The record of what the replaced database uploaded to the snapshot
+    // store is not this database's.
+    let _ = std::fs::remove_file(dir.join(crate::snapshot::upload::UPLOADED_FILE));
     crate::store::engine::Engine::wipe(&db)?;
     std::fs::rename(&importing, &db).map_err(|e| AdminError::io(&importing, e))?;
     sync_path(&dir)?;

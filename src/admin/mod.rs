@@ -31,7 +31,7 @@ mod verify;
 mod wipe;
 
 pub use error::{AdminError, Result};
-pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSource, RestoreEstimate, DEFAULT_RESTORE_RATE};
+pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSource, RestoreEstimate, SnapshotPath, DEFAULT_DOWNLOAD_RATE, DEFAULT_RESTORE_RATE};
 pub use import::{import_snapshot, ImportReport};
 pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, SegmentsReport, StorePartitionReport};
 pub use remote::{gc_snapshots, list_snapshots, show_snapshot, PartitionGc, PartitionSnapshots, SnapshotStore};

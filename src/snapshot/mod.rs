@@ -258,7 +258,10 @@ impl Snapshots {
         })
     }
 
-    pub(crate) fn remember_uploaded(&self, store: &str, partition: i32, uploaded: Uploaded) {
+    /// Keeps what a database uploaded, in memory and beside the database
+    /// in `partition_dir`.
+    pub(crate) fn remember_uploaded(&self, store: &str, partition: i32, uploaded: Uploaded, partition_dir: &Path) {
+        uploaded.save(partition_dir);
         self.uploaded
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -382,7 +385,7 @@ impl Snapshots {
                 .join(format!("{partition}.snapshot-{}", manifest::new_id())),
         );
         // Only the checkpoint call holds the store (like a read).
-        let taken = slot.with_engine(|engine| -> crate::error::Result<Option<String>> {
+        let taken = slot.with_engine(|engine| -> crate::error::Result<Option<(String, PathBuf)>> {
             if let (crate::store::engine::Checkpoint::At(c), Some(last)) =
                 (engine.checkpoint()?, last_checkpoint)
             {
@@ -390,22 +393,20 @@ impl Snapshots {
                     return Ok(None);
                 }
             }
-            let identity = std::fs::read_to_string(engine.path().join("IDENTITY"))
-                .unwrap_or_default()
-                .trim()
-                .to_string();
+            let identity = upload::database_id(engine.path());
             if let Some(parent) = scratch.0.parent() {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| crate::error::Error::io("snapshot scratch dir", e))?;
             }
             engine.create_checkpoint(&scratch.0)?;
-            Ok(Some(identity))
+            let partition_dir = engine.path().parent().map(Path::to_path_buf).unwrap_or_default();
+            Ok(Some((identity, partition_dir)))
         });
-        let identity = match taken {
+        let (identity, partition_dir) = match taken {
             None => return Ok(None),
             Some(Err(e)) => return Err(format!("checkpoint: {e}")),
             Some(Ok(None)) => return Ok(None),
-            Some(Ok(Some(identity))) => identity,
+            Some(Ok(Some(taken))) => taken,
         };
         let Some(meta) =
             upload::read_meta(&scratch.0).map_err(|e| format!("reading the checkpoint: {e}"))?
@@ -420,13 +421,13 @@ impl Snapshots {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
             .cloned();
-        let uploaded = match known {
-            Some(u) if !identity.is_empty() && u.identity == identity => u,
-            _ => Uploaded {
+        let uploaded = match known.filter(|u| !identity.is_empty() && u.identity == identity) {
+            Some(u) => u,
+            None => Uploaded::load(&partition_dir, &identity).unwrap_or_else(|| Uploaded {
                 identity: identity.clone(),
                 uid: manifest::new_id(),
                 files: HashMap::new(),
-            },
+            }),
         };
         let src = Source {
             store: &store.name,
@@ -441,7 +442,7 @@ impl Snapshots {
             return Err("stopped while uploading".into());
         };
         let (taken, uploaded) = result.map_err(|e| e.to_string())?;
-        self.remember_uploaded(&store.name, partition, uploaded);
+        self.remember_uploaded(&store.name, partition, uploaded, &partition_dir);
         let labels = [
             ("store", store.name.clone()),
             ("partition", partition.to_string()),

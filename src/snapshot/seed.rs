@@ -97,7 +97,7 @@ impl Snapshots {
                             .map(|f| (f.name.clone(), f.clone()))
                             .collect(),
                     };
-                    self.remember_uploaded(store, partition, uploaded);
+                    self.remember_uploaded(store, partition, uploaded, db_dir.parent().unwrap_or(db_dir));
                     seeded.seed = Some(SnapshotSeed {
                         snapshot_id: m.id.clone(),
                         checkpoint: m.checkpoint,
@@ -118,7 +118,7 @@ impl Snapshots {
     }
 
     /// Downloads a snapshot's files into a fresh directory beside `db_dir`,
-    /// verifies them, gives the database an identity of its own, and moves
+    /// verifies them, gives the database an id of its own, and moves
     /// it into place. Returns that identity.
     async fn download_into(&self, m: &RemoteSnapshot, db_dir: &FsPath) -> RemoteResult<String> {
         let tmp = db_dir.with_extension("seeding");
@@ -150,9 +150,8 @@ impl Snapshots {
             // names the snapshot's origin uses (upload.rs names files by
             // the uploading database).
             let identity = super::manifest::new_id();
-            let id_path = tmp.join("IDENTITY");
-            std::fs::write(&id_path, format!("{identity}\n"))
-                .map_err(|e| RemoteError::io(&id_path, e))?;
+            let id_path = tmp.join(super::upload::DATABASE_ID_FILE);
+            std::fs::write(&id_path, &identity).map_err(|e| RemoteError::io(&id_path, e))?;
             std::fs::rename(&tmp, db_dir).map_err(|e| RemoteError::io(db_dir, e))?;
             Ok(identity)
         }

@@ -16,17 +16,67 @@ use super::{Snapshots, PENDING_STALE};
 use crate::store::engine::Checkpoint;
 use crate::store::engine::{now_ms, ReadOnlyDb};
 
+/// A file in a database's directory naming that database for snapshots: a
+/// fresh id for each database kstate creates or seeds, gone with the
+/// directory when a store is wiped. (RocksDB's own `IDENTITY` does not do:
+/// it comes back from the MANIFEST, so a copy seeded from a snapshot would
+/// share its origin's.)
+pub(crate) const DATABASE_ID_FILE: &str = "kstate-snapshot-id";
+
+/// The database's id (see [`DATABASE_ID_FILE`]), made if it has none;
+/// empty if it cannot be written (nothing is then reused).
+pub(crate) fn database_id(db_dir: &FsPath) -> String {
+    let path = db_dir.join(DATABASE_ID_FILE);
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        if !id.trim().is_empty() {
+            return id.trim().to_string();
+        }
+    }
+    let id = super::manifest::new_id();
+    match crate::store::state_dir::write_atomically(&path, id.as_bytes()) {
+        Ok(()) => id,
+        Err(_) => String::new(),
+    }
+}
+
+/// The file beside a store partition's database that keeps its
+/// [`Uploaded`] across restarts (`<store>/<partition>/kstate.snapshot-files`).
+pub(crate) const UPLOADED_FILE: &str = "kstate.snapshot-files";
+
 /// The SST files of one local database already in the snapshot store, so
-/// the next snapshot uploads only new ones. Valid while the database keeps
-/// its RocksDB identity (a wiped store is a new database).
-#[derive(Debug, Clone, Default)]
+/// the next snapshot uploads only new ones, also after a restart. Valid
+/// for the database with its id (a wiped or seeded store is a new database).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Uploaded {
-    /// The database's `IDENTITY`.
+    /// The database's id ([`DATABASE_ID_FILE`]).
     pub(crate) identity: String,
     /// The name prefix of files this process uploads for it.
     pub(crate) uid: String,
     /// SST files by local name.
     pub(crate) files: HashMap<String, RemoteSnapshotFile>,
+}
+
+impl Uploaded {
+    /// The record kept beside a database, if it is for the database with
+    /// `identity`.
+    pub(crate) fn load(partition_dir: &FsPath, identity: &str) -> Option<Uploaded> {
+        let bytes = std::fs::read(partition_dir.join(UPLOADED_FILE)).ok()?;
+        let u: Uploaded = serde_json::from_slice(&bytes).ok()?;
+        (!identity.is_empty() && u.identity == identity).then_some(u)
+    }
+
+    /// Keeps the record beside the database (best effort: a directory being
+    /// removed is no error, the next snapshot uploads a little more).
+    pub(crate) fn save(&self, partition_dir: &FsPath) {
+        if !partition_dir.is_dir() {
+            return;
+        }
+        if let Ok(json) = serde_json::to_vec(self) {
+            if let Err(e) = crate::store::state_dir::write_atomically(&partition_dir.join(UPLOADED_FILE), &json) {
+                tracing::debug!(dir = %partition_dir.display(), error = %e, "could not keep the record of uploaded snapshot files");
+            }
+        }
+    }
 }
 
 /// What one snapshot took.

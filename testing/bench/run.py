@@ -8,6 +8,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only scaleout [--scaleout-records 5000000]   # scale-out: 1 -> 3 instances
     python3 testing/bench/run.py --only write-eos [--full]   # write with output, at-least-once vs exactly-once
     python3 testing/bench/run.py --only window [--records N]  # hopping-window counts and their restore
+    python3 testing/bench/run.py --only snapshot [--records N]  # restore from a snapshot in S3 (MinIO)
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -48,6 +49,21 @@ record cache (kstate's overlay plays the cache's part: one changelog record
 per key and commit). `window` is processing throughput (first to N-th
 record); `window-restore` restores each contender's own window changelog
 (what its processing wrote) into an empty state dir. Peak RSS as usual.
+
+The snapshot scenario runs only with `--only snapshot` (see
+Suite.snapshot): a changelog of N records (the restore scenario's
+generator: 75% new keys, 20% overwrites, 5% tombstones, 100-byte random
+values) is restored once into a source state dir, which kstate snapshots
+into a MinIO server (testing/minio.sh, on this machine: loopback, one
+disk) at once (`snapshot-upload` full); then 1% more records are appended
+and the source snapshots again (`snapshot-upload` delta: only the new SST
+files go up); then 1% more are appended (the tail past the snapshot). Each
+rep restores that changelog into an empty state dir three ways: kstate's
+full replay, kstate seeded from the snapshot plus the tail replay, and
+Kafka Streams' restore; times are from the start of the process's
+application to every partition restored (kstate: `seconds_to_running`;
+Kafka Streams: its restore listener's span, which leaves out its startup,
+to its advantage).
 """
 import argparse
 import calendar
@@ -99,7 +115,16 @@ def cargo_executable(args, name, what):
     """Builds with `cargo <args> --message-format=json` and returns the path
     of the executable artifact `name`."""
     log(f"building {what} (cargo {' '.join(args)})")
-    out = subprocess.run(["cargo", *args, "--message-format=json"], cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout.decode()
+    proc = subprocess.run(["cargo", *args, "--message-format=json"], cwd=ROOT, stdout=subprocess.PIPE)
+    out = proc.stdout.decode()
+    if proc.returncode != 0:
+        # The compiler's own messages (they are inside the JSON lines).
+        for line in out.splitlines():
+            msg = json.loads(line) if line.startswith("{") else {}
+            rendered = (msg.get("message") or {}).get("rendered")
+            if msg.get("reason") == "compiler-message" and rendered:
+                sys.stderr.write(rendered)
+        raise SystemExit(f"building {what} failed (cargo {' '.join(args)}); the compiler's messages are above")
     for line in out.splitlines():
         msg = json.loads(line)
         if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == name and msg.get("executable"):
@@ -129,6 +154,26 @@ def start_broker():
         return "127.0.0.1:9092", False
     out = subprocess.run(["bash", "testing/kafka.sh", "start"], cwd=ROOT, check=True, stdout=subprocess.PIPE)
     return out.stdout.decode().strip().splitlines()[-1], True
+
+
+MINIO_STARTED = []
+
+
+def minio_env():
+    """The S3 settings of a MinIO server (testing/minio.sh), started here
+    unless one runs or KSTATE_S3_ENDPOINT names another (then the AWS_*
+    variables must be set too)."""
+    if os.environ.get("KSTATE_S3_ENDPOINT"):
+        env = {"AWS_ENDPOINT": os.environ["KSTATE_S3_ENDPOINT"], "KSTATE_S3_BUCKET": os.environ.get("KSTATE_S3_BUCKET", "kstate-test")}
+        return env
+    if subprocess.run(["bash", "testing/minio.sh", "status"], cwd=ROOT).returncode != 0:
+        log("starting MinIO (testing/minio.sh; built once from the Go module proxy)")
+        subprocess.run(["bash", "testing/minio.sh", "start"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        MINIO_STARTED.append(True)
+    lines = subprocess.run(["bash", "testing/minio.sh", "env"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    env = dict(l.split("=", 1) for l in lines.split())
+    env["AWS_ENDPOINT"] = env["KSTATE_S3_ENDPOINT"]
+    return env
 
 
 def median_of(results, key):
@@ -313,6 +358,7 @@ class Suite:
         self.failover_bin = failover_bin
         self.failover_results = {}
         self.scaleout_results = {}
+        self.snapshot_results = {}
         self.java = ["java", f"-Xmx{args.java_heap}", "-jar", JAR]
         self.run_id = f"bench{int(time.time())}"
         self.tmp = tempfile.mkdtemp(prefix="kstate-bench-")
@@ -362,6 +408,71 @@ class Suite:
             r = run_json(self.java + ["tail-restore", "--bootstrap", self.b, "--app-id", app, "--store", store, "--input-topic", inp,
                                       "--partitions", str(self.a.partitions), "--state-dir", ks_state])
             self.record("tail-restore", "kafka-streams", r)
+
+    def snapshot(self):
+        app, store = f"{self.run_id}-s", "kv"
+        changelog, inp = f"{app}-{store}-changelog", f"{app}-input"
+        n = self.a.records
+        env = dict(os.environ, **minio_env())
+        url = f"s3://{env['KSTATE_S3_BUCKET']}/{self.run_id}"
+        log(f"generating {n} changelog records into {changelog}")
+        self.gen(changelog, n)
+        self.gen(inp, 0, compact=False)
+        src = os.path.join(self.tmp, "snap-src")
+        common = ["--bootstrap", self.b, "--app", app, "--store", store, "--input", inp]
+        run_json([self.rust, "kstate-restore", *common, "--state-dir", src], env=env)
+        res = self.snapshot_results
+        res.setdefault("upload-full", []).append(run_json([self.rust, "kstate-snapshot", *common, "--state-dir", src, "--snapshot-url", url], env=env))
+        log(f"snapshot (full): {res['upload-full'][-1]}")
+        self.gen(changelog, max(1, n // 100), append=True, seed=2000)
+        res.setdefault("upload-delta-1pct", []).append(run_json([self.rust, "kstate-snapshot", *common, "--state-dir", src, "--snapshot-url", url], env=env))
+        log(f"snapshot (after 1% more records): {res['upload-delta-1pct'][-1]}")
+        self.gen(changelog, max(1, n // 100), append=True, seed=3000)
+        shutil.rmtree(src, ignore_errors=True)
+        ks_state = os.path.join(self.tmp, "ks-snap")
+        for rep in range(self.a.reps):
+            for name, extra in (("kstate-full-replay", []), ("kstate-snapshot+tail", ["--snapshot-url", url])):
+                d = os.path.join(self.tmp, f"snap-{rep}")
+                shutil.rmtree(d, ignore_errors=True)
+                r = run_json([self.rust, "kstate-restore", *common, "--state-dir", d, *extra], env=env)
+                r["seconds"] = r["seconds_to_running"]
+                res.setdefault(name, []).append(r)
+                log(f"snapshot-restore {name:<22} {r['seconds']:8.3f} s  records {r['records']}  seeded {r.get('seeded_partitions')}"
+                    f"  rss {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+                shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(ks_state, ignore_errors=True)
+            r = run_json(self.java + ["restore", "--bootstrap", self.b, "--app-id", app, "--store", store, "--input-topic", inp,
+                                      "--partitions", str(self.a.partitions), "--state-dir", ks_state])
+            res.setdefault("kafka-streams", []).append(r)
+            log(f"snapshot-restore kafka-streams          {r['seconds']:8.3f} s  records {r['records']}")
+            r = run_json([self.rust, "consume-batch", "--bootstrap", self.b, "--topic", changelog])
+            res.setdefault("plain-consumer-batch", []).append(r)
+        shutil.rmtree(ks_state, ignore_errors=True)
+
+    def snapshot_report(self, out):
+        res = self.snapshot_results
+        if not res:
+            return
+        print(f"\n## snapshot-restore ({self.a.records} records + 2%, {self.a.partitions} partitions, median of {self.a.reps}; "
+              "seconds [min-max])")
+        print("| contender | records replayed | seconds | peak RSS MiB | kstate-full-replay / this | kafka-streams / this |")
+        print("|---|---:|---:|---:|---:|---:|")
+        secs = {k: median_of(v, "seconds") for k, v in res.items() if not k.startswith("upload")}
+        for name in ("kstate-snapshot+tail", "kstate-full-replay", "kafka-streams", "plain-consumer-batch"):
+            if name not in res:
+                continue
+            s = secs[name]
+            print(f"| {name} | {int(median_of(res[name], 'records'))} | {spread([r['seconds'] for r in res[name]])} | "
+                  f"{median_of(res[name], 'peak_rss_bytes') / 2**20:.0f} | {secs['kstate-full-replay'] / s:.2f} | {secs['kafka-streams'] / s:.2f} |")
+        print("\n| snapshot upload | seconds | uploaded | full size | files | upload MB/s |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name in ("upload-full", "upload-delta-1pct"):
+            for r in res.get(name, []):
+                print(f"| {name} | {r['seconds']:.3f} | {r['uploaded_bytes'] / 1e6:.1f} MB | {r['full_bytes'] / 1e6:.1f} MB | {r['files']} | "
+                      f"{r['upload_bytes_per_sec'] / 1e6:.1f} |")
+        out.append({"scenario": "snapshot", "records": self.a.records, "runs": res,
+                    "ratios": {"full_replay_over_snapshot": secs["kstate-full-replay"] / secs["kstate-snapshot+tail"],
+                               "kafka_streams_over_snapshot": secs["kafka-streams"] / secs["kstate-snapshot+tail"]}})
 
     def window(self):
         inp = f"{self.run_id}-win-input"
@@ -1036,6 +1147,7 @@ class Suite:
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
+        self.snapshot_report(out)
         for scenario, contenders in self.scenarios.items():
             base = median_of(contenders.get(baselines[scenario], []), "records_per_sec")
             base_secs = median_of(contenders.get(baselines[scenario], []), "seconds")
@@ -1085,7 +1197,7 @@ def main():
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window"], default=None,
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot"], default=None,
                    help="one scenario; write-eos, failover, scaleout and window run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1133,6 +1245,8 @@ def main():
             suite.scaleout()
         if a.only == "window":
             suite.window()
+        if a.only == "snapshot":
+            suite.snapshot()
         suite.report()
     finally:
         if suite is not None:
@@ -1140,6 +1254,8 @@ def main():
             shutil.rmtree(suite.tmp, ignore_errors=True)
         if started:
             subprocess.run(["bash", "testing/kafka.sh", "stop"], cwd=ROOT)
+        if MINIO_STARTED:
+            subprocess.run(["bash", "testing/minio.sh", "stop"], cwd=ROOT)
 
 
 if __name__ == "__main__":

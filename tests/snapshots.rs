@@ -398,3 +398,168 @@ fn snapshots_stay_incremental_across_a_restart_and_after_seeding() {
     assert!(new_bytes * 4 < c.values().sum::<u64>(), "uploaded {new_bytes} of {} bytes after seeding", c.values().sum::<u64>());
     assert_same_state(&stored_state(state.path(), &f.app, 1), &model_of(&input), "the seeded instance");
 }
+
+// ---------------------------------------------------------------------------
+// A SIGKILL loop with snapshots running, half the restarts on a lost disk.
+
+const CRASH_PARTITIONS: i32 = 2;
+const CRASH_PER_PARTITION: usize = 3000;
+
+fn crash_input() -> Vec<KeyedRecord> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut out = Vec::new();
+    for i in 0..CRASH_PER_PARTITION {
+        for p in 0..CRASH_PARTITIONS {
+            let key = format!("p{p}-k{}", rng.random_range(0..400)).into_bytes();
+            let value = if rng.random_bool(0.1) { None } else { Some(format!("{i}:{}", rng.random::<u64>()).into_bytes()) };
+            out.push((p, key, value));
+        }
+    }
+    out
+}
+
+fn crash_builder(app: &str, input: &str, state: &Path, url: &str) -> kstate::AppBuilder {
+    builder(app, input, state)
+        .store(StoreDefinition::new(STORE))
+        .commit_interval(Duration::from_millis(30))
+        .snapshots(SnapshotConfig::new(url).interval(Duration::from_secs(1)).retain(2))
+        .kafka_config("group.instance.id", format!("{app}-member"))
+}
+
+fn crash_processor(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::Error> {
+    if rec.offset % 2 == 0 {
+        // About 6 s for the whole input: most kills land mid-stream.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let s = ctx.store(STORE)?;
+    match rec.value {
+        Some(v) => s.put(rec.key.unwrap(), v),
+        None => s.delete(rec.key.unwrap()),
+    }
+}
+
+#[test]
+#[ignore = "child process of a_kill_loop_with_snapshots_and_lost_disks_restores_exactly_the_changelog"]
+fn snapshot_crash_child() {
+    let (Ok(app), Ok(input), Ok(state), Ok(url)) = (
+        std::env::var("KSTATE_SNAP_APP"),
+        std::env::var("KSTATE_SNAP_INPUT"),
+        std::env::var("KSTATE_SNAP_STATE"),
+        std::env::var("KSTATE_SNAP_URL"),
+    ) else {
+        return;
+    };
+    init_tracing();
+    crash_builder(&app, &input, Path::new(&state), &url).build().unwrap().run(crash_processor).unwrap();
+}
+
+/// The changelog replayed up to `checkpoint` (inclusive).
+fn changelog_prefix(app: &str, p: i32, checkpoint: Option<i64>) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    for (off, k, v) in read_partition(&kstate::changelog_topic(app, STORE), p) {
+        if Some(off) <= checkpoint {
+            apply(&mut m, &k, v.as_deref());
+        }
+    }
+    m
+}
+
+/// Every kept snapshot names only files that exist, and holds exactly the
+/// changelog up to its checkpoint. Returns how many were checked.
+fn check_kept_snapshots(dir: &Path, at: &SnapshotStore, app: &str, what: &str) -> usize {
+    let mut checked = 0;
+    for p in list_snapshots(at, app, Some(STORE)).unwrap() {
+        assert!(p.unreadable.is_empty(), "{what}: {:?}", p.unreadable);
+        for s in &p.snapshots {
+            let scratch = tempfile::tempdir().unwrap();
+            let db = store_db_path(scratch.path(), app, STORE, p.partition);
+            std::fs::create_dir_all(&db).unwrap();
+            for f in &s.files {
+                let from = dir.join(app).join(STORE).join(p.partition.to_string()).join(&f.object);
+                let bytes = std::fs::read(&from).unwrap_or_else(|e| panic!("{what}: snapshot {} names {} which is gone: {e}", s.id, f.object));
+                assert_eq!(bytes.len() as u64, f.size, "{what}: {}", f.object);
+                std::fs::write(db.join(&f.name), bytes).unwrap();
+            }
+            let (data, checkpoint) = read_store_dir(scratch.path(), app, STORE, p.partition);
+            assert_eq!(checkpoint, Some(s.checkpoint), "{what}: snapshot {}", s.id);
+            assert_same_state(&data, &changelog_prefix(app, p.partition, checkpoint), &format!("{what}: snapshot {} of p{}", s.id, p.partition));
+            checked += 1;
+        }
+    }
+    checked
+}
+
+#[test]
+fn a_kill_loop_with_snapshots_and_lost_disks_restores_exactly_the_changelog() {
+    use rand::{Rng, SeedableRng};
+    let f = fixture("snap-crash", CRASH_PARTITIONS);
+    let dir = tempfile::tempdir().unwrap();
+    let (_, at) = local_dir(dir.path());
+    let url = at.url.clone();
+    let input = crash_input();
+    produce(&f.input, &input);
+    // Longer in soak runs: KSTATE_SNAPSHOT_CRASH_ROUNDS=50.
+    let rounds: usize = std::env::var("KSTATE_SNAPSHOT_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(6);
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let log = dir.path().join("child.log");
+    let state_root = tempfile::tempdir().unwrap();
+    let mut state = state_root.path().join("0");
+    let mut checked = 0;
+    for round in 0..rounds {
+        if round % 2 == 1 {
+            // The disk is lost: the next child starts on an empty state dir.
+            state = state_root.path().join(round.to_string());
+        }
+        let mut child = std::process::Command::new(&exe)
+            .args(["snapshot_crash_child", "--exact", "--ignored", "--nocapture"])
+            .env("KSTATE_SNAP_APP", &f.app)
+            .env("KSTATE_SNAP_INPUT", &f.input)
+            .env("KSTATE_SNAP_STATE", &state)
+            .env("KSTATE_SNAP_URL", &url)
+            // The test writer of the child's logs prints to stdout.
+            .stdout(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(rng.random_range(1500..3500)));
+        assert!(child.try_wait().unwrap().is_none(), "the child exited on its own; see {}", log.display());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Local state is a prefix of the changelog, seeded or not.
+        for p in 0..CRASH_PARTITIONS {
+            if store_db_path(&state, &f.app, STORE, p).exists() {
+                let (data, checkpoint) = read_store_dir(&state, &f.app, STORE, p);
+                assert_same_state(&data, &changelog_prefix(&f.app, p, checkpoint), &format!("round {round} p{p}: local state"));
+            }
+        }
+        checked += check_kept_snapshots(dir.path(), &at, &f.app, &format!("round {round}"));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let seeded = text.matches("store seeded from a snapshot").count();
+    let about_snapshots: Vec<&str> = text.lines().filter(|l| l.contains("snapshot")).collect();
+    assert!(seeded >= 1, "no restart was seeded from a snapshot; the children's log about snapshots:\n{}", about_snapshots.join("\n"));
+    assert!(checked >= rounds, "only {checked} snapshots checked in {rounds} rounds");
+    eprintln!("{rounds} rounds: {seeded} stores seeded from snapshots, {checked} kept snapshots checked against the changelog");
+
+    // A clean run on a lost disk finishes the input: the stores equal the model.
+    let state = state_root.path().join("final");
+    let restores = Restores::default();
+    let running = Running::start(crash_builder(&f.app, &f.input, &state, &url).restore_listener(restores.clone()), crash_processor);
+    for p in 0..CRASH_PARTITIONS {
+        wait_until("all input committed", Duration::from_secs(120), || {
+            committed_offset(&f.app, &f.input, p) == Some(CRASH_PER_PARTITION as i64)
+        });
+    }
+    running.stop().unwrap();
+    assert!(restores.starts.lock().unwrap().iter().any(|s| s.snapshot.is_some()), "the final run was not seeded");
+    for p in 0..CRASH_PARTITIONS {
+        let mut model = BTreeMap::new();
+        for (_, k, v) in input.iter().filter(|r| r.0 == p) {
+            apply(&mut model, k, v.as_deref());
+        }
+        assert_same_state(&read_store_dir(&state, &f.app, STORE, p).0, &model, &format!("p{p}: final store vs model"));
+    }
+    check_kept_snapshots(dir.path(), &at, &f.app, "at the end");
+}

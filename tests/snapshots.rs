@@ -547,13 +547,17 @@ fn a_kill_loop_with_snapshots_and_lost_disks_restores_exactly_the_changelog() {
     let state = state_root.path().join("final");
     let restores = Restores::default();
     let running = Running::start(crash_builder(&f.app, &f.input, &state, &url).restore_listener(restores.clone()), crash_processor);
+    // (The children may have committed all the input already: wait for the
+    // restores too.)
+    wait_until("the final run restored", WAIT, || restores.ended() >= CRASH_PARTITIONS as usize);
     for p in 0..CRASH_PARTITIONS {
         wait_until("all input committed", Duration::from_secs(120), || {
             committed_offset(&f.app, &f.input, p) == Some(CRASH_PER_PARTITION as i64)
         });
     }
     running.stop().unwrap();
-    assert!(restores.starts.lock().unwrap().iter().any(|s| s.snapshot.is_some()), "the final run was not seeded");
+    let starts = restores.starts.lock().unwrap().clone();
+    assert!(starts.iter().any(|s| s.snapshot.is_some()), "the final run was not seeded: {starts:?}");
     for p in 0..CRASH_PARTITIONS {
         let mut model = BTreeMap::new();
         for (_, k, v) in input.iter().filter(|r| r.0 == p) {
@@ -562,4 +566,36 @@ fn a_kill_loop_with_snapshots_and_lost_disks_restores_exactly_the_changelog() {
         assert_same_state(&read_store_dir(&state, &f.app, STORE, p).0, &model, &format!("p{p}: final store vs model"));
     }
     check_kept_snapshots(dir.path(), &at, &f.app, "at the end");
+}
+
+#[test]
+fn a_snapshot_of_a_changelog_since_recreated_is_passed_over_even_when_refilled_past_it() {
+    let f = fixture("snap-recreated", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    produce(&f.input, &records(0, 1000, 1));
+    let restores = Restores::default();
+    let (running, handle) = start(&f, f.state.path(), config.clone(), &restores);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    handle.snapshot_now();
+    let snap = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].clone();
+    running.stop().unwrap();
+
+    // The changelog deleted and recreated, then refilled past the snapshot's checkpoint.
+    let changelog = kstate::changelog_topic(&f.app, STORE);
+    delete_topic(&changelog);
+    create_topic(&changelog, 1, &[("cleanup.policy", "compact")]);
+    let refill: Vec<KeyedRecord> = (0..(snap.checkpoint as usize + 500)).map(|i| (0, format!("r{}", i % 700).into_bytes(), Some(format!("n{i}").into_bytes()))).collect();
+    produce(&changelog, &refill);
+
+    let (restores, state) = fresh_instance(&f, config, 1);
+    let start = restores.starts.lock().unwrap()[0].clone();
+    assert!(start.snapshot.is_none(), "{start:?}");
+    assert!(start.snapshots_skipped.iter().any(|why| why.contains(&snap.id) && why.contains("recreated")), "{:?}", start.snapshots_skipped);
+    assert_eq!(start.start_offset, 0, "a full replay of the new changelog");
+    let mut model = BTreeMap::new();
+    for (_, k, v) in &refill {
+        apply(&mut model, k, v.as_deref());
+    }
+    assert_same_state(&state, &model, "the recreated changelog, not the snapshot");
 }

@@ -73,7 +73,7 @@ async fn partitions(remote: &Remote, app: &str) -> Result<Vec<(String, i32)>> {
                 .trim_start_matches('/');
             let mut parts = rest.split('/');
             let (store, partition, kind) = (parts.next()?, parts.next()?, parts.next()?);
-            (kind == "manifests").then(|| Some((store.to_string(), partition.parse().ok()?)))?
+            matches!(kind, "manifests" | "files" | "pending").then(|| Some((store.to_string(), partition.parse().ok()?)))?
         })
         .collect();
     out.sort();

@@ -2,14 +2,27 @@
 //! ones deleted, then every file that no kept manifest and no upload in
 //! progress names (architecture.md §10, "garbage collection").
 //!
-//! Why it never deletes a file an upload in progress relies on: an upload
-//! first writes its pending marker (naming every object it may reference),
-//! then re-reads the manifests it reuses files from, and reuses only files a
-//! manifest still names. Collection deletes old manifests first and only
-//! then reads the remaining manifests and the pending markers. If the
-//! upload's marker was written before that read, its files are kept; if
-//! after, the manifests were already gone when the upload re-read them, so
-//! it uploads those files again instead of reusing them.
+//! Why it never deletes a file an upload in progress relies on, with one
+//! collector at a time. Collection (1) deletes old manifests, (2) lists the
+//! files, (3) reads the pending markers, (4) reads the manifests, and
+//! deletes the files of (2) that (3) and (4) do not name. An upload (a)
+//! writes its marker, naming every object it may reference, (b) re-reads
+//! the manifests and reuses only files one names, (c) uploads the others,
+//! (d) checks that the reused ones still exist, (e) writes its manifest,
+//! (f) deletes its marker.
+//! - A file the upload adds: if (2) lists it, it was written after (a), so
+//!   at (3) the marker is there, or already gone at (f) after (e) wrote the
+//!   manifest that (4) then reads.
+//! - A file the upload reuses: if (a) came before (3), the marker names it.
+//!   If after, (b) came after (1), so the manifest (b) found was not
+//!   deleted by this collection and (4) reads it.
+//!
+//! Two collectors at once (the application's after a snapshot and `kstate
+//! snapshots gc`, or two owners of a partition for a moment) can, in a
+//! narrow window, delete a reused file between one's (1) and the other's
+//! (4); step (d) then uploads it again, and a file that goes missing later
+//! is caught when a store is seeded (size and CRC-32 of every file), which
+//! falls back to the previous snapshot.
 
 use std::collections::HashSet;
 
@@ -17,7 +30,7 @@ use object_store::path::Path;
 use serde::Serialize;
 
 use super::manifest::{Pending, RemoteSnapshot};
-use super::remote::{Remote, RemoteError, RemoteResult};
+use super::remote::{Remote, RemoteResult};
 use super::PENDING_STALE;
 
 /// What one collection of a store partition did.
@@ -77,19 +90,14 @@ pub(crate) async fn collect(
             report.manifests_deleted += 1;
         }
     }
-    // Only now what is still referenced (see the module docs for the order).
+    // Then the files there are now, then what still references them (the
+    // order matters, see the module docs): a file uploaded after this list
+    // is not a candidate, and a file listed here was uploaded after its
+    // upload's marker was written, so the marker or the manifest that
+    // replaced it is read below.
+    let prefix = format!("{dir}/");
+    let candidates = remote.list(&dir.clone().join("files")).await?;
     let mut referenced: HashSet<String> = HashSet::new();
-    for (path, parsed) in manifests(remote, dir).await? {
-        match parsed {
-            Ok(m) => referenced.extend(m.files.into_iter().map(|f| f.object)),
-            Err(why) => {
-                // Its files are unknown: delete no file at all.
-                tracing::warn!(manifest = %path, reason = %why, "snapshot manifest unreadable; no snapshot files are deleted");
-                return Ok(report);
-            }
-        }
-        report.manifests_kept += 1;
-    }
     for meta in remote.list(&dir.clone().join("pending")).await? {
         let pending = match remote.get_bytes(&meta.location).await {
             Ok(bytes) => serde_json::from_slice::<Pending>(&bytes).ok(),
@@ -97,9 +105,7 @@ pub(crate) async fn collect(
             Err(e) => return Err(e),
         };
         match pending {
-            Some(p) if now_ms - p.written_at_ms < PENDING_STALE.as_millis() as i64 => {
-                referenced.extend(p.objects)
-            }
+            Some(p) if now_ms - p.written_at_ms < PENDING_STALE.as_millis() as i64 => referenced.extend(p.objects),
             Some(_) => {
                 remote.delete(&meta.location).await?;
                 report.pending_deleted += 1;
@@ -115,23 +121,23 @@ pub(crate) async fn collect(
             }
         }
     }
-    let prefix = format!("{dir}/");
-    for meta in remote.list(&dir.clone().join("files")).await? {
-        let relative = meta
-            .location
-            .as_ref()
-            .strip_prefix(&prefix)
-            .unwrap_or(meta.location.as_ref())
-            .to_string();
-        if !referenced.contains(&relative) {
-            match remote.delete(&meta.location).await {
-                Ok(()) => {
-                    report.files_deleted += 1;
-                    report.bytes_deleted += meta.size;
-                }
-                Err(RemoteError::Store(e)) => return Err(RemoteError::Store(e)),
-                Err(e) => return Err(e),
+    for (path, parsed) in manifests(remote, dir).await? {
+        match parsed {
+            Ok(m) => referenced.extend(m.files.into_iter().map(|f| f.object)),
+            Err(why) => {
+                // Its files are unknown: delete no file at all.
+                tracing::warn!(manifest = %path, reason = %why, "snapshot manifest unreadable; no snapshot files are deleted");
+                return Ok(report);
             }
+        }
+        report.manifests_kept += 1;
+    }
+    for meta in candidates {
+        let relative = meta.location.as_ref().strip_prefix(&prefix).unwrap_or(meta.location.as_ref()).to_string();
+        if !referenced.contains(&relative) {
+            remote.delete(&meta.location).await?;
+            report.files_deleted += 1;
+            report.bytes_deleted += meta.size;
         }
     }
     Ok(report)

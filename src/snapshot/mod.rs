@@ -156,10 +156,21 @@ pub(crate) struct Snapshots {
     rt: Option<tokio::runtime::Runtime>,
     /// What each local database uploaded, by (store, partition).
     uploaded: Mutex<HashMap<(String, i32), Uploaded>>,
-    /// The checkpoint and time of each store partition's last snapshot.
-    last: Mutex<HashMap<(String, i32), (i64, Instant)>>,
+    /// Each store partition's last snapshot and attempt here.
+    last: Mutex<HashMap<(String, i32), Due>>,
     /// Set to ask for a round now; `stop` ends the thread.
     wake: Arc<(Mutex<Wake>, Condvar)>,
+}
+
+/// When a store partition was last snapshotted and tried, here.
+#[derive(Debug, Clone, Copy, Default)]
+struct Due {
+    /// The checkpoint of its last snapshot.
+    checkpoint: Option<i64>,
+    /// The last attempt (a snapshot, nothing changed, or a failure).
+    attempted: Option<Instant>,
+    /// The last complete snapshot.
+    snapshotted: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -283,6 +294,13 @@ impl Snapshots {
         if !self.config.seed || db_dir.join("CURRENT").is_file() {
             return crate::store::Seeded::default();
         }
+        if db_dir.exists() {
+            // A directory without a database (a creation cut short): nothing to keep.
+            if let Err(e) = std::fs::remove_dir_all(db_dir) {
+                tracing::warn!(store, partition, error = %e, "cannot clear an empty database directory; no snapshot used");
+                return crate::store::Seeded::default();
+            }
+        }
         let changelog = match changelog() {
             Ok(c) => c,
             Err(why) => {
@@ -294,7 +312,9 @@ impl Snapshots {
                 };
             }
         };
-        let seeded = self.block_on(self.seed(store, partition, db_dir, &changelog));
+        let Some(seeded) = self.block_on_unless_stopped(self.seed(store, partition, db_dir, &changelog)) else {
+            return crate::store::Seeded { seed: None, skipped: vec!["the application is stopping".into()] };
+        };
         for why in &seeded.skipped {
             tracing::warn!(store, partition, reason = %why, "snapshot not used");
         }
@@ -333,37 +353,27 @@ impl Snapshots {
                     continue;
                 }
                 let key = (store.name.clone(), partition);
-                let last = self
-                    .last
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&key)
-                    .copied();
-                if !now && last.is_some_and(|(_, at)| at.elapsed() < self.config.interval) {
+                let due = self.last.lock().unwrap_or_else(|p| p.into_inner()).get(&key).copied().unwrap_or_default();
+                // Every interval, whatever the last attempt gave (a failure
+                // is retried at the next interval, not in a loop).
+                if !now && due.attempted.is_some_and(|at| at.elapsed() < self.config.interval) {
                     continue;
                 }
-                match self.snapshot_one(store, partition, &slot, scratch_root, last.map(|(c, _)| c))
-                {
+                let result = self.snapshot_one(store, partition, &slot, scratch_root, due.checkpoint);
+                let mut next = Due { attempted: Some(Instant::now()), ..due };
+                match result {
                     Ok(Some(checkpoint)) => {
                         taken += 1;
-                        self.last
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(key, (checkpoint, Instant::now()));
+                        next.checkpoint = Some(checkpoint);
+                        next.snapshotted = Some(Instant::now());
                     }
-                    Ok(None) => {
-                        if let Some((c, _)) = last {
-                            self.last
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .insert(key, (c, Instant::now()));
-                        }
-                    }
+                    Ok(None) => {}
                     Err(e) => {
-                        tracing::warn!(store = %store.name, partition, error = %e, "snapshot failed; the next round tries again");
+                        tracing::warn!(store = %store.name, partition, error = %e, "snapshot failed; the next interval tries again");
                         metrics::counter!(names::TAKEN, "result" => "failed").increment(1);
                     }
                 }
+                self.last.lock().unwrap_or_else(|p| p.into_inner()).insert(key, next);
             }
         }
         taken
@@ -384,7 +394,8 @@ impl Snapshots {
                 .join(&store.name)
                 .join(format!("{partition}.snapshot-{}", manifest::new_id())),
         );
-        // Only the checkpoint call holds the store (like a read).
+        // Only the checkpoint call holds the store (like a read; a closing
+        // store waits for it on its closing thread, see Slot::retire).
         let taken = slot.with_engine(|engine| -> crate::error::Result<Option<(String, PathBuf)>> {
             if let (crate::store::engine::Checkpoint::At(c), Some(last)) =
                 (engine.checkpoint()?, last_checkpoint)
@@ -497,12 +508,20 @@ impl Snapshots {
     }
 
     /// Updates the age gauge of every store partition snapshotted here.
-    fn report_ages(&self) {
-        for ((store, partition), (_, at)) in
-            self.last.lock().unwrap_or_else(|p| p.into_inner()).iter()
-        {
-            metrics::gauge!(names::AGE, "store" => store.clone(), "partition" => partition.to_string()).set(at.elapsed().as_secs_f64());
-        }
+    fn report_ages(&self, published: &Published) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.retain(|(store, partition), due| {
+            let gauge = metrics::gauge!(names::AGE, "store" => store.clone(), "partition" => partition.to_string());
+            // A partition no longer active here: its new owner reports it.
+            if published.find(store, *partition).is_none_or(|slot| slot.role() != Role::Active) {
+                gauge.set(0.0);
+                return false;
+            }
+            if let Some(at) = due.snapshotted {
+                gauge.set(at.elapsed().as_secs_f64());
+            }
+            true
+        });
     }
 }
 
@@ -555,7 +574,7 @@ impl SnapshotThread {
                         std::mem::take(&mut g.now)
                     };
                     service.round(&stores, &published, &scratch_root, now);
-                    service.report_ages();
+                    service.report_ages(&published);
                 }
             })
             .map_err(|e| crate::error::Error::io("kstate-snapshots thread", e))?;

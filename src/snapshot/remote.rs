@@ -276,39 +276,43 @@ impl Remote {
 
     /// Downloads an object into a new local file and checks it against
     /// `expect` (size and CRC-32).
-    pub(crate) async fn download(
-        &self,
-        from: &Path,
-        local: &FsPath,
-        expect: Sum,
-        limiter: &Limiter,
-    ) -> RemoteResult<()> {
-        let mut stream = self.store.get(from).await?.into_stream();
-        let mut file = tokio::fs::File::create(local)
-            .await
-            .map_err(|e| RemoteError::io(local, e))?;
+    pub(crate) async fn download(&self, from: &Path, local: &FsPath, expect: Sum, limiter: &Limiter) -> RemoteResult<()> {
+        let mut file = tokio::fs::File::create(local).await.map_err(|e| RemoteError::io(local, e))?;
         let mut crc = crc32fast::Hasher::new();
-        let mut size = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            crc.update(&chunk);
-            size += chunk.len() as u64;
-            if size > expect.size {
-                return Err(RemoteError::Verify(format!(
-                    "{from}: longer than the {} bytes the manifest says",
-                    expect.size
-                )));
+        let mut offset = 0u64;
+        // In ranges of CHUNK bytes, each its own request: a request's
+        // timeout and retries cover a bounded transfer, whatever the file's
+        // size and the bandwidth limit (paced between requests).
+        loop {
+            let options = if expect.size == 0 {
+                object_store::GetOptions { head: true, ..Default::default() }
+            } else {
+                object_store::GetOptions::default().with_range(Some(offset..(offset + CHUNK as u64).min(expect.size)))
+            };
+            let got = self.store.get_opts(from, options).await?;
+            if got.meta.size != expect.size {
+                return Err(RemoteError::Verify(format!("{from}: {} bytes, the manifest says {}", got.meta.size, expect.size)));
             }
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| RemoteError::io(local, e))?;
-            limiter.pace(chunk.len() as u64).await;
+            if expect.size == 0 {
+                break;
+            }
+            let want = got.range.end - got.range.start;
+            let bytes = got.bytes().await?;
+            if bytes.len() as u64 != want {
+                return Err(RemoteError::Verify(format!("{from}: a range of {want} bytes came back with {}", bytes.len())));
+            }
+            crc.update(&bytes);
+            file.write_all(&bytes).await.map_err(|e| RemoteError::io(local, e))?;
+            offset += want;
+            limiter.pace(want).await;
+            if offset >= expect.size {
+                break;
+            }
         }
-        file.flush().await.map_err(|e| RemoteError::io(local, e))?;
-        let got = Sum {
-            size,
-            crc32: crc.finalize(),
-        };
+        // On disk before the database is put in place (its MANIFEST names
+        // these files; commits skip the WAL).
+        file.sync_all().await.map_err(|e| RemoteError::io(local, e))?;
+        let got = Sum { size: offset, crc32: crc.finalize() };
         if got != expect {
             return Err(RemoteError::Verify(format!(
                 "{from}: {} bytes with CRC-32 {:08x}, the manifest says {} bytes with {:08x}",

@@ -152,7 +152,12 @@ impl Snapshots {
             let identity = super::manifest::new_id();
             let id_path = tmp.join(super::upload::DATABASE_ID_FILE);
             std::fs::write(&id_path, &identity).map_err(|e| RemoteError::io(&id_path, e))?;
+            // The files and their names on disk before the database is used.
+            std::fs::File::open(&tmp).and_then(|d| d.sync_all()).map_err(|e| RemoteError::io(&tmp, e))?;
             std::fs::rename(&tmp, db_dir).map_err(|e| RemoteError::io(db_dir, e))?;
+            if let Some(parent) = db_dir.parent() {
+                std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| RemoteError::io(parent, e))?;
+            }
             Ok(identity)
         }
         .await;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
+use object_store::ObjectStoreExt;
 
 use super::gc::manifests;
 use super::manifest::{new_id, Pending, RemoteSnapshot, RemoteSnapshotFile, FORMAT_VERSION};
@@ -185,7 +186,7 @@ impl Snapshots {
             }
         };
         let pending_path = dir.clone().join("pending").join(format!("{id}.json"));
-        let pending = Pending {
+        let mut pending = Pending {
             written_at_ms: now_ms(),
             objects: plan
                 .iter()
@@ -202,7 +203,22 @@ impl Snapshots {
                 serde_json::to_vec(&pending).map_err(|e| RemoteError::Format(e.to_string()))?,
             )
             .await?;
-        let result = async {
+        // The marker protects the files for PENDING_STALE from its last
+        // write: it is written again every sixth of that while the upload
+        // runs, and no manifest is written unless it is fresh.
+        let marker_written = std::sync::atomic::AtomicI64::new(pending.written_at_ms);
+        let refresh = async {
+            loop {
+                tokio::time::sleep(PENDING_STALE / 6).await;
+                pending.written_at_ms = now_ms();
+                if let Ok(json) = serde_json::to_vec(&pending) {
+                    if self.remote.put_bytes(&pending_path, json).await.is_ok() {
+                        marker_written.store(pending.written_at_ms, std::sync::atomic::Ordering::Release);
+                    }
+                }
+            }
+        };
+        let work = async {
             // Reuse only what a manifest still names (garbage collection's order, gc.rs).
             let mut named: HashSet<String> = HashSet::new();
             for (_, m) in manifests(&self.remote, &dir).await? {
@@ -232,12 +248,31 @@ impl Snapshots {
             .try_collect()
             .await?;
             let uploaded_bytes = new.iter().map(|f| f.size).sum();
+            // Reused files still there (a second collector at the same time
+            // may have deleted one, gc.rs): those are uploaded again, under
+            // the same name (same database, same file number: same bytes).
+            let mut gone = Vec::new();
+            for f in &files {
+                match self.remote.store.head(&super::remote::object_at(&dir, &f.object)).await {
+                    Ok(_) => {}
+                    Err(object_store::Error::NotFound { .. }) => gone.push(f.clone()),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            for f in gone {
+                tracing::warn!(object = %f.object, "a snapshot file this upload reuses is gone; uploading it again");
+                let sum = self.remote.upload(&src.dir.join(&f.name), &super::remote::object_at(&dir, &f.object), &self.limiter).await?;
+                if sum != (Sum { size: f.size, crc32: f.crc32 }) {
+                    return Err(RemoteError::Verify(format!("{}: the local file differs from the one uploaded before", f.name)));
+                }
+            }
             files.extend(new);
             files.sort_by(|a, b| a.name.cmp(&b.name));
-            if started.elapsed() > PENDING_STALE / 2 {
+            let marker_age = now_ms() - marker_written.load(std::sync::atomic::Ordering::Acquire);
+            if marker_age > (PENDING_STALE / 2).as_millis() as i64 {
                 return Err(RemoteError::Verify(format!(
-                    "the upload took {:?}, too long for its pending marker to protect its files; no manifest written",
-                    started.elapsed()
+                    "the pending marker was last written {marker_age} ms ago (the process was paused, or the snapshot store \
+                     refused it): its files may have been collected meanwhile; no manifest written"
                 )));
             }
             let manifest = RemoteSnapshot {
@@ -261,8 +296,11 @@ impl Snapshots {
                 .put_bytes(&path, serde_json::to_vec_pretty(&manifest).map_err(|e| RemoteError::Format(e.to_string()))?)
                 .await?;
             Ok((manifest, uploaded_bytes, uploaded_files))
-        }
-        .await;
+        };
+        let result = tokio::select! {
+            r = work => r,
+            _ = refresh => unreachable!("the refresh loop never ends"),
+        };
         // The manifest (if any) now protects its files.
         let _ = self.remote.delete(&pending_path).await;
         let (manifest, uploaded_bytes, uploaded_files) = result?;

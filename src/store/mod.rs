@@ -332,7 +332,7 @@ impl KeyValueStore {
     /// or handed to the closer).
     pub(crate) fn unpublish(&self) {
         if let Some(slot) = &self.slot {
-            slot.close();
+            slot.retire();
         }
     }
 

@@ -101,6 +101,16 @@ impl Slot {
         self.input.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
+    /// The copy is no longer offered to queries (closing): its role is
+    /// `Gone` at once, without waiting for the reads or the snapshot
+    /// checkpoint in progress; [`Slot::close`] (when the store drops, on the
+    /// closing thread) then takes the engine away.
+    pub(crate) fn retire(&self) {
+        self.role.store(Role::Gone as u8, Ordering::Release);
+        self.end.store(-1, Ordering::Release);
+        self.input.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// Whether an engine is published.
     pub(crate) fn is_published(&self) -> bool {
         self.open.read().unwrap_or_else(|p| p.into_inner()).is_some()

@@ -42,7 +42,10 @@ impl Closer {
         if stores.is_empty() {
             return;
         }
-        // Queries stop reading them now, not when the closer gets to them.
+        // Queries stop reading them now, not when the closer gets to them;
+        // the engines are withdrawn when the stores drop on the closing
+        // thread (which waits for a snapshot's checkpoint call, never this
+        // thread).
         for s in &stores {
             s.unpublish();
         }

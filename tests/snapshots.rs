@@ -599,3 +599,42 @@ fn a_snapshot_of_a_changelog_since_recreated_is_passed_over_even_when_refilled_p
     }
     assert_same_state(&state, &model, "the recreated changelog, not the snapshot");
 }
+
+#[test]
+fn a_new_instance_seeds_its_standbys_from_snapshots_too() {
+    let f = fixture("snap-standby", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    produce(&f.input, &records(0, 2000, 2));
+    let with_standbys = |state: &Path, restores: &Restores| {
+        let app = app_builder(&f, state, config.clone(), restores).num_standby_replicas(1).build().unwrap();
+        let handle = app.snapshot_handle();
+        let running = Running::start_app(app, |ctx, record| {
+            let (Some(k), Some(v)) = (record.key, record.value) else { return Ok(()) };
+            for (key, value) in record_writes(k, v) {
+                ctx.store(STORE)?.put(&key, &value)?;
+            }
+            Ok(())
+        });
+        (running, handle)
+    };
+    let (a, handle) = with_standbys(f.state.path(), &Restores::default());
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 2, WAIT);
+    handle.snapshot_now();
+    let snaps = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 2));
+    // A second instance with no local state: one partition active, the other a standby.
+    let b_state = tempfile::tempdir().unwrap();
+    let (b, _) = with_standbys(b_state.path(), &Restores::default());
+    // (A standby is never snapshotted, so only seeding gives it a database
+    // id; the instance holds both partitions, at least one as a standby.)
+    let seeded = |p: i32| store_db_path(b_state.path(), &f.app, STORE, p).join("kstate-snapshot-id").exists();
+    wait_until("both of the new instance's copies seeded", WAIT, || seeded(0) && seeded(1));
+    b.stop().unwrap();
+    a.stop().unwrap();
+    // Each copy (the standby may lag) is a prefix of its changelog at or past the snapshot.
+    for p in 0..2 {
+        let (data, checkpoint) = read_store_dir(b_state.path(), &f.app, STORE, p);
+        assert!(checkpoint >= Some(snaps[&p].checkpoint), "p{p}: {checkpoint:?} before the snapshot's {}", snaps[&p].checkpoint);
+        assert_same_state(&data, &changelog_prefix(&f.app, p, checkpoint), &format!("p{p} on the new instance"));
+    }
+}

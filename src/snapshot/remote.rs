@@ -297,12 +297,21 @@ impl Remote {
                 break;
             }
             let want = got.range.end - got.range.start;
-            let bytes = got.bytes().await?;
-            if bytes.len() as u64 != want {
-                return Err(RemoteError::Verify(format!("{from}: a range of {want} bytes came back with {}", bytes.len())));
+            // Streamed to the file as it arrives (no range held in memory).
+            let mut stream = got.into_stream();
+            let mut read = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                read += chunk.len() as u64;
+                if read > want {
+                    return Err(RemoteError::Verify(format!("{from}: a range of {want} bytes came back longer")));
+                }
+                crc.update(&chunk);
+                file.write_all(&chunk).await.map_err(|e| RemoteError::io(local, e))?;
             }
-            crc.update(&bytes);
-            file.write_all(&bytes).await.map_err(|e| RemoteError::io(local, e))?;
+            if read != want {
+                return Err(RemoteError::Verify(format!("{from}: a range of {want} bytes came back with {read}")));
+            }
             offset += want;
             limiter.pace(want).await;
             if offset >= expect.size {

@@ -638,3 +638,52 @@ fn a_new_instance_seeds_its_standbys_from_snapshots_too() {
         assert_same_state(&data, &changelog_prefix(&f.app, p, checkpoint), &format!("p{p} on the new instance"));
     }
 }
+
+#[test]
+fn local_state_the_changelog_cannot_continue_is_replaced_by_a_snapshot() {
+    let f = fixture("snap-replace", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    // Instance A stops with local state at c1.
+    let mut input = records(0, 500, 1);
+    produce(&f.input, &input);
+    let (a, _) = start(&f, f.state.path(), config.clone(), &Restores::default());
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    a.stop().unwrap();
+    let c1 = changelog_last(&f.app, 1)[&0];
+    // Instance B goes on and snapshots at c2.
+    let b_state = tempfile::tempdir().unwrap();
+    let (b, handle) = start(&f, b_state.path(), config.clone(), &Restores::default());
+    let more = records(500, 500, 1);
+    produce(&f.input, &more);
+    input.extend(more);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    handle.snapshot_now();
+    let snap = snapshots_at_least(&at, &f.app, &changelog_last(&f.app, 1))[&0].clone();
+    b.stop().unwrap();
+    // Records past A's checkpoint deleted from the changelog (an operator's
+    // DeleteRecords): A's state cannot be brought up to date by replaying it.
+    let changelog = kstate::changelog_topic(&f.app, STORE);
+    let set_policy = |policy: &str| {
+        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&changelog)).set("cleanup.policy", policy);
+        let done = futures::executor::block_on(admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+    };
+    set_policy("delete");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&changelog, 0, rdkafka::Offset::Offset(c1 + 11)).unwrap();
+    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &rdkafka::admin::AdminOptions::new())).unwrap();
+    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
+    set_policy("compact");
+
+    // A again, on its own state: replaced by B's snapshot, only the tail replayed.
+    let restores = Restores::default();
+    let (a, _) = start(&f, f.state.path(), config, &restores);
+    wait_until("A restored", WAIT, || restores.ended() >= 1);
+    a.stop().unwrap();
+    let start = restores.starts.lock().unwrap()[0].clone();
+    assert_eq!(start.snapshot.as_ref().map(|s| s.snapshot_id.clone()), Some(snap.id.clone()), "{start:?}");
+    assert_eq!(start.full_restore_reason, None, "{start:?}");
+    assert_eq!(start.start_offset, snap.checkpoint + 1);
+    assert_same_state(&stored_state(f.state.path(), &f.app, 1), &model_of(&input), "A's store after the replacement");
+}

@@ -291,10 +291,26 @@ impl Snapshots {
             String,
         >,
     ) -> crate::store::Seeded {
-        if !self.config.seed || db_dir.join("CURRENT").is_file() {
+        if !self.config.seed {
             return crate::store::Seeded::default();
         }
-        if db_dir.exists() {
+        // Local state that exists is kept unless the changelog cannot
+        // continue it (the restore's own checks); then a usable snapshot
+        // replaces it, else the restore wipes it for a full replay.
+        let local = if db_dir.join("CURRENT").is_file() {
+            match upload::read_meta(db_dir) {
+                Ok(Some(meta)) => Some(crate::restore::LocalCheckpoint {
+                    checkpoint: Some(meta.checkpoint),
+                    topic_id: meta.topic_id,
+                    appended_after_ms: meta.appended_after_ms,
+                }),
+                // Nothing committed, or unreadable: the open and the restore decide.
+                Ok(None) | Err(_) => return crate::store::Seeded::default(),
+            }
+        } else {
+            None
+        };
+        if local.is_none() && db_dir.exists() {
             // A directory without a database (a creation cut short): nothing to keep.
             if let Err(e) = std::fs::remove_dir_all(db_dir) {
                 tracing::warn!(store, partition, error = %e, "cannot clear an empty database directory; no snapshot used");
@@ -312,6 +328,13 @@ impl Snapshots {
                 };
             }
         };
+        if let Some(local) = &local {
+            match crate::restore::full_restore_reason(local, &changelog, crate::store::engine::now_ms()) {
+                None => return crate::store::Seeded::default(),
+                Some((why, _)) => tracing::info!(store, partition, reason = %why,
+                    "local state cannot be continued from the changelog; looking for a snapshot to replace it"),
+            }
+        }
         let Some(seeded) = self.block_on_unless_stopped(self.seed(store, partition, db_dir, &changelog)) else {
             return crate::store::Seeded { seed: None, skipped: vec!["the application is stopping".into()] };
         };

@@ -17,10 +17,11 @@ use crate::restore::checkpoint::{full_restore_reason, ChangelogState, LocalCheck
 use crate::store::{Seeded, SnapshotSeed};
 
 impl Snapshots {
-    /// Seeds `db_dir` (which must not exist) from the newest snapshot of the
+    /// Seeds `db_dir` (absent, or holding state the changelog cannot
+    /// continue, replaced only once a snapshot is in) from the newest snapshot of the
     /// store partition that the changelog as it is now can continue. Every
     /// snapshot passed over is named with the reason in the result; none
-    /// usable leaves `db_dir` absent (a full replay follows).
+    /// usable leaves `db_dir` as it was (a full replay follows).
     pub(crate) async fn seed(
         &self,
         store: &str,
@@ -154,6 +155,10 @@ impl Snapshots {
             std::fs::write(&id_path, &identity).map_err(|e| RemoteError::io(&id_path, e))?;
             // The files and their names on disk before the database is used.
             std::fs::File::open(&tmp).and_then(|d| d.sync_all()).map_err(|e| RemoteError::io(&tmp, e))?;
+            if db_dir.exists() {
+                // Local state the changelog cannot continue (seed_dir decided).
+                std::fs::remove_dir_all(db_dir).map_err(|e| RemoteError::io(db_dir, e))?;
+            }
             std::fs::rename(&tmp, db_dir).map_err(|e| RemoteError::io(db_dir, e))?;
             if let Some(parent) = db_dir.parent() {
                 std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| RemoteError::io(parent, e))?;

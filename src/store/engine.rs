@@ -668,7 +668,9 @@ impl ReadOnlyDb {
 
     /// Opens a database nothing else has open (a checkpoint directory) read-only.
     pub(crate) fn open_read_only(db_path: &Path) -> Result<ReadOnlyDb> {
-        let opts = Options::default();
+        let mut opts = Options::default();
+        // Table files opened as read, not all at open (a large store has thousands).
+        opts.set_max_open_files(64);
         let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF];
         let db = DB::open_cf_for_read_only(&opts, db_path, cfs, false)?;
         Ok(ReadOnlyDb { db })

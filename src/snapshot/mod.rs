@@ -42,7 +42,7 @@ pub(crate) const PENDING_STALE: Duration = Duration::from_secs(3600);
 ///     .interval(Duration::from_secs(600))
 ///     .retain(3);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SnapshotConfig {
     pub(crate) url: String,
     pub(crate) options: Vec<(String, String)>,
@@ -51,6 +51,31 @@ pub struct SnapshotConfig {
     pub(crate) parallel_transfers: usize,
     pub(crate) bytes_per_second: Option<u64>,
     pub(crate) seed: bool,
+}
+
+impl std::fmt::Debug for SnapshotConfig {
+    /// Option values that may be credentials (keys naming a secret, key,
+    /// token or password) are not shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let options: Vec<(&str, &str)> = self
+            .options
+            .iter()
+            .map(|(k, v)| {
+                let lower = k.to_ascii_lowercase();
+                let secret = ["secret", "key", "token", "password", "credential", "sas"].iter().any(|w| lower.contains(w));
+                (k.as_str(), if secret { "<redacted>" } else { v.as_str() })
+            })
+            .collect();
+        f.debug_struct("SnapshotConfig")
+            .field("url", &self.url)
+            .field("options", &options)
+            .field("interval", &self.interval)
+            .field("retain", &self.retain)
+            .field("parallel_transfers", &self.parallel_transfers)
+            .field("bytes_per_second", &self.bytes_per_second)
+            .field("seed", &self.seed)
+            .finish()
+    }
 }
 
 impl SnapshotConfig {

@@ -369,6 +369,17 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_hides_credentials() {
+        let c = crate::SnapshotConfig::new("s3://b/p")
+            .option("aws_endpoint", "http://minio:9000")
+            .option("aws_secret_access_key", "s3cr3t")
+            .option("aws_access_key_id", "AKIAEXAMPLE");
+        let shown = format!("{c:?}");
+        assert!(shown.contains("http://minio:9000") && shown.contains("<redacted>"), "{shown}");
+        assert!(!shown.contains("s3cr3t") && !shown.contains("AKIAEXAMPLE"), "{shown}");
+    }
+
+    #[test]
     fn urls_open_or_say_why_not() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().join("snaps").display());

@@ -263,12 +263,7 @@ fn snapshot_path(
     newest_first.sort_by_key(|s| std::cmp::Reverse((s.checkpoint, s.created_at_ms)));
     let mut skipped = Vec::new();
     for s in newest_first {
-        let local = crate::restore::LocalCheckpoint {
-            checkpoint: Some(s.checkpoint),
-            topic_id: s.changelog_topic_id.clone(),
-            appended_after_ms: s.appended_after_ms,
-        };
-        if let Some((why, _)) = full_restore_reason(&local, changelog, crate::store::engine::now_ms()) {
+        if let Some(why) = s.unusable_for(changelog, crate::store::engine::now_ms()) {
             skipped.push(format!("snapshot {}: {why}", s.id));
             continue;
         }

@@ -64,6 +64,18 @@ impl RemoteSnapshot {
         self.files.iter().map(|f| f.size).sum()
     }
 
+    /// Why the changelog as it is now cannot continue this snapshot (the
+    /// checks a restore makes of local state), if it cannot: seeding and
+    /// `estimate-restore` pass such a snapshot over.
+    pub(crate) fn unusable_for(&self, changelog: &crate::restore::ChangelogState, now_ms: i64) -> Option<String> {
+        let local = crate::restore::LocalCheckpoint {
+            checkpoint: Some(self.checkpoint),
+            topic_id: self.changelog_topic_id.clone(),
+            appended_after_ms: self.appended_after_ms,
+        };
+        crate::restore::full_restore_reason(&local, changelog, now_ms).map(|(why, _)| why)
+    }
+
     /// The manifest's object name in `manifests/`: sorts by creation time.
     pub(crate) fn object_name(&self) -> String {
         format!("{:013}-{}.json", self.created_at_ms.max(0), self.id)

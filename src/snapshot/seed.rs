@@ -13,7 +13,7 @@ use super::manifest::{RemoteSnapshot, FORMAT_VERSION};
 use super::remote::{RemoteError, RemoteResult, Sum};
 use super::upload::Uploaded;
 use super::Snapshots;
-use crate::restore::checkpoint::{full_restore_reason, ChangelogState, LocalCheckpoint};
+use crate::restore::checkpoint::ChangelogState;
 use crate::store::{Seeded, SnapshotSeed};
 
 impl Snapshots {
@@ -63,16 +63,7 @@ impl Snapshots {
                     m.application_id, m.store, m.partition
                 ))
             } else {
-                full_restore_reason(
-                    &LocalCheckpoint {
-                        checkpoint: Some(m.checkpoint),
-                        topic_id: m.changelog_topic_id.clone(),
-                        appended_after_ms: m.appended_after_ms,
-                    },
-                    changelog,
-                    now,
-                )
-                .map(|(why, _)| why)
+                m.unusable_for(changelog, now)
             };
             match why {
                 Some(why) => seeded.skipped.push(format!(

@@ -20,31 +20,6 @@ use kstate::{RemoteSnapshot, SnapshotConfig, StoreDefinition};
 const STORE: &str = "s";
 const WAIT: Duration = Duration::from_secs(90);
 
-fn s3_endpoint() -> String {
-    std::env::var("KSTATE_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into())
-}
-
-fn s3_bucket() -> String {
-    std::env::var("KSTATE_S3_BUCKET").unwrap_or_else(|_| "kstate-test".into())
-}
-
-/// The snapshot settings for MinIO at `endpoint` under a prefix of this test's own.
-fn s3_at(endpoint: &str, prefix: &str) -> (SnapshotConfig, SnapshotStore) {
-    let url = format!("s3://{}/{prefix}", s3_bucket());
-    let mut options = vec![("aws_endpoint".to_string(), endpoint.to_string()), ("aws_allow_http".to_string(), "true".to_string())];
-    // The credentials testing/minio.sh sets, unless the environment names others.
-    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-        options.push(("aws_access_key_id".into(), "kstate".into()));
-        options.push(("aws_secret_access_key".into(), "kstate-secret".into()));
-        options.push(("aws_region".into(), "us-east-1".into()));
-    }
-    let mut config = SnapshotConfig::new(&url).interval(Duration::from_secs(3600));
-    for (k, v) in &options {
-        config = config.option(k, v);
-    }
-    (config, SnapshotStore { url, options })
-}
-
 fn local_dir(dir: &Path) -> (SnapshotConfig, SnapshotStore) {
     let url = format!("file://{}", dir.display());
     (SnapshotConfig::new(&url).interval(Duration::from_secs(3600)), SnapshotStore { url, options: vec![] })

@@ -6,6 +6,7 @@
 //! that are not in the state dir and refused changes), 2 on bad arguments or
 //! client configuration (`-X`), 3 when `verify` finds differences.
 
+mod savepoint;
 mod table;
 
 use std::path::PathBuf;
@@ -120,6 +121,18 @@ enum Command {
         #[command(subcommand)]
         action: SnapshotsAction,
     },
+    /// Savepoints (a consistent cut of the whole application, in its
+    /// snapshot store): create (online), list, show, delete, restore (offline).
+    Savepoint {
+        /// The snapshot URL the application uses (`SnapshotConfig::new`).
+        #[arg(long, env = "KSTATE_SNAPSHOT_URL", value_name = "URL")]
+        url: String,
+        /// An object store setting (`aws_endpoint=http://...`); repeatable.
+        #[arg(short = 'O', value_name = "KEY=VALUE", value_parser = parse_property)]
+        option: Vec<(String, String)>,
+        #[command(subcommand)]
+        action: savepoint::Action,
+    },
     /// Delete one task's local state (every store's partition, or one store's).
     Wipe {
         /// The application id.
@@ -204,6 +217,16 @@ fn main() -> ExitCode {
     // SAFETY: setting a signal disposition before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
+    if let Command::Savepoint { url, option, action } = &cli.command {
+        let at = admin::SnapshotStore { url: url.clone(), options: option.clone() };
+        return match savepoint::run(&at, action, cli.json, || kafka(&cli, 120.0)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if let Command::Snapshots { url, option, action } = &cli.command {
         let at = admin::SnapshotStore { url: url.clone(), options: option.clone() };
         return match snapshots(&cli, &at, action) {
@@ -342,7 +365,7 @@ fn run(cli: &Cli, state_dir: PathBuf) -> admin::Result<ExitCode> {
                 );
             }
         }
-        Command::Snapshots { .. } => unreachable!("handled in main: needs no state dir"),
+        Command::Snapshots { .. } | Command::Savepoint { .. } => unreachable!("handled in main: needs no state dir"),
         Command::Wipe { app, partition, store } => {
             let r = admin::wipe(&state_dir, app, *partition, store.as_deref())?;
             if cli.json {

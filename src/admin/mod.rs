@@ -26,6 +26,7 @@ mod import;
 mod inspect;
 mod remote;
 mod sample;
+mod savepoint;
 mod snapshot;
 mod verify;
 mod wipe;
@@ -35,6 +36,7 @@ pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSou
 pub use import::{import_snapshot, ImportReport};
 pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, SegmentsReport, StorePartitionReport};
 pub use remote::{gc_snapshots, list_snapshots, show_snapshot, PartitionGc, PartitionSnapshots, SnapshotStore};
+pub use savepoint::{create_savepoint, delete_savepoint, list_savepoints, restore_savepoint, show_savepoint, RollbackReport, Savepoint, SavepointEntry, SavepointStore, SavepointTask, StoreRollback};
 pub use sample::{sample, PrefixRule, PrefixStats, SampleReport, SampledEntry, SegmentStats};
 pub use snapshot::{snapshot, SnapshotManifest, SnapshotReport, SNAPSHOT_MANIFEST};
 pub use verify::{verify, KeyDifference, VerifyReport, MAX_LISTED};

@@ -59,7 +59,7 @@ impl SnapshotStore {
 
 /// The store partitions of `app` that have a folder in the snapshot store
 /// (store, partition), sorted.
-async fn partitions(remote: &Remote, app: &str) -> Result<Vec<(String, i32)>> {
+pub(super) async fn partitions(remote: &Remote, app: &str) -> Result<Vec<(String, i32)>> {
     let dir = remote.app_dir(app);
     let app_dir = dir.as_ref().to_string();
     let listed = remote.list(&dir).await.map_err(remote_error)?;

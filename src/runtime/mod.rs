@@ -262,6 +262,11 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             config.stores.iter().map(snapshot_info(&config.application_id)).collect(),
             config.published.clone(),
             config.state_dir.join(&config.application_id),
+            crate::snapshot::savepoint::CutContext::new(config.input_topics.clone(), {
+                let mut c = base.clone();
+                c.set("group.id", &config.application_id);
+                c
+            }),
         )?),
         None => None,
     };

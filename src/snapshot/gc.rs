@@ -71,8 +71,9 @@ pub(crate) async fn manifests(
 }
 
 /// Collects one store partition's folder: keeps the newest `retain`
-/// manifests (and those `protected` names, e.g. savepoints), deletes older
-/// manifests, stale pending markers and unreferenced files.
+/// manifests (and those `protected` names, and every savepoint's, which
+/// do not count), deletes older manifests, stale pending markers and
+/// unreferenced files.
 pub(crate) async fn collect(
     remote: &Remote,
     dir: &Path,
@@ -81,7 +82,8 @@ pub(crate) async fn collect(
     now_ms: i64,
 ) -> RemoteResult<GcReport> {
     let mut report = GcReport::default();
-    let all = manifests(remote, dir).await?;
+    let mut all = manifests(remote, dir).await?;
+    all.retain(|(_, parsed)| parsed.as_ref().map_or(true, |m| m.savepoint.is_none()));
     let keep_from = all.len().saturating_sub(retain.max(1));
     for (i, (path, parsed)) in all.iter().enumerate() {
         let id = parsed.as_ref().map(|m| m.id.clone()).unwrap_or_default();

@@ -43,6 +43,10 @@ pub struct RemoteSnapshot {
     pub kstate_version: String,
     /// The database's files.
     pub files: Vec<RemoteSnapshotFile>,
+    /// The savepoint this snapshot belongs to, if any: retention never
+    /// deletes it (`kstate savepoint delete` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<String>,
 }
 
 /// One file of a snapshot.
@@ -135,6 +139,7 @@ mod tests {
             created_at_ms: t,
             kstate_version: "0".into(),
             files: vec![],
+            savepoint: None,
         };
         assert!(m(999).object_name() < m(1000).object_name());
         assert!(m(1_700_000_000_000).object_name() < m(10_000_000_000_000 - 1).object_name());

@@ -9,10 +9,12 @@
 //! | `upload.rs` | one snapshot: checkpoint, upload of new files, manifest |
 //! | `seed.rs` | a store with no local state seeded from the newest usable snapshot |
 //! | `gc.rs` | retention: old manifests and unreferenced files deleted |
+//! | `savepoint.rs` | savepoints: each task's consistent cut, on request |
 
 pub(crate) mod gc;
 pub(crate) mod manifest;
 pub(crate) mod remote;
+pub(crate) mod savepoint;
 mod seed;
 pub(crate) mod upload;
 
@@ -437,11 +439,24 @@ impl Snapshots {
         scratch_root: &Path,
         last_checkpoint: Option<i64>,
     ) -> std::result::Result<Option<i64>, String> {
-        let scratch = LocalCheckpoint(
-            scratch_root
-                .join(&store.name)
-                .join(format!("{partition}.snapshot-{}", manifest::new_id())),
-        );
+        let scratch = self.scratch(scratch_root, &store.name, partition);
+        let Some(taken) = Self::checkpoint(slot, &scratch, last_checkpoint)? else { return Ok(None) };
+        Ok(self.upload_checkpoint(store, partition, &scratch, taken, None)?.map(|t| t.manifest.checkpoint))
+    }
+
+    /// A fresh scratch directory name for a checkpoint of a store partition.
+    fn scratch(&self, scratch_root: &Path, store: &str, partition: i32) -> LocalCheckpoint {
+        LocalCheckpoint(scratch_root.join(store).join(format!("{partition}.snapshot-{}", manifest::new_id())))
+    }
+
+    /// Takes a RocksDB checkpoint of the published store into `scratch`:
+    /// its database id and partition directory; `None` when the store is
+    /// not open here or its checkpoint is still `last_checkpoint`.
+    fn checkpoint(
+        slot: &crate::store::published::Slot,
+        scratch: &LocalCheckpoint,
+        last_checkpoint: Option<i64>,
+    ) -> std::result::Result<Option<(String, PathBuf)>, String> {
         // Only the checkpoint call holds the store (like a read; a closing
         // store waits for it on its closing thread, see Slot::retire).
         let taken = slot.with_engine(|engine| -> crate::error::Result<Option<(String, PathBuf)>> {
@@ -461,12 +476,24 @@ impl Snapshots {
             let partition_dir = engine.path().parent().map(Path::to_path_buf).unwrap_or_default();
             Ok(Some((identity, partition_dir)))
         });
-        let (identity, partition_dir) = match taken {
-            None => return Ok(None),
-            Some(Err(e)) => return Err(format!("checkpoint: {e}")),
-            Some(Ok(None)) => return Ok(None),
-            Some(Ok(Some(taken))) => taken,
-        };
+        match taken {
+            None => Ok(None),
+            Some(Err(e)) => Err(format!("checkpoint: {e}")),
+            Some(Ok(taken)) => Ok(taken),
+        }
+    }
+
+    /// Uploads a checkpoint taken by [`Snapshots::checkpoint`] (as part of
+    /// `savepoint`, if given), then collects old snapshots; `None` when
+    /// the checkpoint holds nothing committed.
+    fn upload_checkpoint(
+        &self,
+        store: &StoreInfo,
+        partition: i32,
+        scratch: &LocalCheckpoint,
+        (identity, partition_dir): (String, PathBuf),
+        savepoint: Option<&str>,
+    ) -> std::result::Result<Option<upload::Taken>, String> {
         let Some(meta) =
             upload::read_meta(&scratch.0).map_err(|e| format!("reading the checkpoint: {e}"))?
         else {
@@ -496,6 +523,7 @@ impl Snapshots {
             dir: &scratch.0,
             meta,
             uploaded,
+            savepoint: savepoint.map(str::to_string),
         };
         let Some(result) = self.block_on_unless_stopped(self.upload(src)) else {
             return Err("stopped while uploading".into());
@@ -512,7 +540,7 @@ impl Snapshots {
         metrics::gauge!(names::FULL_BYTES, &labels).set(taken.manifest.bytes() as f64);
         metrics::gauge!(names::FILES, &labels).set(taken.manifest.files.len() as f64);
         metrics::gauge!(names::AGE, &labels).set(0.0);
-        tracing::info!(store = %store.name, partition, snapshot = %taken.manifest.id, checkpoint,
+        tracing::info!(store = %store.name, partition, snapshot = %taken.manifest.id, checkpoint, savepoint,
             uploaded_bytes = taken.uploaded_bytes, uploaded_files = taken.uploaded_files,
             full_bytes = taken.manifest.bytes(), files = taken.manifest.files.len(), took = ?taken.took, "snapshot taken");
         let dir = self.dir_of(&store.name, partition);
@@ -532,7 +560,7 @@ impl Snapshots {
                 tracing::warn!(store = %store.name, partition, error = %e, "deleting old snapshots failed; the next snapshot tries again")
             }
         }
-        Ok(Some(checkpoint))
+        Ok(Some(taken))
     }
 
     /// Lists the application's folder once, so that a wrong URL, bucket or
@@ -587,6 +615,7 @@ impl SnapshotThread {
         stores: Vec<StoreInfo>,
         published: Arc<Published>,
         scratch_root: PathBuf,
+        mut cuts: savepoint::CutContext,
     ) -> crate::error::Result<SnapshotThread> {
         let wake = service.wake.clone();
         {
@@ -622,6 +651,7 @@ impl SnapshotThread {
                         std::mem::take(&mut g.now)
                     };
                     service.round(&stores, &published, &scratch_root, now);
+                    service.savepoint_round(&stores, &published, &scratch_root, &mut cuts);
                     service.report_ages(&published);
                 }
             })

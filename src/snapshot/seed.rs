@@ -112,7 +112,7 @@ impl Snapshots {
     /// Downloads a snapshot's files into a fresh directory beside `db_dir`,
     /// verifies them, gives the database an id of its own, and moves
     /// it into place. Returns that identity.
-    async fn download_into(&self, m: &RemoteSnapshot, db_dir: &FsPath) -> RemoteResult<String> {
+    pub(crate) async fn download_into(&self, m: &RemoteSnapshot, db_dir: &FsPath) -> RemoteResult<String> {
         let tmp = db_dir.with_extension("seeding");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| RemoteError::io(&tmp, e))?;

@@ -154,6 +154,8 @@ pub(crate) struct Source<'a> {
     pub(crate) meta: CheckpointMeta,
     /// What this database uploaded before (identity matched by the caller).
     pub(crate) uploaded: Uploaded,
+    /// The savepoint the snapshot is part of, if any.
+    pub(crate) savepoint: Option<String>,
 }
 
 impl Snapshots {
@@ -290,6 +292,7 @@ impl Snapshots {
                 created_at_ms,
                 kstate_version: env!("CARGO_PKG_VERSION").to_string(),
                 files,
+                savepoint: src.savepoint.clone(),
             };
             let path = dir.clone().join("manifests").join(manifest.object_name());
             self.remote

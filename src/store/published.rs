@@ -12,8 +12,9 @@
 //! (architecture.md §8).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::group::HostTasks;
@@ -61,6 +62,10 @@ pub(crate) struct Slot {
     /// An active copy's input offsets (per topic, the next offset to
     /// process) whose writes are all in RocksDB.
     input: Mutex<BTreeMap<String, i64>>,
+    /// A commit's writes landed here without its input offsets being
+    /// published (a commit abandoned at a close): `input` may lag the
+    /// state until the copy is published again; savepoints pass it over.
+    input_behind: AtomicBool,
 }
 
 /// What a read through a slot found, and the state it was read at.
@@ -75,13 +80,20 @@ pub(crate) struct SlotRead<T> {
 
 impl Slot {
     fn new() -> Slot {
-        Slot { open: RwLock::new(None), role: AtomicU8::new(0), end: AtomicI64::new(-1), input: Mutex::new(BTreeMap::new()) }
+        Slot {
+            open: RwLock::new(None),
+            role: AtomicU8::new(0),
+            end: AtomicI64::new(-1),
+            input: Mutex::new(BTreeMap::new()),
+            input_behind: AtomicBool::new(false),
+        }
     }
 
     /// Makes the store readable (again) as `role`.
     pub(crate) fn publish(&self, engine: Arc<Engine>, ttl: Option<Ttl>, role: Role) {
         let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
         *open = Some(OpenStore { engine, ttl });
+        self.input_behind.store(false, Ordering::Release);
         self.set_role(role);
     }
 
@@ -147,6 +159,18 @@ impl Slot {
         self.input.lock().unwrap_or_else(|p| p.into_inner()).get(topic).copied()
     }
 
+    /// Writes landed here whose input offsets were never published (see
+    /// `input_behind`).
+    pub(crate) fn input_fell_behind(&self) {
+        self.input_behind.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Slot::input_reflected`] may lag the state (no savepoint
+    /// cut of this copy).
+    pub(crate) fn input_is_behind(&self) -> bool {
+        self.input_behind.load(Ordering::Acquire)
+    }
+
     /// Runs `f` on the published engine, held like a read (a snapshot's
     /// checkpoint call); `None` when nothing is published.
     pub(crate) fn with_engine<T>(&self, f: impl FnOnce(&Engine) -> T) -> Option<T> {
@@ -204,6 +228,8 @@ pub(crate) struct Published {
     /// The input topics' partition count (0: not known yet).
     partitions: AtomicI32,
     hosts: RwLock<Arc<Hosts>>,
+    /// Commits landing in RocksDB, against savepoint cuts.
+    pub(crate) landing: Arc<LandingGate>,
 }
 
 impl Published {
@@ -255,5 +281,129 @@ impl Published {
 
     pub(crate) fn hosts(&self) -> Arc<Hosts> {
         self.hosts.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Keeps a savepoint's cut of a task (a checkpoint of each of its stores
+/// and its input offsets) from seeing half a commit: a commit counts as
+/// landing from its first RocksDB write until its input offsets are
+/// published ([`Slot::input_landed`]), on whichever threads that happens;
+/// a cut waits until no commit is landing and holds new ones back for the
+/// checkpoint calls (architecture.md §10, "savepoints").
+#[derive(Default)]
+pub(crate) struct LandingGate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    landing: usize,
+    cutting: bool,
+    /// A landing was abandoned (its commit failed): the state may be ahead
+    /// of the published input offsets until the application restarts.
+    poisoned: bool,
+}
+
+/// One commit landing; [`Landing::done`] once its input offsets are
+/// published. Dropped without it (a failed commit), it refuses every later
+/// cut: the state may be ahead of the offsets.
+#[must_use]
+pub(crate) struct Landing {
+    gate: Option<Arc<LandingGate>>,
+}
+
+impl LandingGate {
+    /// A commit starts landing (waits while a cut takes its checkpoints).
+    pub(crate) fn begin(self: &Arc<Self>) -> Landing {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while s.cutting {
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.landing += 1;
+        Landing { gate: Some(self.clone()) }
+    }
+
+    /// Runs `f` once no commit is landing, holding new ones back; gives up
+    /// after `patience` (a commit that takes that long to land).
+    pub(crate) fn cut<T>(&self, patience: Duration, f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+        let deadline = Instant::now() + patience;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if s.poisoned {
+                return Err("a commit failed while landing; savepoints are refused until the application restarts".into());
+            }
+            if !s.cutting {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err("another cut is taking long".into());
+            }
+            s = self.changed.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        s.cutting = true;
+        while s.landing > 0 && !s.poisoned {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                s.cutting = false;
+                self.changed.notify_all();
+                return Err(format!("a commit was still landing after {patience:?}"));
+            }
+            s = self.changed.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        let poisoned = s.poisoned;
+        drop(s);
+        let out = if poisoned { None } else { Some(f()) };
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.cutting = false;
+        self.changed.notify_all();
+        out.ok_or_else(|| "a commit failed while landing; savepoints are refused until the application restarts".into())
+    }
+}
+
+impl Landing {
+    /// The commit's input offsets are published (or its tasks closed).
+    pub(crate) fn done(mut self) {
+        if let Some(gate) = self.gate.take() {
+            let mut s = gate.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.landing -= 1;
+            gate.changed.notify_all();
+        }
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        if let Some(gate) = self.gate.take() {
+            let mut s = gate.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.landing -= 1;
+            s.poisoned = true;
+            gate.changed.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_waits_for_landings_and_holds_new_ones_back() {
+        let gate = Arc::new(LandingGate::default());
+        let landing = gate.begin();
+        assert!(gate.cut(Duration::from_millis(50), || ()).is_err(), "a landing in progress blocks the cut");
+        let g = gate.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            landing.done();
+            g.begin().done();
+        });
+        let order = gate.cut(Duration::from_secs(5), || "cut").unwrap();
+        assert_eq!(order, "cut");
+        t.join().unwrap();
+        let abandoned = gate.begin();
+        drop(abandoned);
+        assert!(gate.cut(Duration::from_secs(1), || ()).unwrap_err().contains("refused"));
     }
 }

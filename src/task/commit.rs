@@ -12,6 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::{Error, Result};
 use crate::kafka::{ChangelogProducer, DeliveryTracker};
+use crate::store::published::{Landing, LandingGate};
 use crate::store::{KeyValueStore, SealedCommit};
 
 use super::{TaskManager, TaskState};
@@ -49,7 +50,8 @@ pub(super) enum Offsets {
 /// and its input offsets are committed only after every store's write has
 /// landed.
 pub(super) struct InFlightCommit {
-    pub(super) writer: std::thread::JoinHandle<Result<FailedTasks>>,
+    /// What landed, and the landing to end once its offsets are published.
+    pub(super) writer: std::thread::JoinHandle<(Result<FailedTasks>, Option<Landing>)>,
     pub(super) info: CommitInfo,
     /// Exactly-once: its transaction (with the input offsets) committed
     /// already; only its RocksDB writes are in flight.
@@ -62,13 +64,27 @@ pub(super) struct InFlightCommit {
 /// fails (its send, a foreign record in its changelog, its RocksDB write)
 /// fails its task only; the others land. The producer's flush waits
 /// `timeout`, and while records are still queued (brokers unavailable) up
-/// to `patience` in all, before the whole commit fails.
+/// to `patience` in all, before the whole commit fails. The RocksDB writes
+/// begin a [`Landing`] at `gate`, returned to be ended once the input
+/// offsets are published.
 pub(super) fn write_sealed(
     sealed: Vec<SealedCommit>,
     producer: &ChangelogProducer,
     outputs: Option<Arc<DeliveryTracker>>,
-    timeout: Duration,
-    patience: Duration,
+    (timeout, patience): (Duration, Duration),
+    gate: &Arc<LandingGate>,
+) -> (Result<FailedTasks>, Option<Landing>) {
+    let mut landing = None;
+    let written = send_and_write(sealed, producer, outputs, (timeout, patience), || landing = Some(gate.begin()));
+    (written, landing)
+}
+
+fn send_and_write(
+    sealed: Vec<SealedCommit>,
+    producer: &ChangelogProducer,
+    outputs: Option<Arc<DeliveryTracker>>,
+    (timeout, patience): (Duration, Duration),
+    begin_landing: impl FnOnce(),
 ) -> Result<FailedTasks> {
     let mut items: Vec<(SealedCommit, Option<Error>)> = sealed.into_iter().map(|s| (s, None)).collect();
     for (s, failure) in &mut items {
@@ -82,6 +98,7 @@ pub(super) fn write_sealed(
     if let Some(outputs) = &outputs {
         producer.release(outputs);
     }
+    begin_landing();
     on_cores(&mut items, |(s, failure)| {
         if failure.is_none() {
             *failure = s.write().err();
@@ -106,10 +123,11 @@ pub(super) fn write_sealed(
 /// After the transaction committed: writes each store's data and
 /// checkpoint to RocksDB, spread over the cores. A store whose write fails
 /// fails its task only (it restores the committed records).
-pub(super) fn land_stores(items: Vec<SealedCommit>) -> FailedTasks {
+pub(super) fn land_stores(items: Vec<SealedCommit>, gate: &Arc<LandingGate>) -> (FailedTasks, Landing) {
+    let landing = gate.begin();
     let mut items: Vec<(SealedCommit, Option<Error>)> = items.into_iter().map(|s| (s, None)).collect();
     on_cores(&mut items, |(s, failure)| *failure = s.write().err());
-    items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect()
+    (items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect(), landing)
 }
 
 /// Flushes the producer and waits until every record of `stores`' trackers
@@ -150,6 +168,9 @@ pub(super) fn on_cores<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
 #[derive(Default)]
 pub(super) struct CommitPipeline {
     pub(super) inflight: Option<InFlightCommit>,
+    /// The landing of the last commit written, until its input offsets
+    /// are published.
+    pub(super) landing: Option<Landing>,
     /// Landed writes no store reads any more, freed by the next commit's
     /// writer thread rather than the processing thread.
     pub(super) retired: Vec<Arc<crate::store::overlay::Overlay>>,
@@ -195,9 +216,10 @@ impl TaskManager {
             .spawn({
                 let retired = std::mem::take(&mut self.commit.retired);
                 let producer = self.producer.clone();
-                let (timeout, patience) = (self.config.commit_timeout, self.config.task_timeout);
+                let times = (self.config.commit_timeout, self.config.task_timeout);
+                let gate = self.config.published.landing.clone();
                 move || {
-                    let written = write_sealed(sealed, &producer, outputs, timeout, patience);
+                    let written = write_sealed(sealed, &producer, outputs, times, &gate);
                     drop(retired);
                     written
                 }
@@ -249,7 +271,10 @@ impl TaskManager {
         }
         let (info, sealed) = self.seal_running(consumer, only)?;
         let outputs = self.outputs.rotate();
-        let failed = write_sealed(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout)?;
+        let (written, landing) =
+            write_sealed(sealed, &self.producer, outputs, (self.config.commit_timeout, self.config.task_timeout), &self.config.published.landing);
+        self.commit.landing = landing;
+        let failed = written?;
         self.mark_landed(&info.partitions, &failed);
         self.finish_commit(consumer, info, failed, Offsets::CommitClosing, "committed")
     }
@@ -334,9 +359,10 @@ impl TaskManager {
     /// whose writes landed stop reading them from memory.
     pub(super) fn join_inflight(&mut self) -> Option<(CommitInfo, Result<FailedTasks>)> {
         let InFlightCommit { writer, info, .. } = self.commit.inflight.take()?;
-        let written = writer.join().unwrap_or_else(|_| {
-            Err(Error::Restore { topic: String::new(), partition: -1, detail: "the commit writer thread panicked".into() })
+        let (written, landing) = writer.join().unwrap_or_else(|_| {
+            (Err(Error::Restore { topic: String::new(), partition: -1, detail: "the commit writer thread panicked".into() }), None)
         });
+        self.commit.landing = landing;
         if let Ok(failed) = &written {
             self.mark_landed(&info.partitions, failed);
         }
@@ -346,7 +372,18 @@ impl TaskManager {
     /// Lets the writes in flight land (without committing offsets), so no
     /// store closes under the background writer.
     pub(super) fn wait_inflight(&mut self) {
-        match self.join_inflight() {
+        let joined = self.join_inflight();
+        // Writes that landed without their offsets: a savepoint must not
+        // cut these tasks until they are opened again.
+        if let Some((info, _)) = &joined {
+            for task in info.partitions.iter().filter_map(|p| self.tasks.get(p)) {
+                task.stores.iter().filter_map(KeyValueStore::slot).for_each(|s| s.input_fell_behind());
+            }
+        }
+        if joined.as_ref().is_some_and(|(_, w)| w.is_ok()) {
+            self.end_landing();
+        }
+        match joined {
             Some((_, Err(e))) => tracing::warn!(error = %e, "a pipelined commit failed; its writes stay uncommitted"),
             Some((_, Ok(failed))) if !failed.is_empty() => {
                 tracing::warn!(tasks = ?failed.keys().collect::<Vec<_>>(), "a pipelined commit failed for some tasks; their writes stay uncommitted")
@@ -385,6 +422,15 @@ impl TaskManager {
         for (partition, e) in failed {
             self.reinitialise(consumer, partition, e)?;
         }
+        self.end_landing();
         Ok(())
+    }
+
+    /// The last commit's input offsets are published and its failed tasks
+    /// re-initialised: savepoint cuts may see it.
+    pub(super) fn end_landing(&mut self) {
+        if let Some(landing) = self.commit.landing.take() {
+            landing.done();
+        }
     }
 }

@@ -266,18 +266,20 @@ impl TaskManager {
             // processing (reads see the sealed writes meanwhile); the next
             // commit waits for it.
             let retired = std::mem::take(&mut self.commit.retired);
+            let gate = self.config.published.landing.clone();
             let writer = std::thread::Builder::new()
                 .name("kstate-commit".into())
                 .spawn(move || {
-                    let landed = land_stores(items);
+                    let (landed, landing) = land_stores(items, &gate);
                     drop(retired);
-                    Ok(landed)
+                    (Ok(landed), Some(landing))
                 })
                 .map_err(|e| Error::io("kstate-commit thread", e))?;
             self.commit.inflight = Some(InFlightCommit { writer, info, transactional: true });
             return Ok(());
         }
-        let failed = land_stores(items);
+        let (failed, landing) = land_stores(items, &self.config.published.landing);
+        self.commit.landing = Some(landing);
         self.mark_landed(&info.partitions, &failed);
         self.transaction_landed(consumer, info, failed)
     }
@@ -296,6 +298,7 @@ impl TaskManager {
             // the transaction opened since.
             self.reinitialise(consumer, partition, e)?;
         }
+        self.end_landing();
         Ok(())
     }
 

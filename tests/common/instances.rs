@@ -64,6 +64,12 @@ pub fn child_main() {
     if option("eos").is_some() {
         builder = builder.processing_guarantee(kstate::ProcessingGuarantee::ExactlyOnce);
     }
+    if let Some(prefix) = option("snapshots") {
+        builder = builder.snapshots(s3_at(&s3_endpoint(), &prefix).0);
+    }
+    // A bad deploy: deletes or overwrites what the good code wrote, and
+    // writes keys it never would.
+    let bad = option("bad").is_some();
     let output = option("out");
     let app = builder.build().expect("valid config");
     let stop = app.shutdown_handle();
@@ -75,8 +81,18 @@ pub fn child_main() {
     let mut alive: BTreeMap<i32, u128> = BTreeMap::new();
     let result = app.run(move |ctx, rec| {
         let s = ctx.store("s")?;
-        for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
-            s.put(&k, &v)?;
+        if bad {
+            let (k, v) = (rec.key.unwrap(), rec.value.unwrap());
+            if rec.offset % 2 == 0 {
+                s.delete(k)?;
+            } else {
+                s.put(k, b"BAD")?;
+            }
+            s.put(&[k, b"/bad/", v].concat(), b"BAD")?;
+        } else {
+            for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
+                s.put(&k, &v)?;
+            }
         }
         // One output per input record, its identity in the value.
         if let Some(topic) = &output {
@@ -177,7 +193,9 @@ impl Instance {
     /// `heartbeat_ms`, `eos` (exactly-once), `out` (an output topic that
     /// gets one record per input record, valued `partition:offset`),
     /// `mute` (a file: while it exists the instance sends its peers no
-    /// pings, `KSTATE_PEER_MUTE_FILE`).
+    /// pings, `KSTATE_PEER_MUTE_FILE`), `snapshots` (snapshots to MinIO
+    /// under this prefix, see [`s3_at`]), `bad` (a processor that deletes
+    /// and overwrites the good one's keys and writes keys of its own).
     #[allow(clippy::too_many_arguments)]
     pub fn start_opts(
         name: &str,

@@ -637,3 +637,29 @@ pub fn strip_ansi(text: &str) -> String {
     }
     out
 }
+
+pub fn s3_endpoint() -> String {
+    std::env::var("KSTATE_S3_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:9000".into())
+}
+
+pub fn s3_bucket() -> String {
+    std::env::var("KSTATE_S3_BUCKET").unwrap_or_else(|_| "kstate-test".into())
+}
+
+/// The snapshot settings for MinIO at `endpoint` (`testing/minio.sh`;
+/// `KSTATE_S3_ENDPOINT`) under a prefix of the test's own, snapshots hourly.
+pub fn s3_at(endpoint: &str, prefix: &str) -> (kstate::SnapshotConfig, kstate::admin::SnapshotStore) {
+    let url = format!("s3://{}/{prefix}", s3_bucket());
+    let mut options = vec![("aws_endpoint".to_string(), endpoint.to_string()), ("aws_allow_http".to_string(), "true".to_string())];
+    // The credentials testing/minio.sh sets, unless the environment names others.
+    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        options.push(("aws_access_key_id".into(), "kstate".into()));
+        options.push(("aws_secret_access_key".into(), "kstate-secret".into()));
+        options.push(("aws_region".into(), "us-east-1".into()));
+    }
+    let mut config = kstate::SnapshotConfig::new(&url).interval(Duration::from_secs(3600));
+    for (k, v) in &options {
+        config = config.option(k, v);
+    }
+    (config, kstate::admin::SnapshotStore { url, options })
+}

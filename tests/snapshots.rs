@@ -662,3 +662,49 @@ fn local_state_the_changelog_cannot_continue_is_replaced_by_a_snapshot() {
     assert_eq!(start.start_offset, snap.checkpoint + 1);
     assert_same_state(&stored_state(f.state.path(), &f.app, 1), &model_of(&input), "A's store after the replacement");
 }
+
+#[test]
+fn a_savepoint_restore_rewrites_every_key_when_the_changelog_cannot_continue_its_snapshot() {
+    let f = fixture("savepoint-full", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (config, at) = local_dir(dir.path());
+    let mut input = records(0, 500, 1);
+    produce(&f.input, &input);
+    let (app, _) = start(&f, f.state.path(), config.clone(), &Restores::default());
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    let sp = kstate::admin::create_savepoint(&at, &f.app, "sp", WAIT).expect("savepoint taken");
+    assert_eq!(sp.tasks[0].input[&f.input], 500);
+    let more = records(500, 500, 1);
+    produce(&f.input, &more);
+    input.extend(more);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    app.stop().unwrap();
+    // Records past the savepoint's checkpoint deleted from the changelog:
+    // the keys written since it can no longer all be known.
+    let changelog = kstate::changelog_topic(&f.app, STORE);
+    let set_policy = |policy: &str| {
+        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&changelog)).set("cleanup.policy", policy);
+        let done = futures::executor::block_on(admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+    };
+    set_policy("delete");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(&changelog, 0, rdkafka::Offset::Offset(sp.tasks[0].stores[0].checkpoint.unwrap() + 101)).unwrap();
+    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &rdkafka::admin::AdminOptions::new())).unwrap();
+    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
+    set_policy("compact");
+
+    let r = kstate::admin::restore_savepoint(&at, &f.app, "sp", &kstate::admin::Kafka::new(bootstrap())).expect("restored");
+    assert_eq!(r.stores[0].mode, "full", "{r:?}");
+    assert_eq!(committed_offset(&f.app, &f.input, 0), Some(500));
+    let at_savepoint = model_of(&input[..500]);
+    assert_same_state(&changelog_state_at(&bootstrap(), &f.app, STORE, 1), &at_savepoint, "the changelog after the rollback");
+    // The application again: its local state cannot continue the changelog
+    // either; it restores, then reprocesses from the savepoint's offset.
+    let restores = Restores::default();
+    let (app, _) = start(&f, f.state.path(), config, &restores);
+    wait_until("restored", WAIT, || restores.ended() >= 1);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+    app.stop().unwrap();
+    assert_same_state(&stored_state(f.state.path(), &f.app, 1), &model_of(&input), "the store after reprocessing");
+}

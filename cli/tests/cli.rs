@@ -600,3 +600,60 @@ fn snapshots_list_show_and_gc_read_the_snapshot_store_without_a_state_dir() {
     all_input.extend(records(600, 1200, 50));
     assert_same_state(&read_store_dir(state.path(), &f.app, "a", 0).0, &model(&all_input), "seeded after gc");
 }
+
+#[test]
+fn savepoint_create_list_show_restore_and_delete_from_the_command_line() {
+    let _serial = serial();
+    let f = fixture("cli-savepoint", 1);
+    let snaps = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", snaps.path().display());
+    let boot = bootstrap();
+    let sp = |args: &[&str]| -> Vec<String> {
+        let mut all: Vec<String> = ["--bootstrap", boot.as_str(), "savepoint", "--url", url.as_str()].map(String::from).to_vec();
+        all.extend(args.iter().map(|s| s.to_string()));
+        all
+    };
+    let run_json = |args: &[&str]| {
+        let v = sp(args);
+        kstate_json(0, &v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let fails = |code: i32, needle: &str, args: &[&str]| {
+        let v = sp(args);
+        kstate_fails(code, needle, &v.iter().map(String::as_str).collect::<Vec<_>>());
+    };
+    // No instance answers: the request stays and the error says so.
+    fails(1, "no instance answered", &["create", "--app", &f.app, "early", "--wait", "1"]);
+    fails(1, "savepoint name", &["create", "--app", &f.app, "../x"]);
+
+    produce(&f.input, &records(0, 300, 50));
+    let app = builder(&f.app, &f.input, f.state.path())
+        .store(StoreDefinition::new("a"))
+        .snapshots(kstate::SnapshotConfig::new(&url).interval(Duration::from_secs(3600)))
+        .build()
+        .unwrap();
+    let running = Running::start_app(app, writer(&["a"]));
+    wait_until("input committed", Duration::from_secs(60), || committed_offset(&f.app, &f.input, 0) == Some(300));
+    let created = run_json(&["create", "--app", &f.app, "v1", "--wait", "60"]);
+    assert_eq!(created["partitions"].as_i64(), Some(1), "{created}");
+    assert_eq!(created["tasks"][0]["input"][&f.input].as_i64(), Some(300), "{created}");
+    fails(1, "exists already", &["create", "--app", &f.app, "v1"]);
+    let listed = run_json(&["list", "--app", &f.app]);
+    let names: Vec<(&str, bool)> = listed.as_array().unwrap().iter().map(|e| (e["name"].as_str().unwrap(), e["savepoint"].is_object())).collect();
+    assert!(names.contains(&("v1", true)) && names.contains(&("early", false)), "{listed}");
+    fails(1, "member", &["restore", "--app", &f.app, "v1"]);
+    produce(&f.input, &records(300, 600, 50));
+    wait_until("input committed", Duration::from_secs(60), || committed_offset(&f.app, &f.input, 0) == Some(600));
+    running.stop().unwrap();
+
+    let v = sp(&["show", "--app", &f.app, "v1"]);
+    let (code, text, _) = kstate(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0);
+    assert!(text.contains("INPUT OFFSETS") && text.contains("@300 (processed)"), "{text}");
+    let restored = run_json(&["restore", "--app", &f.app, "v1"]);
+    assert_eq!(restored["stores"][0]["mode"].as_str(), Some("tail"), "{restored}");
+    assert_eq!(committed_offset(&f.app, &f.input, 0), Some(300));
+    let deleted = run_json(&["delete", "--app", &f.app, "v1"]);
+    assert_eq!(deleted["deleted_snapshots"].as_u64(), Some(1), "{deleted}");
+    run_json(&["delete", "--app", &f.app, "early"]);
+    assert_eq!(run_json(&["list", "--app", &f.app]).as_array().map(Vec::len), Some(0));
+}

@@ -22,7 +22,7 @@ use super::remote::SnapshotStore;
 use super::{AdminError, Kafka, Result};
 use crate::restore::ChangelogState;
 use crate::snapshot::savepoint::{valid_name, SavepointPaths, SavepointRequest, SAVEPOINT_FORMAT_VERSION};
-use crate::snapshot::{SnapshotConfig, SnapshotHandle, Snapshots};
+use crate::snapshot::{RemoteSnapshot, SnapshotConfig, SnapshotHandle, Snapshots};
 use crate::store::engine::{now_ms, ReadOnlyDb};
 
 pub use crate::snapshot::savepoint::{Savepoint, SavepointStore, SavepointTask};
@@ -276,13 +276,18 @@ pub fn restore_savepoint(at: &SnapshotStore, app: &str, name: &str, kafka: &Kafk
         .map_err(|e| AdminError::Admin(format!("Kafka producer: {e}")))?;
     let uncommitted = kafka.client_config(&[("group.id", "kstate-admin"), ("isolation.level", "read_uncommitted")]);
     let uncommitted: rdkafka::consumer::BaseConsumer = uncommitted.create().map_err(|e| AdminError::Admin(format!("Kafka consumer: {e}")))?;
+    if let Some(n) = sp.tasks.iter().map(|t| t.partitions).find(|n| *n != sp.partitions) {
+        return Err(AdminError::Admin(format!("savepoint `{name}` mixes partition counts {n} and {}", sp.partitions)));
+    }
+    // Every snapshot found and supported before anything is written.
+    let mut plan = Vec::new();
     for task in &sp.tasks {
-        if let Some(n) = sp.tasks.iter().map(|t| t.partitions).find(|n| *n != sp.partitions) {
-            return Err(AdminError::Admin(format!("savepoint `{name}` mixes partition counts {n} and {}", sp.partitions)));
-        }
         for store in &task.stores {
-            report.stores.push(roll_back_store(&s, kafka, &consumer, &uncommitted, &producer, app, task.partition, store)?);
+            plan.push((task.partition, store, savepoint_snapshot(&s, app, task.partition, store)?));
         }
+    }
+    for (partition, store, manifest) in plan {
+        report.stores.push(roll_back_store(&s, kafka, (&consumer, &uncommitted, &producer), app, partition, store, manifest)?);
     }
     // The changelogs agree with the savepoint: now the input offsets.
     let mut tpl = TopicPartitionList::new();
@@ -304,20 +309,9 @@ pub fn restore_savepoint(at: &SnapshotStore, app: &str, name: &str, kafka: &Kafk
     Ok(report)
 }
 
-/// Writes to one store partition's changelog what differs between its
-/// state now and the savepoint's.
-#[allow(clippy::too_many_arguments)]
-fn roll_back_store(
-    s: &Snapshots,
-    kafka: &Kafka,
-    consumer: &super::BaseConsumer,
-    uncommitted: &rdkafka::consumer::BaseConsumer,
-    producer: &BaseProducer<Deliveries>,
-    app: &str,
-    partition: i32,
-    store: &SavepointStore,
-) -> Result<StoreRollback> {
-    let topic = crate::kafka::changelog_topic(app, &store.store);
+/// The snapshot a savepoint names for a store partition (`None`: it was
+/// empty), checked to be there and of a store kind restores support.
+fn savepoint_snapshot(s: &Snapshots, app: &str, partition: i32, store: &SavepointStore) -> Result<Option<RemoteSnapshot>> {
     let manifest = match &store.snapshot_id {
         None => None,
         Some(id) => {
@@ -336,11 +330,26 @@ fn roll_back_store(
     if let Some(m) = &manifest {
         if !m.definition.starts_with("key_value") {
             return Err(AdminError::Admin(format!(
-                "store `{}` is a {} store: restoring savepoints of window and session stores is not supported yet",
+                "store `{}` is a {} store: restoring savepoints of window and session stores is not supported yet; nothing was written",
                 store.store, m.definition
             )));
         }
     }
+    Ok(manifest)
+}
+
+/// Writes to one store partition's changelog what differs between its
+/// state now and the savepoint's (`manifest`).
+fn roll_back_store(
+    s: &Snapshots,
+    kafka: &Kafka,
+    (consumer, uncommitted, producer): (&super::BaseConsumer, &rdkafka::consumer::BaseConsumer, &BaseProducer<Deliveries>),
+    app: &str,
+    partition: i32,
+    store: &SavepointStore,
+    manifest: Option<RemoteSnapshot>,
+) -> Result<StoreRollback> {
+    let topic = crate::kafka::changelog_topic(app, &store.store);
     // No transaction may be open on the changelog (an instance killed
     // mid-commit under exactly-once): its records would be decided after
     // the differences are computed.

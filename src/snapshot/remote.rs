@@ -9,7 +9,7 @@
 //! | `<app>/<store>/<partition>/manifests/<created ms>-<id>.json` | one complete snapshot ([`super::manifest::Manifest`]) |
 //! | `<app>/<store>/<partition>/files/<uid>-<name>` | a file of one or more snapshots (an SST file is uploaded once and named by the uploading database's `uid`) |
 //! | `<app>/<store>/<partition>/pending/<id>.json` | an upload in progress: the files it may reference ([`super::manifest::Pending`]) |
-//! | `<app>/savepoints/<name>.json` | a savepoint (reserved) |
+//! | `<app>/@savepoints/...` | savepoints (`savepoint.rs`) |
 
 use std::path::Path as FsPath;
 use std::sync::Arc;

@@ -123,8 +123,7 @@ fn send_and_write(
 /// After the transaction committed: writes each store's data and
 /// checkpoint to RocksDB, spread over the cores. A store whose write fails
 /// fails its task only (it restores the committed records).
-pub(super) fn land_stores(items: Vec<SealedCommit>, gate: &Arc<LandingGate>) -> (FailedTasks, Landing) {
-    let landing = gate.begin();
+pub(super) fn land_stores(items: Vec<SealedCommit>, landing: Landing) -> (FailedTasks, Landing) {
     let mut items: Vec<(SealedCommit, Option<Error>)> = items.into_iter().map(|s| (s, None)).collect();
     on_cores(&mut items, |(s, failure)| *failure = s.write().err());
     (items.into_iter().filter_map(|(s, e)| Some((s.partition(), e?))).collect(), landing)

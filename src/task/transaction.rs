@@ -242,6 +242,10 @@ impl TaskManager {
             return self.abort_and_reinitialise(consumer, &cause, false);
         };
         let session = self.session.clone();
+        // The landing begins before the offsets commit with the
+        // transaction: a savepoint cut must not pair them with the state
+        // before this commit lands.
+        let landing = self.config.published.landing.begin();
         let finished = finish_transaction(
             &self.producer,
             (&self.config.application_id, &generation, &offsets_of(&info.offsets)),
@@ -250,8 +254,14 @@ impl TaskManager {
             self.config.task_timeout,
         );
         match finished {
-            Err(failure) => return self.transaction_failed(consumer, failure),
+            Err(failure) => {
+                // Its tasks are re-initialised (restoring) before the cut may look.
+                let failed = self.transaction_failed(consumer, failure);
+                landing.done();
+                return failed;
+            }
             Ok(Finished::NotSettled) => {
+                landing.done();
                 // Offsets under the old generation could be refused and the
                 // whole transaction aborted: complete it under the new one.
                 tracing::info!("the group is rebalancing; the commit completes under the new generation");
@@ -266,11 +276,10 @@ impl TaskManager {
             // processing (reads see the sealed writes meanwhile); the next
             // commit waits for it.
             let retired = std::mem::take(&mut self.commit.retired);
-            let gate = self.config.published.landing.clone();
             let writer = std::thread::Builder::new()
                 .name("kstate-commit".into())
                 .spawn(move || {
-                    let (landed, landing) = land_stores(items, &gate);
+                    let (landed, landing) = land_stores(items, landing);
                     drop(retired);
                     (Ok(landed), Some(landing))
                 })
@@ -278,7 +287,7 @@ impl TaskManager {
             self.commit.inflight = Some(InFlightCommit { writer, info, transactional: true });
             return Ok(());
         }
-        let (failed, landing) = land_stores(items, &self.config.published.landing);
+        let (failed, landing) = land_stores(items, landing);
         self.commit.landing = Some(landing);
         self.mark_landed(&info.partitions, &failed);
         self.transaction_landed(consumer, info, failed)

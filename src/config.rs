@@ -29,6 +29,7 @@ pub struct StoreDefinition {
     retention: Option<Duration>,
     additional_retention: Duration,
     live_tail: bool,
+    schema: crate::store::schema::Schema,
 }
 
 /// Kafka Streams' `windowstore.changelog.additional.retention.ms` default.
@@ -46,7 +47,51 @@ impl StoreDefinition {
             retention: None,
             additional_retention: ADDITIONAL_RETENTION,
             live_tail: true,
+            schema: Default::default(),
         }
+    }
+
+    /// The version of the value format this code writes (default 1;
+    /// architecture.md §11). Changelog records of a version other than 1
+    /// carry it in a `kstate.schema` header, snapshots and local state
+    /// record it. Data of another version is never read as this one's:
+    /// local state of another version is rebuilt from the changelog, whose
+    /// records of another version go through [`upgrade`](Self::upgrade),
+    /// or, without one, fail the task with
+    /// [`Error::SchemaVersion`](crate::Error::SchemaVersion) (unless a
+    /// later record of the same key replaces them, as a savepoint restore
+    /// writes). Raise it when a deploy changes the value format.
+    pub fn schema_version(mut self, version: u32) -> Self {
+        self.schema.version = version;
+        self
+    }
+
+    /// Converts values of another schema version (older, or newer when
+    /// rolling back) while the store is rebuilt from its changelog:
+    /// `upgrade(from_version, key, value)` returns the value in this
+    /// code's format, or an error that fails the task. A TTL store's
+    /// write time is kept; `value` is the user's bytes only.
+    ///
+    /// ```
+    /// let counts = kstate::StoreDefinition::new("counts").schema_version(2).upgrade(|from, _key, value| match from {
+    ///     1 => Ok(u64::from(u32::from_be_bytes(value.try_into().map_err(|_| "not 4 bytes")?)).to_be_bytes().to_vec()),
+    ///     v => Err(format!("no conversion from version {v}")),
+    /// });
+    /// ```
+    pub fn upgrade(mut self, upgrade: impl Fn(u32, &[u8], &[u8]) -> std::result::Result<Vec<u8>, String> + Send + Sync + 'static) -> Self {
+        self.schema.upgrade = Some(Arc::new(upgrade));
+        self
+    }
+
+    /// The store's schema version.
+    pub fn version(&self) -> u32 {
+        self.schema.version
+    }
+
+    /// The schema as stores and restores apply it.
+    pub(crate) fn schema(&self) -> crate::store::schema::Schema {
+        let value_skip = if self.ttl.is_some() { crate::store::ttl::STAMP } else { 0 };
+        crate::store::schema::Schema { value_skip, ..self.schema.clone() }
     }
 
     /// A window store: a value per (key, window start) over `windows`
@@ -390,6 +435,9 @@ impl AppConfig {
             let topic = crate::kafka::changelog_topic(&self.application_id, s.name());
             if topic.len() > 249 {
                 return Err(Error::Config(format!("changelog topic name `{topic}` is longer than Kafka's 249")));
+            }
+            if s.schema.version == 0 {
+                return Err(Error::Config(format!("store `{}`: schema versions start at 1", s.name())));
             }
             if let Some((ttl, _)) = s.ttl {
                 if ttl < Duration::from_millis(1) {

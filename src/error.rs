@@ -171,6 +171,28 @@ pub enum Error {
         found: i64,
     },
 
+    /// A store's changelog holds values of a schema version this code
+    /// does not read and the store definition has no
+    /// [`upgrade`](crate::StoreDefinition::upgrade) function for it (or the
+    /// function refused one). Not retried: deploy code that reads the
+    /// version, give an upgrade function, or restore a savepoint.
+    #[error(
+        "store `{store}` partition {partition}: changelog values of schema version {found} cannot be read by this code \
+         (schema version {expected}): {detail}"
+    )]
+    SchemaVersion {
+        /// The store.
+        store: String,
+        /// The store partition.
+        partition: i32,
+        /// The version found (`u32::MAX`: an unreadable header).
+        found: u32,
+        /// This code's version.
+        expected: u32,
+        /// What was refused (a key, or the upgrade function's error).
+        detail: String,
+    },
+
     /// The group coordinator refused an offset commit for a reason retrying
     /// cannot fix (e.g. the group or topic is not authorised).
     #[error("offset commit failed: {0}")]

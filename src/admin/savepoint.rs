@@ -399,10 +399,16 @@ fn roll_back_store(
         puts: 0,
         deletes: 0,
     };
+    // The savepoint's values are of its snapshot's schema version.
+    let header = manifest.as_ref().map(|m| m.schema_version).filter(|v| *v != 1).map(|v| v.to_string());
     let send = |key: &[u8], value: Option<&[u8]>| -> Result<()> {
         let mut record = BaseRecord::<[u8], [u8]>::to(&topic).partition(partition).key(key);
         if let Some(v) = value {
             record = record.payload(v);
+        }
+        if let Some(h) = &header {
+            use rdkafka::message::{Header, OwnedHeaders};
+            record = record.headers(OwnedHeaders::new().insert(Header { key: crate::store::schema::SCHEMA_HEADER, value: Some(h.as_bytes()) }));
         }
         let mut record = record;
         loop {

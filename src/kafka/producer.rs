@@ -127,15 +127,30 @@ impl ChangelogProducer {
     /// chunk once it is queued, while its bytes are still in the cache.
     /// Each record's key leaves out the first `key_skip` bytes of its
     /// store key (a segmented store's segment).
+    /// With a `header` (a store's schema version other than 1) records go
+    /// one by one (`rd_kafka_produce_batch` takes no headers).
     pub(crate) fn send_all<'a>(
         &self,
         tracker: &DeliveryTracker,
         records: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
-        key_skip: usize,
+        (key_skip, header): (usize, Option<(&str, &[u8])>),
         mut after_chunk: impl FnMut(&[(&'a [u8], Option<&'a [u8]>)]),
     ) -> Result<()> {
         const CHUNK: usize = 1024;
         self.begin_or_error()?;
+        if let Some(header) = header {
+            let mut chunk: Vec<(&'a [u8], Option<&'a [u8]>)> = Vec::with_capacity(CHUNK);
+            let mut records = records.peekable();
+            while records.peek().is_some() {
+                chunk.clear();
+                chunk.extend(records.by_ref().take(CHUNK));
+                for &(key, value) in &chunk {
+                    self.send_with_header(tracker, &key[key_skip..], value, header)?;
+                }
+                after_chunk(&chunk);
+            }
+            return Ok(());
+        }
         let rkt = self.topic_handle(&tracker.topic)?;
         let mut batch: Vec<rdsys::rd_kafka_message_t> = Vec::with_capacity(CHUNK);
         let mut chunk: Vec<(&'a [u8], Option<&'a [u8]>)> = Vec::with_capacity(CHUNK);
@@ -164,6 +179,43 @@ impl ChangelogProducer {
             after_chunk(&chunk);
         }
         Ok(())
+    }
+
+    /// Queues one changelog record with a header, waiting out a full local
+    /// queue for up to `queue_timeout`.
+    fn send_with_header(&self, tracker: &DeliveryTracker, key: &[u8], value: Option<&[u8]>, (name, hv): (&str, &[u8])) -> Result<()> {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::BaseRecord;
+        let context = self.producer.context();
+        let headers = OwnedHeaders::new_with_capacity(1).insert(Header { key: name, value: Some(hv) });
+        let mut record: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&tracker.topic, tracker.slot).partition(tracker.partition).key(key).headers(headers);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        let mut started = None;
+        loop {
+            // Counted before: the delivery may be reported at once.
+            tracker.sent.0.fetch_add(1, Ordering::AcqRel);
+            context.sent.0.fetch_add(1, Ordering::SeqCst);
+            let refused = match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((e, back)) => {
+                    record = back;
+                    e
+                }
+            };
+            // Never queued: count it delivered so that flushes do not wait.
+            tracker.delivered.fetch_add(1, Ordering::AcqRel);
+            context.delivered.0.fetch_add(1, Ordering::SeqCst);
+            if matches!(refused, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+                && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout
+            {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return Err(Error::ChangelogDelivery { topic: tracker.topic.clone(), partition: tracker.partition, source: ClientError::new(refused) });
+        }
     }
 
     /// Queues `batch` in order, waiting out a full local queue for up to

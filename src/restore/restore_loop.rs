@@ -21,6 +21,7 @@ use super::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 use crate::error::{Error, Result};
 use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::store::published::Role;
+use crate::store::schema::{version_in, RestoreSchema, Schema, SCHEMA_HEADER};
 use crate::store::segments::Segments;
 use crate::store::KeyValueStore;
 
@@ -81,6 +82,8 @@ struct Active {
     segments: Option<Segments>,
     /// Records of expired windows skipped.
     expired: u64,
+    /// Converts records of other schema versions, keeps refused keys.
+    schema: RestoreSchema,
 }
 
 impl Active {
@@ -214,7 +217,10 @@ impl RestoreLoop {
                     continue;
                 }
                 match msg.error() {
-                    None => self.on_record(topic, partition, msg.offset(), msg.key(), msg.payload()),
+                    None => {
+                        let version = Schema::version_of(msg.headers().last(SCHEMA_HEADER));
+                        self.on_record(topic, partition, msg.offset(), msg.key(), (msg.payload(), version));
+                    }
                     // With auto.offset.reset=error librdkafka reports
                     // _AUTO_OFFSET_RESET and stops fetching the partition.
                     Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset) => {
@@ -273,11 +279,11 @@ impl RestoreLoop {
     /// could not be forwarded (handed to `on_record`).
     fn serve_events(
         consumer: &BaseConsumer,
-        mut on_record: impl FnMut(&[u8], i32, i64, Option<&[u8]>, Option<&[u8]>),
+        mut on_record: impl FnMut(&[u8], i32, i64, Option<&[u8]>, (Option<&[u8]>, u32)),
     ) {
         let served: std::result::Result<(), std::convert::Infallible> = serve_consumer_queue(consumer, |event| {
             match event {
-                Some(Ok(m)) => on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), m.payload()),
+                Some(Ok(m)) => on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), (m.payload(), version_in(m.headers()))),
                 Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
                 None => {}
             }
@@ -288,7 +294,7 @@ impl RestoreLoop {
 
     /// Adds one changelog record to its store's pending batch; writes the
     /// batch when full and finishes the store at the end offset.
-    fn on_record(&mut self, topic: &[u8], partition: i32, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>) {
+    fn on_record(&mut self, topic: &[u8], partition: i32, offset: i64, key: Option<&[u8]>, (value, version): (Option<&[u8]>, u32)) {
         // Few restores run at once: a scan beats allocating a key per record.
         let Some((id, a)) = self.active.iter_mut().find(|(k, _)| k.1 == partition && k.0.as_bytes() == topic) else {
             return;
@@ -296,6 +302,16 @@ impl RestoreLoop {
         if !self.failed_fetches.is_empty() {
             self.failed_fetches.remove(id);
         }
+        let value = match key.map(|k| a.schema.apply(version, k, value)) {
+            Some(Ok(v)) => v,
+            None => value.map(std::borrow::Cow::Borrowed),
+            Some(Err(detail)) => {
+                let (index, expected) = (a.store_index, a.schema.version());
+                let store = self.jobs.get(&partition).map_or_else(String::new, |j| j.stores[index].name().to_string());
+                return self.fail(partition, Error::SchemaVersion { store, partition, found: version, expected, detail });
+            }
+        };
+        let value = value.as_deref();
         match (key, &mut a.segments) {
             (Some(k), None) => {
                 a.batch.push(&[k], value);
@@ -476,6 +492,7 @@ impl RestoreLoop {
             age_refresh_every: store.tombstone_retention.map_or(STANDBY_AGE_REFRESH, |r| (r / 4).min(STANDBY_AGE_REFRESH)),
             segments: store.segments.clone(),
             expired: 0,
+            schema: RestoreSchema::new(store.schema().clone(), store.engine().refused_keys()?),
         };
         if standby {
             let checkpoint = store.checkpoint();
@@ -516,6 +533,7 @@ impl RestoreLoop {
         }
         let records = a.batch.len() as u64;
         let mut batch = a.batch.take_sorted();
+        store.engine().add_refused_changes(&mut batch, a.schema.take_changes());
         if let Some(segments) = &mut a.segments {
             // After the data: records of segments that expired while this
             // batch filled are dropped with them.
@@ -570,6 +588,9 @@ impl RestoreLoop {
         let Some(a) = self.remove_active(key) else { return };
         let Some(job) = self.jobs.get_mut(&a.partition) else { return };
         let store = &mut job.stores[a.store_index];
+        if let Some(e) = a.schema.leftover(store.name(), a.partition) {
+            return self.fail(a.partition, e);
+        }
         let result = (|| -> Result<()> {
             // Everything below `end` is applied (compaction gaps and markers
             // included), so the checkpoint may move to `end - 1`.

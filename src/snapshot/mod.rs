@@ -241,6 +241,7 @@ impl std::fmt::Debug for SnapshotHandle {
 #[derive(Clone)]
 pub(crate) struct StoreInfo {
     pub(crate) name: String,
+    pub(crate) schema_version: u32,
     pub(crate) definition: String,
     pub(crate) changelog_topic: String,
 }
@@ -310,8 +311,7 @@ impl Snapshots {
     /// [`Snapshots::seed`]); logs what it did.
     pub(crate) fn seed_dir(
         &self,
-        store: &str,
-        partition: i32,
+        (store, partition, schema_version): (&str, i32, u32),
         db_dir: &Path,
         changelog: impl FnOnce() -> std::result::Result<
             crate::restore::checkpoint::ChangelogState,
@@ -362,7 +362,7 @@ impl Snapshots {
                     "local state cannot be continued from the changelog; looking for a snapshot to replace it"),
             }
         }
-        let Some(seeded) = self.block_on_unless_stopped(self.seed(store, partition, db_dir, &changelog)) else {
+        let Some(seeded) = self.block_on_unless_stopped(self.seed(store, partition, db_dir, &changelog, schema_version)) else {
             return crate::store::Seeded { seed: None, skipped: vec!["the application is stopping".into()] };
         };
         for why in &seeded.skipped {
@@ -523,6 +523,7 @@ impl Snapshots {
             dir: &scratch.0,
             meta,
             uploaded,
+            schema_version: store.schema_version,
             savepoint: savepoint.map(str::to_string),
         };
         let Some(result) = self.block_on_unless_stopped(self.upload(src)) else {

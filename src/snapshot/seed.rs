@@ -28,6 +28,7 @@ impl Snapshots {
         partition: i32,
         db_dir: &FsPath,
         changelog: &ChangelogState,
+        schema_version: u32,
     ) -> Seeded {
         let mut seeded = Seeded::default();
         let dir = self.dir_of(store, partition);
@@ -56,6 +57,11 @@ impl Snapshots {
                 Some(format!(
                     "format version {} is newer than this kstate's {FORMAT_VERSION}",
                     m.format_version
+                ))
+            } else if m.schema_version != schema_version {
+                Some(format!(
+                    "its schema version is {}, this code's {schema_version} (the restore rebuilds the store from the changelog)",
+                    m.schema_version
                 ))
             } else if m.application_id != self.app || m.store != store || m.partition != partition {
                 Some(format!(

@@ -156,6 +156,8 @@ pub(crate) struct Source<'a> {
     pub(crate) uploaded: Uploaded,
     /// The savepoint the snapshot is part of, if any.
     pub(crate) savepoint: Option<String>,
+    /// The store's schema version (its commits record it too).
+    pub(crate) schema_version: u32,
 }
 
 impl Snapshots {
@@ -288,7 +290,7 @@ impl Snapshots {
                 checkpoint: src.meta.checkpoint,
                 appended_after_ms: src.meta.appended_after_ms,
                 definition: src.definition.clone(),
-                schema_version: 1,
+                schema_version: src.schema_version,
                 created_at_ms,
                 kstate_version: env!("CARGO_PKG_VERSION").to_string(),
                 files,

@@ -38,6 +38,11 @@ const TOPIC_ID_KEY: &[u8] = b"changelog.topic_id";
 /// big-endian), layout (`w` or `s`) and retention (i64; see
 /// `store/segments.rs`).
 const SEGMENTS_KEY: &[u8] = b"segments.interval_and_time";
+/// The schema version of the values (absent: 1), written with every
+/// commit of a store at another version (architecture.md §11).
+const SCHEMA_KEY: &[u8] = b"schema.version";
+/// In front of each key a restore refused (`Engine::refused_keys`).
+const REFUSED_PREFIX: &[u8] = b"schema.refused/";
 /// L0 files after a restore from which it compacts before going live
 /// (below RocksDB's default level0_slowdown_writes_trigger of 20).
 const L0_COMPACT_AFTER_RESTORE: u64 = 16;
@@ -80,6 +85,10 @@ fn decode_segments(value: Option<Vec<u8>>) -> Option<RecordedSegments> {
     value.and_then(|v| {
         Some(RecordedSegments { interval: int(v.get(..8)?)?, time: int(v.get(8..16)?)?, layout: *v.get(16)?, retention: int(v.get(17..25)?)? })
     })
+}
+
+fn schema_in(db: &DB) -> Result<u32> {
+    Ok(db.get_cf(meta_cf(db), SCHEMA_KEY)?.and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok()).map_or(1, u32::from_be_bytes))
 }
 
 fn topic_id_in(db: &DB) -> Result<Option<String>> {
@@ -149,6 +158,8 @@ pub(crate) struct Engine {
     /// Ticker counts of the databases closed by [`Engine::reopen`], so the
     /// counters only grow.
     carried: Tickers,
+    /// The schema version commits record.
+    schema_version: u32,
 }
 
 /// Cumulative RocksDB ticker counts of one store partition.
@@ -228,6 +239,7 @@ impl Engine {
             last_flush: Mutex::new(Instant::now()),
             options,
             carried: Tickers::default(),
+            schema_version: 1,
         })
     }
 
@@ -416,6 +428,40 @@ impl Engine {
         topic_id_in(self.db())
     }
 
+    /// The schema version of the data committed (1 if none was recorded).
+    pub(crate) fn recorded_schema_version(&self) -> Result<u32> {
+        schema_in(self.db())
+    }
+
+    /// The schema version later commits record.
+    pub(crate) fn set_schema_version(&mut self, version: u32) {
+        self.schema_version = version;
+    }
+
+    /// Keys a restore refused (their latest changelog record is of another
+    /// schema version; `store::schema::RestoreSchema`), with that version.
+    pub(crate) fn refused_keys(&self) -> Result<std::collections::HashMap<Vec<u8>, u32>> {
+        let mut out = std::collections::HashMap::new();
+        let iter = self.db().iterator_cf(self.meta(), rocksdb::IteratorMode::From(REFUSED_PREFIX, rocksdb::Direction::Forward));
+        for entry in iter {
+            let (k, v) = entry?;
+            let Some(key) = k.strip_prefix(REFUSED_PREFIX) else { break };
+            out.insert(key.to_vec(), <[u8; 4]>::try_from(&v[..]).map_or(u32::MAX, u32::from_be_bytes));
+        }
+        Ok(out)
+    }
+
+    /// Adds changes to the refused keys (`None`: no longer refused) to `batch`.
+    pub(crate) fn add_refused_changes(&self, batch: &mut WriteBatch, changes: Vec<(Vec<u8>, Option<u32>)>) {
+        for (key, version) in changes {
+            let k = [REFUSED_PREFIX, &key].concat();
+            match version {
+                Some(v) => batch.put_cf(self.meta(), k, v.to_be_bytes()),
+                None => batch.delete_cf(self.meta(), k),
+            }
+        }
+    }
+
     /// Records the id of the changelog topic the state comes from. Like
     /// commits it skips the WAL: a crash before the next flush loses it
     /// together with everything restored after it.
@@ -428,6 +474,9 @@ impl Engine {
 
     fn commit_inner(&self, mut batch: WriteBatch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
         batch.put_cf(self.meta(), CHECKPOINT_KEY, checkpoint.to_be_bytes());
+        if self.schema_version != 1 {
+            batch.put_cf(self.meta(), SCHEMA_KEY, self.schema_version.to_be_bytes());
+        }
         if let Some(ms) = appended_after_ms {
             batch.put_cf(self.meta(), APPENDED_AFTER_KEY, ms.to_be_bytes());
         }

@@ -11,10 +11,11 @@ pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod overlay;
 pub(crate) mod published;
+pub(crate) mod schema;
 mod seed;
 pub(crate) mod segments;
 pub(crate) mod state_dir;
-mod ttl;
+pub(crate) mod ttl;
 pub(crate) mod windowed;
 
 use std::marker::PhantomData;
@@ -63,6 +64,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     /// Seeds the database directory from a snapshot when it has none
     /// (called under the directory lock, before RocksDB opens it).
     pub(crate) seed: Option<&'a (dyn Fn(&Path) -> Seeded + Sync)>,
+    /// The store's schema version and upgrade function.
+    pub(crate) schema: schema::Schema,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -114,6 +117,8 @@ pub struct KeyValueStore {
     // Field order matters: the engine closes before the lock is released.
     /// Shared with the background writer while a commit is in flight.
     engine: Option<Arc<Engine>>,
+    /// The schema version its commits write, and the upgrade function.
+    schema: schema::Schema,
     _lock: DirLock,
 }
 
@@ -149,6 +154,8 @@ pub(crate) struct SealedCommit {
     /// Bytes in front of each RocksDB key that the changelog key leaves
     /// out (a segmented store's segment).
     key_skip: usize,
+    /// The `kstate.schema` header of every record (`None`: version 1).
+    schema_header: Option<Vec<u8>>,
 }
 
 impl SealedCommit {
@@ -165,7 +172,8 @@ impl SealedCommit {
     /// the copies were ~15% of the write benchmark's CPU).
     pub(crate) fn send_and_build(&mut self) -> Result<()> {
         let mut batch = Engine::batch_with_capacity(self.writes.bytes());
-        self.producer.send_all(&self.tracker, self.writes.iter(), self.key_skip, |chunk| {
+        let header = self.schema_header.as_deref().map(|v| (schema::SCHEMA_HEADER, v));
+        self.producer.send_all(&self.tracker, self.writes.iter(), (self.key_skip, header), |chunk| {
             for &(k, v) in chunk {
                 match v {
                     Some(v) => batch.put(k, v),
@@ -252,13 +260,18 @@ impl KeyValueStore {
                     drop(e);
                     (Self::reopen_empty(&db_dir, args.resources)?, Some((why, UNREADABLE)))
                 }
-                Ok(checkpoint) => match layout_problem(&e, &checkpoint, args.segments)? {
+                Ok(checkpoint) => match (layout_problem(&e, &checkpoint, args.segments)?, schema_problem(&e, &checkpoint, &args.schema)?) {
                     // Rebuilt from the changelog, whose keys have no segment.
-                    Some(why) => {
+                    (Some(why), _) => {
                         drop(e);
                         (Self::reopen_empty(&db_dir, args.resources)?, Some((why, "layout_changed")))
                     }
-                    None => (e, None),
+                    // Rebuilt from the changelog, converting its records.
+                    (None, Some(why)) => {
+                        drop(e);
+                        (Self::reopen_empty(&db_dir, args.resources)?, Some((why, "schema_changed")))
+                    }
+                    (None, None) => (e, None),
                 },
                 Err(Error::RocksDb(err)) if err.is_corruption() => {
                     drop(e);
@@ -272,6 +285,8 @@ impl KeyValueStore {
             ),
             Err(err) => return Err(err),
         };
+        let mut engine = engine;
+        engine.set_schema_version(args.schema.version);
         let checkpoint = match engine.checkpoint()? {
             Checkpoint::At(c) => Some(c),
             _ => None,
@@ -308,6 +323,7 @@ impl KeyValueStore {
             live_tail_retention: args.live_tail_retention,
             slot: args.published.map(|p| p.slot(args.name, args.partition)),
             engine: Some(Arc::new(engine)),
+            schema: args.schema,
             _lock: lock,
         })
     }
@@ -374,12 +390,19 @@ impl KeyValueStore {
             slot.withdraw_engine();
         }
         drop(self.engine.take());
-        self.engine = Some(Arc::new(Self::reopen_empty(&self.db_dir, &self.resources)?));
+        let mut engine = Self::reopen_empty(&self.db_dir, &self.resources)?;
+        engine.set_schema_version(self.schema.version);
+        self.engine = Some(Arc::new(engine));
         self.checkpoint = None;
         if let Some(s) = &mut self.segments {
             s.reset(segments::NO_TIME);
         }
         Ok(())
+    }
+
+    /// The schema version its commits write, and the upgrade function.
+    pub(crate) fn schema(&self) -> &schema::Schema {
+        &self.schema
     }
 
     /// The store's name.
@@ -624,6 +647,7 @@ impl KeyValueStore {
             sealed_at_ms: crate::store::engine::now_ms(),
             landed_checkpoint: self.landed_checkpoint.clone(),
             batch: None,
+            schema_header: self.schema.header(),
         }))
     }
 
@@ -717,6 +741,16 @@ const UNREADABLE: &str = "local_store_unreadable";
 /// session store whose segment interval changed (its retention did), or
 /// data written under another layout (a key-value store redefined as a
 /// window store, or back).
+/// Why local state of another schema version cannot be kept (it is
+/// rebuilt from the changelog, converting or refusing its records).
+fn schema_problem(engine: &Engine, checkpoint: &Checkpoint, schema: &schema::Schema) -> Result<Option<String>> {
+    if !matches!(checkpoint, Checkpoint::At(_)) {
+        return Ok(None);
+    }
+    let recorded = engine.recorded_schema_version()?;
+    Ok((recorded != schema.version).then(|| format!("the local state has schema version {recorded}, this code {}", schema.version)))
+}
+
 fn layout_problem(engine: &Engine, checkpoint: &Checkpoint, wanted: Option<(Shape, Duration)>) -> Result<Option<String>> {
     let recorded = engine.segments()?;
     Ok(match (wanted, recorded) {
@@ -844,6 +878,7 @@ pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>
         segments,
         live_tail_retention: None,
         published: None,
+        schema: Default::default(),
     })
     .expect("scratch store")
 }

@@ -158,7 +158,7 @@ impl TaskManager {
                         let info = changelogs.get(&changelog_topic);
                         let seed_topic = changelog_topic.clone();
                         let seed = |db_dir: &std::path::Path| match &snapshots {
-                            Some(s) => s.seed_dir(def.name(), partition, db_dir, || {
+                            Some(s) => s.seed_dir((def.name(), partition, def.version()), db_dir, || {
                                 let (low, high, topic_id) = producer.describe_changelog(&seed_topic, partition, config.startup_timeout)?;
                                 Ok(crate::restore::checkpoint::ChangelogState {
                                     low,
@@ -184,6 +184,7 @@ impl TaskManager {
                             segments: def.segmented(),
                             published: Some(config.published.clone()),
                             seed: Some(&seed),
+                            schema: def.schema(),
                         })?);
                     }
                     wait_stable(stores)

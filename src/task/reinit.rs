@@ -58,6 +58,11 @@ impl TaskManager {
     /// [`TaskManager::reinitialise_one`]; `count`: whether the failure
     /// counts toward [`MAX_TASK_FAILURES`].
     pub(super) fn reinitialise_counted<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error, count: bool) -> Result<()> {
+        if matches!(cause, Error::SchemaVersion { .. }) {
+            // Restoring again would refuse the same records.
+            tracing::error!(partition, error = %cause, "a store's changelog holds values this code cannot read; stopping");
+            return Err(cause);
+        }
         if self.commit.inflight.as_ref().is_some_and(|c| c.transactional) {
             // Its offsets are committed: the task must restart after them,
             // or it would apply them again on top of the restored records.

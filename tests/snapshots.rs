@@ -708,3 +708,54 @@ fn a_savepoint_restore_rewrites_every_key_when_the_changelog_cannot_continue_its
     app.stop().unwrap();
     assert_same_state(&stored_state(f.state.path(), &f.app, 1), &model_of(&input), "the store after reprocessing");
 }
+
+/// MinIO settings with the given credentials, bucket and prefix.
+fn s3_with(access: &str, secret: &str, bucket: &str, prefix: &str) -> (SnapshotConfig, SnapshotStore) {
+    let url = format!("s3://{bucket}/{prefix}");
+    let options: Vec<(String, String)> = [
+        ("aws_endpoint", s3_endpoint().as_str()),
+        ("aws_allow_http", "true"),
+        ("aws_access_key_id", access),
+        ("aws_secret_access_key", secret),
+        ("aws_region", "us-east-1"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut config = SnapshotConfig::new(&url).interval(Duration::from_secs(3600));
+    for (k, v) in &options {
+        config = config.option(k, v);
+    }
+    (config, SnapshotStore { url, options })
+}
+
+#[test]
+fn wrong_credentials_or_a_missing_bucket_are_reported_and_stop_nobody() {
+    let f = fixture("snap-denied", 1);
+    let input = records(0, 300, 1);
+    produce(&f.input, &input);
+    let cases = [
+        ("wrong credentials", s3_with("kstate", "not-the-secret", &s3_bucket(), &unique("denied"))),
+        ("a missing bucket", s3_with("kstate", "kstate-secret", "no-such-bucket-kstate", &unique("denied"))),
+    ];
+    for (what, (config, at)) in cases {
+        // The tools: a typed error, not a panic or an empty list.
+        let listed = list_snapshots(&at, &f.app, None);
+        assert!(listed.is_err(), "{what}: listing gave {listed:?}");
+        eprintln!("{what}: {}", listed.unwrap_err());
+        // The application processes, its snapshots fail, nothing stops.
+        let state = tempfile::tempdir().unwrap();
+        let (running, handle) = start(&f, state.path(), config.clone(), &Restores::default());
+        wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, WAIT);
+        handle.snapshot_now();
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(!running.is_finished(), "{what}: the application stopped");
+        running.stop().expect("a clean stop");
+        assert_same_state(&stored_state(state.path(), &f.app, 1), &model_of(&input), what);
+        // A new instance cannot seed: it says why and replays the changelog.
+        let (restores, state) = fresh_instance(&f, config, 1);
+        let start = restores.starts.lock().unwrap()[0].clone();
+        assert!(start.snapshot.is_none() && start.snapshots_skipped.iter().any(|s| s.contains("could not be listed")), "{what}: {start:?}");
+        assert_same_state(&state, &model_of(&input), what);
+    }
+}

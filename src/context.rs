@@ -34,6 +34,20 @@ pub struct ProcessorContext<'t> {
     callbacks: bool,
 }
 
+/// Sends output records while stores are borrowed (see
+/// [`ProcessorContext::split`]); the same as [`ProcessorContext::send`].
+pub struct Outputs<'c> {
+    sink: &'c OutputSink,
+    timestamp: Option<i64>,
+}
+
+impl Outputs<'_> {
+    /// Sends an output record, as [`ProcessorContext::send`] does.
+    pub fn send(&self, output: Output<'_>) -> Result<()> {
+        self.sink.send(&output, self.timestamp)
+    }
+}
+
 /// What a [`ProcessorContext`] is made of (built by the runtime).
 pub(crate) struct ContextParts<'t> {
     pub(crate) partition: i32,
@@ -101,6 +115,46 @@ impl<'t> ProcessorContext<'t> {
             Some(Shape::Session(sessions)) => Ok(SessionStore::new(store, sessions, stream_time)),
             _ => Err(Error::InvalidUse(format!("store `{name}` is not a session store (StoreDefinition::session)"))),
         }
+    }
+
+    /// Several stores at once, and the output records, in one scope: read
+    /// one store while writing another and send outputs meanwhile, without
+    /// fetching stores again per call. The stores come in the order of
+    /// `names`, as byte stores ([`KeyValueStore::typed`] adds codecs); a
+    /// name given twice, a window or session store or an unknown store is
+    /// an error.
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> kstate::Result<()> {
+    /// use kstate::codec::{U64Be, Utf8};
+    /// let ([clicks, totals], out) = ctx.split(["clicks", "totals"])?;
+    /// let (mut clicks, mut totals) = (clicks.typed::<Utf8, U64Be>(), totals.typed::<Utf8, U64Be>());
+    /// let user = String::from_utf8_lossy(rec.key.unwrap_or_default()).into_owned();
+    /// let n = clicks.get(&user)?.unwrap_or(0) + 1;
+    /// clicks.put(&user, &n)?;
+    /// totals.put(&"all".to_string(), &(totals.get(&"all".to_string())?.unwrap_or(0) + 1))?;
+    /// out.send(kstate::Output::to("click-counts").key(user.as_bytes()).value(&n.to_be_bytes()))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn split<const N: usize>(&mut self, names: [&str; N]) -> Result<([&mut KeyValueStore; N], Outputs<'_>)> {
+        let mut indices = [0usize; N];
+        for (i, name) in names.iter().enumerate() {
+            let index = *self.store_index.get(*name).ok_or_else(|| Error::UnknownStore(name.to_string()))?;
+            if let Some(shape) = self.stores[index].shape {
+                return Err(Error::InvalidUse(format!(
+                    "store `{name}` is a {} store: use ProcessorContext::{}_store",
+                    shape.kind(),
+                    shape.kind()
+                )));
+            }
+            indices[i] = index;
+        }
+        let outputs = Outputs { sink: self.outputs, timestamp: self.timestamp };
+        let stores = self
+            .stores
+            .get_disjoint_mut(indices)
+            .map_err(|_| Error::InvalidUse(format!("ProcessorContext::split names a store twice: {names:?}")))?;
+        Ok((stores, outputs))
     }
 
     /// The store named `name` with key codec `K` and value codec `V`.

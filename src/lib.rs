@@ -124,7 +124,7 @@ mod windows;
 pub use app::{App, AppBuilder};
 pub use assignment::AssignmentStrategy;
 pub use config::{ProcessingDecision, ProcessingGuarantee, StoreDefinition};
-pub use context::ProcessorContext;
+pub use context::{Outputs, ProcessorContext};
 pub use error::{ClientError, Error, Result, StorageError};
 pub use kafka::changelog_topic;
 pub use output::Output;

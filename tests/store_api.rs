@@ -298,3 +298,54 @@ fn a_slow_processor_commits_on_time_and_stops_promptly() {
     assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
     assert_eq!(committed_offset(&app, &input, 0), Some(last + 1), "the final commit covers exactly what was processed");
 }
+
+/// Several stores and the outputs in one scope (`ProcessorContext::split`),
+/// typed through `KeyValueStore::typed`, scanned with typed iterators.
+#[test]
+fn split_reads_one_store_writes_another_and_sends_outputs_in_one_scope() {
+    let Fixture { input, app, state } = fixture("split", 1);
+    let out_topic = unique("split-out");
+    create_topic(&out_topic, 1, &[]);
+    let users = ["ann", "bob", "ann", "cid", "ann", "bob"];
+    let records: Vec<KeyedRecord> = users.iter().map(|u| (0, u.as_bytes().to_vec(), Some(b"click".to_vec()))).collect();
+    produce(&input, &records);
+    let builder = builder(&app, &input, state.path()).store(StoreDefinition::new("clicks")).store(StoreDefinition::new("totals"));
+    let (tx, rx) = mpsc::channel();
+    let topic = out_topic.clone();
+    let running = Running::start(builder, move |ctx, rec| {
+        let twice = matches!(ctx.split(["clicks", "clicks"]), Err(Error::InvalidUse(_)));
+        let unknown = matches!(ctx.split(["clicks", "nope"]), Err(Error::UnknownStore(_)));
+        let ([clicks, totals], out) = ctx.split(["clicks", "totals"])?;
+        let (mut clicks, mut totals) = (clicks.typed::<Utf8, U64Be>(), totals.typed::<Utf8, U64Be>());
+        let user = String::from_utf8_lossy(rec.key.unwrap()).into_owned();
+        let n = clicks.get(&user)?.unwrap_or(0) + 1;
+        clicks.put(&user, &n)?;
+        // Read one store while the other is held, then send in the same scope.
+        let all = totals.get(&"all".to_string())?.unwrap_or(0) + 1;
+        totals.put(&"all".to_string(), &all)?;
+        out.send(kstate::Output::to(&topic).key(user.as_bytes()).value(&n.to_be_bytes()))?;
+        let scanned: Vec<(String, u64)> = clicks.prefix_scan(b"").collect::<kstate::Result<_>>()?;
+        let ranged = clicks.range(&"ann".to_string(), &"c".to_string())?.count();
+        tx.send((twice, unknown, scanned, ranged, all)).unwrap();
+        Ok(())
+    });
+    let seen: Vec<_> = (0..users.len()).map(|_| rx.recv_timeout(TIMEOUT).expect("processed")).collect();
+    running.stop().unwrap();
+    assert!(seen.iter().all(|(twice, unknown, ..)| *twice && *unknown), "split refuses a store named twice and an unknown one");
+    let (_, _, scanned, ranged, all) = seen.last().unwrap();
+    assert_eq!(scanned, &vec![("ann".to_string(), 3), ("bob".to_string(), 2), ("cid".to_string(), 1)]);
+    assert_eq!(*ranged, 2, "ann and bob are in [ann, c)");
+    assert_eq!(*all, 6);
+    let counts = |store: &str| read_store_dir(state.path(), &app, store, 0).0;
+    assert_eq!(counts("clicks").len(), 3);
+    assert_eq!(counts("totals").get(&b"all"[..]).map(|v| v.as_slice()), Some(&6u64.to_be_bytes()[..]));
+    let outputs: Vec<(Vec<u8>, u64)> = read_partition(&out_topic, 0)
+        .into_iter()
+        .map(|(_, k, v)| (k, u64::from_be_bytes(v.unwrap().try_into().unwrap())))
+        .collect();
+    let expected: Vec<(Vec<u8>, u64)> = [("ann", 1), ("bob", 1), ("ann", 2), ("cid", 1), ("ann", 3), ("bob", 2)]
+        .iter()
+        .map(|(u, n)| (u.as_bytes().to_vec(), *n))
+        .collect();
+    assert_eq!(outputs, expected);
+}

@@ -16,9 +16,10 @@ mod seed;
 pub(crate) mod segments;
 pub(crate) mod state_dir;
 pub(crate) mod ttl;
+mod typed;
+pub use typed::TypedStore;
 pub(crate) mod windowed;
 
-use std::marker::PhantomData;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -26,7 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::kafka::{ChangelogProducer, DeliveryTracker, RECORD_OVERHEAD};
-use crate::codec::Codec;
 use crate::store::engine::{Checkpoint, Engine, EngineResources};
 use crate::error::{Error, Result};
 use crate::store::lock::DirLock;
@@ -403,6 +403,12 @@ impl KeyValueStore {
     /// The schema version its commits write, and the upgrade function.
     pub(crate) fn schema(&self) -> &schema::Schema {
         &self.schema
+    }
+
+    /// This store seen through key codec `K` and value codec `V` (for
+    /// stores taken together with [`ProcessorContext::split`](crate::ProcessorContext::split)).
+    pub fn typed<K: crate::codec::Codec, V: crate::codec::Codec>(&mut self) -> TypedStore<'_, K, V> {
+        TypedStore::new(self)
     }
 
     /// The store's name.
@@ -787,66 +793,6 @@ pub(crate) fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
-}
-
-/// A [`KeyValueStore`] seen through a key codec `K` and a value codec `V`.
-///
-/// ```no_run
-/// # fn f(ctx: &mut kstate::ProcessorContext<'_>) -> kstate::Result<()> {
-/// use kstate::codec::{U64Be, Utf8};
-/// let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
-/// let n = counts.get(&"apple".to_string())?.unwrap_or(0);
-/// counts.put(&"apple".to_string(), &(n + 1))?;
-/// # Ok(()) }
-/// ```
-pub struct TypedStore<'s, K, V> {
-    inner: &'s mut KeyValueStore,
-    _codecs: PhantomData<fn() -> (K, V)>,
-}
-
-impl<'s, K: Codec, V: Codec> TypedStore<'s, K, V> {
-    /// Wraps a byte store.
-    pub fn new(inner: &'s mut KeyValueStore) -> Self {
-        TypedStore { inner, _codecs: PhantomData }
-    }
-
-    /// Reads a key.
-    pub fn get(&self, key: &K::Item) -> Result<Option<V::Item>> {
-        self.inner.get(&K::encode(key)?)?.map(|b| V::decode(&b)).transpose()
-    }
-
-    /// Writes a key; encoding errors and oversize records write nothing.
-    pub fn put(&mut self, key: &K::Item, value: &V::Item) -> Result<()> {
-        let k = K::encode(key)?;
-        let v = V::encode(value)?;
-        self.inner.put(&k, &v)
-    }
-
-    /// Deletes a key.
-    pub fn delete(&mut self, key: &K::Item) -> Result<()> {
-        self.inner.delete(&K::encode(key)?)
-    }
-
-    /// Entries with `from <= key < to` by encoded order, decoded.
-    pub fn range(&self, from: &K::Item, to: &K::Item) -> Result<Vec<(K::Item, V::Item)>> {
-        let (f, t) = (K::encode(from)?, K::encode(to)?);
-        self.inner.range(&f, &t).map(decode_pair::<K, V>).collect()
-    }
-
-    /// Entries whose encoded key starts with `prefix`, decoded.
-    pub fn prefix_scan(&self, prefix: &[u8]) -> Result<Vec<(K::Item, V::Item)>> {
-        self.inner.prefix_scan(prefix).map(decode_pair::<K, V>).collect()
-    }
-
-    /// The underlying byte store.
-    pub fn raw(&mut self) -> &mut KeyValueStore {
-        self.inner
-    }
-}
-
-fn decode_pair<K: Codec, V: Codec>(r: Result<(Vec<u8>, Vec<u8>)>) -> Result<(K::Item, V::Item)> {
-    let (k, v) = r?;
-    Ok((K::decode(&k)?, V::decode(&v)?))
 }
 
 /// A store in `dir` whose changelog producer never connects (unit tests

@@ -46,4 +46,16 @@ pub trait Processor {
         let _ = (ctx, punctuation);
         Ok(())
     }
+
+    /// Called once when the task closes here after running: revoked by a
+    /// rebalance, or the application shutting down cleanly. It runs before
+    /// the task's final commit, so what it writes and sends (a buffer
+    /// flushed, say) is committed with it. Not called for a task lost
+    /// without a commit (session expired, fenced) or re-initialised after
+    /// a failure: nothing written then would be committed. An error is
+    /// logged; the task closes anyway.
+    fn close(&mut self, ctx: &mut ProcessorContext<'_>) -> Result<(), ProcessorError> {
+        let _ = ctx;
+        Ok(())
+    }
 }

@@ -349,3 +349,65 @@ fn split_reads_one_store_writes_another_and_sends_outputs_in_one_scope() {
         .collect();
     assert_eq!(outputs, expected);
 }
+
+/// Buffers its task's records in memory and writes them only in `close`.
+struct Buffering {
+    partition: i32,
+    buffer: Vec<(Vec<u8>, Vec<u8>)>,
+    events: mpsc::Sender<(&'static str, i32, usize)>,
+}
+
+impl kstate::Processor for Buffering {
+    fn process(&mut self, _ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
+        self.buffer.push((rec.key.unwrap().to_vec(), rec.value.unwrap().to_vec()));
+        self.events.send(("processed", self.partition, self.buffer.len())).unwrap();
+        Ok(())
+    }
+
+    fn close(&mut self, ctx: &mut kstate::ProcessorContext<'_>) -> Result<(), kstate::ProcessorError> {
+        let store = ctx.store("buffered")?;
+        for (k, v) in self.buffer.drain(..) {
+            store.put(&k, &v)?;
+        }
+        let _ = self.events.send(("closed", self.partition, 0));
+        Ok(())
+    }
+}
+
+/// `Processor::close` runs before a task's final commit, on a revocation
+/// and on a clean shutdown: what it writes is committed.
+#[test]
+fn close_writes_are_committed_when_a_task_is_revoked_and_at_shutdown() {
+    let Fixture { input, app, state } = fixture("close", 2);
+    let records: Vec<KeyedRecord> = (0..20).map(|i| (i % 2, format!("k{i}").into_bytes(), Some(format!("v{i}").into_bytes()))).collect();
+    produce(&input, &records);
+    let (tx, rx) = mpsc::channel();
+    let start = |dir: &std::path::Path, tx: mpsc::Sender<(&'static str, i32, usize)>| {
+        let b = builder(&app, &input, dir).store(StoreDefinition::new("buffered"));
+        Running::start_processor(b, move |partition| Buffering { partition, buffer: Vec::new(), events: tx.clone() })
+    };
+    let a = start(state.path(), tx.clone());
+    let mut processed = 0;
+    while processed < 20 {
+        let (what, ..) = rx.recv_timeout(TIMEOUT).expect("A processes every record");
+        processed += usize::from(what == "processed");
+    }
+    assert!(read_partition(&kstate::changelog_topic(&app, "buffered"), 0).is_empty(), "nothing written before close");
+    // B joins: one of A's tasks is revoked, closed, and its buffer committed.
+    let b_state = tempfile::tempdir().unwrap();
+    let b = start(b_state.path(), tx.clone());
+    let revoked = loop {
+        match rx.recv_timeout(Duration::from_secs(60)).expect("a task revoked from A") {
+            ("closed", p, _) => break p,
+            _ => continue,
+        }
+    };
+    let changelog = |p: i32| read_partition(&kstate::changelog_topic(&app, "buffered"), p).len();
+    wait_until("the revoked task's writes in its changelog", TIMEOUT, || changelog(revoked) == 10);
+    assert_eq!(changelog(1 - revoked), 0, "the task A kept has not closed yet");
+    a.stop().unwrap();
+    b.stop().unwrap();
+    assert_eq!(changelog(1 - revoked), 10, "A's shutdown closed and committed its other task");
+    let model: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = records.iter().map(|(_, k, v)| (k.clone(), v.clone().unwrap())).collect();
+    assert_same_state(&changelog_state_at(&bootstrap(), &app, "buffered", 2), &model, "the changelogs after close");
+}

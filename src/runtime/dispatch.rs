@@ -39,6 +39,9 @@ pub(crate) trait ProcessorSet {
     fn get(&mut self, partition: i32, incarnation: u64) -> (&mut Self::P, bool);
     /// Drops the processors of tasks that no longer run here.
     fn retain(&mut self, running: &dyn Fn(i32, u64) -> bool);
+    /// Takes out the processor of task `partition` in its `incarnation`,
+    /// if one was built (to close it).
+    fn take(&mut self, partition: i32, incarnation: u64) -> Option<Self::P>;
 }
 
 /// One processor per task, built by the user's factory.
@@ -67,6 +70,13 @@ impl<F: FnMut(i32) -> P, P: Processor> ProcessorSet for PerTask<F, P> {
 
     fn retain(&mut self, running: &dyn Fn(i32, u64) -> bool) {
         self.live.retain(|p, (i, _)| running(*p, *i));
+    }
+
+    fn take(&mut self, partition: i32, incarnation: u64) -> Option<P> {
+        match self.live.remove(&partition) {
+            Some((i, p)) if i == incarnation => Some(p),
+            _ => None,
+        }
     }
 }
 
@@ -102,6 +112,10 @@ where
     }
 
     fn retain(&mut self, _: &dyn Fn(i32, u64) -> bool) {}
+
+    fn take(&mut self, _: i32, _: u64) -> Option<Self> {
+        None
+    }
 }
 
 /// Where the processor's context comes from, for every task.
@@ -187,6 +201,21 @@ impl Dispatch<'_> {
             tasks.reinitialise_task(self.consumer, partition, e)?;
         }
         Ok(())
+    }
+
+    /// Closes the processors of the running tasks among `partitions` (all
+    /// with `None`) before their final commit: [`Processor::close`], whose
+    /// writes and outputs that commit takes.
+    pub(super) fn close_tasks<S: ProcessorSet>(&self, tasks: &mut TaskManager, set: &mut S, partitions: Option<&[i32]>) {
+        let outputs = &tasks.outputs;
+        for task in tasks.tasks.values_mut().filter(|t| t.state == TaskState::Running && partitions.is_none_or(|p| p.contains(&t.partition))) {
+            let Some(mut processor) = set.take(task.partition, task.incarnation()) else { continue };
+            let _in_task = task.span.enter();
+            let mut ctx = self.context(task.partition, &mut task.stores, &mut task.time, outputs, None, S::CALLBACKS);
+            if let Err(e) = processor.close(&mut ctx) {
+                tracing::error!(partition = task.partition, error = %e, "the processor's close failed; the task closes anyway");
+            }
+        }
     }
 
     /// Runs the timers and punctuations of `domain` due at `now` (timers

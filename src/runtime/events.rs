@@ -38,6 +38,7 @@ pub(super) fn apply_group_events(
     records: &QueueHandle,
     tasks: &mut TaskManager,
     config: &AppConfig,
+    before_revoke: &mut dyn FnMut(&mut TaskManager, &[i32]),
 ) -> Result<()> {
     let topics = config.input_topics.as_slice();
     loop {
@@ -68,6 +69,8 @@ pub(super) fn apply_group_events(
                 tracing::info!(generation = generation.id, active = ?active, standby = ?standby, revoked = ?revoked, new = ?new,
                     "applying the group's assignment");
                 if !revoked.is_empty() {
+                    // The processors' close, before the closing commit takes its writes.
+                    before_revoke(tasks, &revoked);
                     let tps = input_partitions_of(topics, revoked);
                     let committed = tasks.on_event(consumer, AssignmentEvent::Revoked(tps.clone()));
                     if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {

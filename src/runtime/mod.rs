@@ -301,9 +301,15 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         let mut tasks = shared.tasks.lock().expect("task lock");
         // Events that arrived meanwhile first: tasks lost must not be
         // committed (nor their changelogs written) by the final commit.
-        let result = result.and_then(|()| apply_group_events(&membership, &consumer, &records, &mut tasks, &config));
+        let dispatch = dispatch::Dispatch { config: &config, store_index: &store_index, consumer: &consumer };
+        let result = result.and_then(|()| {
+            apply_group_events(&membership, &consumer, &records, &mut tasks, &config, &mut |t, revoked| {
+                dispatch.close_tasks(t, &mut processors, Some(revoked))
+            })
+        });
         let result = match result {
             Ok(()) => {
+                dispatch.close_tasks(&mut tasks, &mut processors, None);
                 let r = tasks.commit_closing(&consumer, None);
                 if r.is_err() {
                     tasks.discard_all();

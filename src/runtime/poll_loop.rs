@@ -50,7 +50,9 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
         membership.polled();
         {
             let mut tasks = shared.tasks.lock().expect("task lock");
-            apply_group_events(membership, consumer, records, &mut tasks, config)?;
+            apply_group_events(membership, consumer, records, &mut tasks, config, &mut |t, revoked| {
+                dispatch.close_tasks(t, processors, Some(revoked))
+            })?;
             tasks.open_pending(consumer)?;
             tasks.update_standbys()?;
             tasks.clean_state_dirs();

@@ -16,15 +16,16 @@ const STORE: &str = "s";
 const WAIT: Duration = Duration::from_secs(90);
 
 /// Version 1 stores each record's value; version 2 stores `v2:` and the
-/// value, and upgrades version 1 values the same way.
+/// value. Their upgrade functions convert the other version's values.
 fn definition(version: u32, upgrade: bool) -> StoreDefinition {
     let def = StoreDefinition::new(STORE).schema_version(version);
     if !upgrade {
         return def;
     }
-    def.upgrade(|from, _key, value| match from {
-        1 => Ok([b"v2:".as_slice(), value].concat()),
-        v => Err(format!("no conversion from version {v}")),
+    def.upgrade(move |from, _key, value| match (version, from) {
+        (2, 1) => Ok([b"v2:".as_slice(), value].concat()),
+        (1, 2) => value.strip_prefix(b"v2:").map(<[u8]>::to_vec).ok_or_else(|| "not a version 2 value".to_string()),
+        (v, f) => Err(format!("version {v} has no conversion from version {f}")),
     })
 }
 
@@ -106,6 +107,13 @@ fn version_1_code_refuses_version_2_state_with_a_typed_error() {
         Err(kstate::Error::SchemaVersion { store, partition: 0, found: 2, expected: 1, .. }) => assert_eq!(store, STORE),
         other => panic!("expected Error::SchemaVersion, got {other:?}"),
     }
+    // Given an upgrade function, the same code on the same state reads
+    // every key (the refused ones too: the store is rebuilt).
+    let restores = Restores::default();
+    let app = start(&f, fresh.path(), 1, true, None, &restores);
+    wait_until("restored", WAIT, || restores.ended() >= 1);
+    app.stop().expect("a clean run");
+    assert_same_state(&stored(fresh.path(), &f.app), &model(&records(0, 200), 1), "version 1's store, version 2's values converted");
 }
 
 #[test]

@@ -637,6 +637,10 @@ fn savepoint_create_list_show_restore_and_delete_from_the_command_line() {
     assert_eq!(created["partitions"].as_i64(), Some(1), "{created}");
     assert_eq!(created["tasks"][0]["input"][&f.input].as_i64(), Some(300), "{created}");
     fails(1, "exists already", &["create", "--app", &f.app, "v1"]);
+    // Deleted and asked for again under the same name: a new savepoint.
+    run_json(&["delete", "--app", &f.app, "v1"]);
+    let again = run_json(&["create", "--app", &f.app, "v1", "--wait", "60"]);
+    assert_eq!(again["tasks"][0]["input"][&f.input].as_i64(), Some(300), "{again}");
     let listed = run_json(&["list", "--app", &f.app]);
     let names: Vec<(&str, bool)> = listed.as_array().unwrap().iter().map(|e| (e["name"].as_str().unwrap(), e["savepoint"].is_object())).collect();
     assert!(names.contains(&("v1", true)) && names.contains(&("early", false)), "{listed}");

@@ -279,6 +279,17 @@ pub fn restore_savepoint(at: &SnapshotStore, app: &str, name: &str, kafka: &Kafk
     if let Some(n) = sp.tasks.iter().map(|t| t.partitions).find(|n| *n != sp.partitions) {
         return Err(AdminError::Admin(format!("savepoint `{name}` mixes partition counts {n} and {}", sp.partitions)));
     }
+    // Offsets and state per partition only mean the same with as many partitions.
+    for topic in sp.tasks.iter().flat_map(|t| t.input.keys()).collect::<BTreeSet<_>>() {
+        let now = kafka.partitions(&consumer, topic)?;
+        if now != Some(sp.partitions) {
+            return Err(AdminError::Admin(format!(
+                "input topic `{topic}` has {} partitions now, the savepoint was taken with {}: it cannot be restored",
+                now.map_or_else(|| "no".to_string(), |n| n.to_string()),
+                sp.partitions
+            )));
+        }
+    }
     // Every snapshot found and supported before anything is written.
     let mut plan = Vec::new();
     for task in &sp.tasks {

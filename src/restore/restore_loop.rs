@@ -21,7 +21,7 @@ use super::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 use crate::error::{Error, Result};
 use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::store::published::Role;
-use crate::store::schema::{version_in, RestoreSchema, Schema, SCHEMA_HEADER};
+use crate::store::schema::{refusals_now_readable, version_in, RestoreSchema, Schema, SCHEMA_HEADER};
 use crate::store::segments::Segments;
 use crate::store::KeyValueStore;
 
@@ -302,7 +302,9 @@ impl RestoreLoop {
         if !self.failed_fetches.is_empty() {
             self.failed_fetches.remove(id);
         }
-        let value = match key.map(|k| a.schema.apply(version, k, value)) {
+        // Expired windows are dropped below: neither converted nor refused.
+        let expired = matches!((key, &a.segments), (Some(k), Some(s)) if s.time_of(k).is_some_and(|t| s.expired(t)));
+        let value = match key.filter(|_| !expired).map(|k| a.schema.apply(version, k, value)) {
             Some(Ok(v)) => v,
             None => value.map(std::borrow::Cow::Borrowed),
             Some(Err(detail)) => {
@@ -429,7 +431,8 @@ impl RestoreLoop {
                 },
                 &ChangelogState { low, high, topic_id: topic_id.clone(), tombstone_retention: store.tombstone_retention },
                 end_read_at_ms,
-            ),
+            )
+            .map_or_else(|| refusals_now_readable(store), |r| Ok(Some(r)))?,
         };
         if let Some((why, kind)) = &reason {
             tracing::warn!(store = store.name(), partition, %topic, reason = %why,
@@ -528,7 +531,7 @@ impl RestoreLoop {
     fn write_batch(&mut self, key: &(String, i32)) {
         let listener = self.listener.clone();
         let Some((a, store)) = self.store_of(key) else { return };
-        if a.batch.len() == 0 {
+        if a.batch.len() == 0 && !a.schema.has_changes() {
             return;
         }
         let records = a.batch.len() as u64;
@@ -584,6 +587,9 @@ impl RestoreLoop {
     /// Completes one store partition: last batch, checkpoint at `end - 1`, flush.
     fn finish(&mut self, key: &(String, i32)) {
         let _in_job = self.job_span(key.1).entered();
+        if let Some(Active { segments: Some(s), schema, .. }) = self.active.get_mut(key) {
+            schema.forget(|k| s.time_of(k).is_none_or(|t| s.expired(t))); // dropped with their segments
+        }
         self.write_batch(key);
         let Some(a) = self.remove_active(key) else { return };
         let Some(job) = self.jobs.get_mut(&a.partition) else { return };

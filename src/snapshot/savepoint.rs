@@ -141,7 +141,9 @@ pub(crate) struct CutContext {
     /// The application's client settings with its `group.id`.
     pub(crate) client: ClientConfig,
     consumer: Option<BaseConsumer>,
-    /// Parts written (or found written) by this process.
+    /// Parts written (or found written) by this process, by request
+    /// (`name@written_ms`: a savepoint deleted and asked for again under
+    /// the same name is a new request).
     done: HashSet<(String, i32)>,
     last_poll: Option<Instant>,
 }
@@ -205,11 +207,12 @@ impl Snapshots {
             if !valid_name(&name) {
                 continue;
             }
+            let request = format!("{name}@{}", meta.last_modified.timestamp_millis());
             // The tasks active here, by the first store's slots.
             let partitions: Vec<i32> = published
                 .slots_of(&stores[0].name)
                 .into_iter()
-                .filter(|(p, slot)| slot.role() == Role::Active && !cx.done.contains(&(name.clone(), *p)))
+                .filter(|(p, slot)| slot.role() == Role::Active && !cx.done.contains(&(request.clone(), *p)))
                 .map(|(p, _)| p)
                 .collect();
             for partition in partitions {
@@ -217,7 +220,7 @@ impl Snapshots {
                 match self.block_on_unless_stopped(self.remote.store.head(&part)) {
                     None => return,
                     Some(Ok(_)) => {
-                        cx.done.insert((name.clone(), partition));
+                        cx.done.insert((request.clone(), partition));
                         continue;
                     }
                     Some(Err(object_store::Error::NotFound { .. })) => {}
@@ -229,7 +232,7 @@ impl Snapshots {
                 match self.cut_task(&name, partition, stores, published, scratch_root, cx) {
                     Ok(task) => {
                         tracing::info!(savepoint = %name, partition, input = ?task.input, stores = task.stores.len(), "savepoint part written");
-                        cx.done.insert((name.clone(), partition));
+                        cx.done.insert((request.clone(), partition));
                     }
                     Err(why) => tracing::warn!(savepoint = %name, partition, reason = %why, "savepoint part not taken yet; retrying"),
                 }
@@ -258,7 +261,8 @@ impl Snapshots {
             .collect::<std::result::Result<Vec<_>, String>>()?;
         let scratches: Vec<_> = stores.iter().map(|s| self.scratch(scratch_root, &s.name, partition)).collect();
         let taken_at_ms = crate::store::engine::now_ms();
-        let cut = published.landing.cut(CUT_PATIENCE, || -> std::result::Result<_, String> {
+        let stop = || self.wake.0.lock().unwrap_or_else(|p| p.into_inner()).stop;
+        let cut = published.landing.cut(CUT_PATIENCE, &stop, || -> std::result::Result<_, String> {
             let mut taken = Vec::new();
             for (slot, scratch) in slots.iter().zip(&scratches) {
                 if slot.role() != Role::Active {
@@ -273,6 +277,11 @@ impl Snapshots {
             Ok((taken, input))
         })??;
         let (taken, reflected) = cut;
+        // A task re-opened between the read of the committed offsets and
+        // the cut could have committed meanwhile: read them again.
+        if reflected.iter().any(Option::is_none) && cx.committed(partition)? != committed {
+            return Err("the group's committed offsets moved during the cut".into());
+        }
         let mut input = BTreeMap::new();
         let mut input_source = BTreeMap::new();
         for (topic, reflected) in cx.input_topics.iter().zip(reflected) {
@@ -285,6 +294,7 @@ impl Snapshots {
             input_source.insert(topic.clone(), source.to_string());
         }
         let mut parts = Vec::new();
+        let mut manifests = Vec::new();
         for ((store, scratch), taken) in stores.iter().zip(&scratches).zip(taken) {
             let Some(taken) = taken else { return Err(format!("store `{}` closed during the cut", store.name)) };
             let uploaded = self.upload_checkpoint(store, partition, scratch, taken, Some(name))?;
@@ -293,10 +303,20 @@ impl Snapshots {
                 snapshot_id: uploaded.as_ref().map(|t| t.manifest.id.clone()),
                 checkpoint: uploaded.as_ref().map(|t| t.manifest.checkpoint),
             });
+            manifests.extend(uploaded.map(|t| self.dir_of(&store.name, partition).join("manifests").join(t.manifest.object_name())));
+        }
+        // Deleted meanwhile (`kstate savepoint delete`): its snapshots would
+        // be kept forever (retention never deletes a savepoint's).
+        let paths = SavepointPaths::of(&self.remote, &self.app);
+        if let Some(Err(object_store::Error::NotFound { .. })) = self.block_on_unless_stopped(self.remote.store.head(&paths.request(name))) {
+            for m in &manifests {
+                let _ = self.block_on_unless_stopped(self.remote.delete(m));
+            }
+            return Err("the savepoint was deleted during the cut".into());
         }
         let task = SavepointTask { partition, partitions: published.partitions(), input, input_source, stores: parts, taken_at_ms };
         let json = serde_json::to_vec_pretty(&task).map_err(|e| e.to_string())?;
-        let path = SavepointPaths::of(&self.remote, &self.app).task(name, partition);
+        let path = paths.task(name, partition);
         match self.block_on_unless_stopped(self.remote.put_bytes(&path, json)) {
             None => Err("stopped while writing the savepoint's part".into()),
             Some(r) => r.map(|()| task).map_err(|e| e.to_string()),

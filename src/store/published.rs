@@ -325,40 +325,46 @@ impl LandingGate {
     }
 
     /// Runs `f` once no commit is landing, holding new ones back; gives up
-    /// after `patience` (a commit that takes that long to land).
-    pub(crate) fn cut<T>(&self, patience: Duration, f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    /// after `patience` (a commit that takes that long to land) or once
+    /// `stop` says so (checked every 100 ms).
+    pub(crate) fn cut<T>(&self, patience: Duration, stop: &dyn Fn() -> bool, f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+        const POISONED: &str = "a commit failed while landing; savepoints are refused until the application restarts";
         let deadline = Instant::now() + patience;
+        let wait = |s| self.changed.wait_timeout(s, Duration::from_millis(100)).unwrap_or_else(|p| p.into_inner()).0;
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if s.poisoned {
-                return Err("a commit failed while landing; savepoints are refused until the application restarts".into());
-            }
-            if !s.cutting {
-                break;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+        while s.cutting {
+            if Instant::now() >= deadline || stop() {
                 return Err("another cut is taking long".into());
             }
-            s = self.changed.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+            s = wait(s);
+        }
+        if s.poisoned {
+            return Err(POISONED.into());
         }
         s.cutting = true;
-        while s.landing > 0 && !s.poisoned {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                s.cutting = false;
-                self.changed.notify_all();
-                return Err(format!("a commit was still landing after {patience:?}"));
-            }
-            s = self.changed.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
-        let poisoned = s.poisoned;
         drop(s);
-        let out = if poisoned { None } else { Some(f()) };
+        // New landings go on once the cut ends, whatever way (a panic in
+        // `f`). Declared before the lock below, so dropped after it.
+        struct Reset<'g>(&'g LandingGate);
+        impl Drop for Reset<'_> {
+            fn drop(&mut self) {
+                self.0.state.lock().unwrap_or_else(|p| p.into_inner()).cutting = false;
+                self.0.changed.notify_all();
+            }
+        }
+        let _reset = Reset(self);
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.cutting = false;
-        self.changed.notify_all();
-        out.ok_or_else(|| "a commit failed while landing; savepoints are refused until the application restarts".into())
+        while s.landing > 0 && !s.poisoned {
+            if Instant::now() >= deadline || stop() {
+                return Err(format!("a commit was still landing after {patience:?}, or the application is stopping"));
+            }
+            s = wait(s);
+        }
+        if s.poisoned {
+            return Err(POISONED.into());
+        }
+        drop(s);
+        Ok(f())
     }
 }
 
@@ -392,18 +398,20 @@ mod gate_tests {
     fn a_cut_waits_for_landings_and_holds_new_ones_back() {
         let gate = Arc::new(LandingGate::default());
         let landing = gate.begin();
-        assert!(gate.cut(Duration::from_millis(50), || ()).is_err(), "a landing in progress blocks the cut");
+        let never = || false;
+        assert!(gate.cut(Duration::from_millis(50), &never, || ()).is_err(), "a landing in progress blocks the cut");
+        assert!(gate.cut(Duration::from_secs(60), &|| true, || ()).is_err(), "a stop ends the wait");
         let g = gate.clone();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             landing.done();
             g.begin().done();
         });
-        let order = gate.cut(Duration::from_secs(5), || "cut").unwrap();
+        let order = gate.cut(Duration::from_secs(5), &never, || "cut").unwrap();
         assert_eq!(order, "cut");
         t.join().unwrap();
         let abandoned = gate.begin();
         drop(abandoned);
-        assert!(gate.cut(Duration::from_secs(1), || ()).unwrap_err().contains("refused"));
+        assert!(gate.cut(Duration::from_secs(1), &never, || ()).unwrap_err().contains("refused"));
     }
 }

@@ -94,6 +94,17 @@ pub(crate) fn version_in(headers: Option<&rdkafka::message::BorrowedHeaders>) ->
     Schema::version_of(found)
 }
 
+/// Keys refused by an earlier restore are stale once the store has an
+/// upgrade function (it reads every version): their records are behind the
+/// checkpoint, so only a full restore reads them again.
+pub(crate) fn refusals_now_readable(store: &crate::store::KeyValueStore) -> crate::error::Result<Option<(String, &'static str)>> {
+    if store.schema().upgrade.is_none() {
+        return Ok(None);
+    }
+    let refused = store.engine().refused_keys()?.len();
+    Ok((refused > 0).then(|| (format!("{refused} key(s) refused by an earlier restore can now be upgraded"), "schema_changed")))
+}
+
 /// A restore's view of a store's schema: converts records, and keeps the
 /// keys whose latest record was refused (another version, no upgrade
 /// function). Those are deleted from the data and recorded in the store's
@@ -133,6 +144,21 @@ impl RestoreSchema {
     /// The version the store's code writes.
     pub(crate) fn version(&self) -> u32 {
         self.schema.version
+    }
+
+    /// Whether refused keys changed since the last batch.
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
+    /// No longer refuses the keys `gone` says are (dropped with their
+    /// window's segment: never read again).
+    pub(crate) fn forget(&mut self, gone: impl Fn(&[u8]) -> bool) {
+        let dropped: Vec<Vec<u8>> = self.refused.keys().filter(|k| gone(k)).cloned().collect();
+        for k in dropped {
+            self.refused.remove(&k);
+            self.changes.push((k, None));
+        }
     }
 
     /// Takes the changes to record with the next batch.

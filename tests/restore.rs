@@ -379,20 +379,8 @@ fn a_changelog_truncated_from_its_start_is_reported_at_startup() {
     produce(&input, &records);
     run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
     assert_eq!(truncated_partitions(), Some(0.0), "an intact changelog");
-    // Delete the first 5 records of partition 0: Kafka refuses DeleteRecords
-    // on a compacted topic, so the policy is changed for it and back (as an
-    // operator fixing a policy mistake would).
-    let set_policy = |policy: &str| {
-        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&changelog)).set("cleanup.policy", policy);
-        let done = futures::executor::block_on(admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
-        assert!(done.iter().all(Result::is_ok), "{done:?}");
-    };
-    set_policy("delete");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(&changelog, 0, rdkafka::Offset::Offset(5)).unwrap();
-    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &rdkafka::admin::AdminOptions::new())).unwrap();
-    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
-    set_policy("compact");
+    // Delete the first 5 records of partition 0.
+    delete_compacted_records_before(&changelog, 0, 5);
     run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
     assert_eq!(truncated_partitions(), Some(1.0), "one truncated partition");
     // What `kstate verify` reports: the five keys only the local store still has.

@@ -639,17 +639,7 @@ fn local_state_the_changelog_cannot_continue_is_replaced_by_a_snapshot() {
     // Records past A's checkpoint deleted from the changelog (an operator's
     // DeleteRecords): A's state cannot be brought up to date by replaying it.
     let changelog = kstate::changelog_topic(&f.app, STORE);
-    let set_policy = |policy: &str| {
-        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&changelog)).set("cleanup.policy", policy);
-        let done = futures::executor::block_on(admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
-        assert!(done.iter().all(Result::is_ok), "{done:?}");
-    };
-    set_policy("delete");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(&changelog, 0, rdkafka::Offset::Offset(c1 + 11)).unwrap();
-    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &rdkafka::admin::AdminOptions::new())).unwrap();
-    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
-    set_policy("compact");
+    delete_compacted_records_before(&changelog, 0, c1 + 11);
 
     // A again, on its own state: replaced by B's snapshot, only the tail replayed.
     let restores = Restores::default();
@@ -682,17 +672,7 @@ fn a_savepoint_restore_rewrites_every_key_when_the_changelog_cannot_continue_its
     // Records past the savepoint's checkpoint deleted from the changelog:
     // the keys written since it can no longer all be known.
     let changelog = kstate::changelog_topic(&f.app, STORE);
-    let set_policy = |policy: &str| {
-        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&changelog)).set("cleanup.policy", policy);
-        let done = futures::executor::block_on(admin().alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
-        assert!(done.iter().all(Result::is_ok), "{done:?}");
-    };
-    set_policy("delete");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(&changelog, 0, rdkafka::Offset::Offset(sp.tasks[0].stores[0].checkpoint.unwrap() + 101)).unwrap();
-    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &rdkafka::admin::AdminOptions::new())).unwrap();
-    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
-    set_policy("compact");
+    delete_compacted_records_before(&changelog, 0, sp.tasks[0].stores[0].checkpoint.unwrap() + 101);
 
     let r = kstate::admin::restore_savepoint(&at, &f.app, "sp", &kstate::admin::Kafka::new(bootstrap())).expect("restored");
     assert_eq!(r.stores[0].mode, "full", "{r:?}");

@@ -411,3 +411,34 @@ fn close_writes_are_committed_when_a_task_is_revoked_and_at_shutdown() {
     let model: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = records.iter().map(|(_, k, v)| (k.clone(), v.clone().unwrap())).collect();
     assert_same_state(&changelog_state_at(&bootstrap(), &app, "buffered", 2), &model, "the changelogs after close");
 }
+
+/// A processor waiting for async code longer than a session timeout keeps
+/// its tasks: heartbeats do not come from the processing thread.
+#[test]
+fn an_async_lookup_longer_than_the_session_timeout_keeps_the_tasks() {
+    let Fixture { input, app: app_id, state } = fixture("lookup", 1);
+    produce(&input, &[(0, b"a".to_vec(), Some(b"1".to_vec())), (0, b"b".to_vec(), Some(b"2".to_vec()))]);
+    let restores = Restores::default();
+    // The session timeout is 6 s (common::builder); each lookup takes 7 s.
+    let app = builder(&app_id, &input, state.path()).store(StoreDefinition::new("profiles")).restore_listener(restores.clone()).build().unwrap();
+    let stop = app.shutdown_handle();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = rt.spawn(app.run_async(move |ctx, rec| {
+        let key = rec.key.unwrap().to_vec();
+        let profile = tokio::runtime::Handle::current().block_on(async move {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            [b"profile of ".as_slice(), &key].concat()
+        });
+        ctx.store("profiles")?.put(rec.key.unwrap(), &profile)?;
+        tx.send(rec.offset).unwrap();
+        Ok::<(), kstate::Error>(())
+    }));
+    assert_eq!(rx.recv_timeout(Duration::from_secs(40)).unwrap(), 0);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(40)).unwrap(), 1);
+    stop.shutdown();
+    rt.block_on(handle).unwrap().expect("clean shutdown");
+    assert_eq!(restores.ended(), 1, "the task was never lost and reassigned (one restore, at the start)");
+    let stored = read_store_dir(state.path(), &app_id, "profiles", 0).0;
+    assert_eq!(stored.get(&b"b"[..]).map(Vec::as_slice), Some(&b"profile of b"[..]));
+}

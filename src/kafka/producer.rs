@@ -19,6 +19,9 @@ use super::delivery::{DeliveryContext, DeliveryTracker, Padded};
 use super::transaction::{dooms_transaction_only, Transactions};
 use crate::error::{ClientError, Error, Result};
 
+/// A record sent with its tracker's slot as the delivery opaque.
+type CountedRecord<'r> = rdkafka::producer::BaseRecord<'r, [u8], [u8], usize>;
+
 /// Room left for record-batch and record headers when checking a record's
 /// size against the changelog's `max.message.bytes`.
 pub(crate) const RECORD_OVERHEAD: usize = 128;
@@ -181,12 +184,25 @@ impl ChangelogProducer {
         Ok(())
     }
 
+    /// Queues one record counted on `tracker` (before the send: its
+    /// delivery may be reported at once); a record never queued is counted
+    /// delivered too, so that flushes do not wait for it, and handed back.
+    #[allow(clippy::result_large_err)] // the shape of `BaseProducer::send`'s own result
+    fn send_counted<'r>(&self, tracker: &DeliveryTracker, record: CountedRecord<'r>) -> std::result::Result<(), (KafkaError, CountedRecord<'r>)> {
+        let context = self.producer.context();
+        tracker.sent.0.fetch_add(1, Ordering::AcqRel);
+        context.sent.0.fetch_add(1, Ordering::SeqCst);
+        self.producer.send(record).inspect_err(|_| {
+            tracker.delivered.fetch_add(1, Ordering::AcqRel);
+            context.delivered.0.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+
     /// Queues one changelog record with a header, waiting out a full local
     /// queue for up to `queue_timeout`.
     fn send_with_header(&self, tracker: &DeliveryTracker, key: &[u8], value: Option<&[u8]>, (name, hv): (&str, &[u8])) -> Result<()> {
         use rdkafka::message::{Header, OwnedHeaders};
         use rdkafka::producer::BaseRecord;
-        let context = self.producer.context();
         let headers = OwnedHeaders::new_with_capacity(1).insert(Header { key: name, value: Some(hv) });
         let mut record: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(&tracker.topic, tracker.slot).partition(tracker.partition).key(key).headers(headers);
@@ -195,19 +211,13 @@ impl ChangelogProducer {
         }
         let mut started = None;
         loop {
-            // Counted before: the delivery may be reported at once.
-            tracker.sent.0.fetch_add(1, Ordering::AcqRel);
-            context.sent.0.fetch_add(1, Ordering::SeqCst);
-            let refused = match self.producer.send(record) {
+            let refused = match self.send_counted(tracker, record) {
                 Ok(()) => return Ok(()),
                 Err((e, back)) => {
                     record = back;
                     e
                 }
             };
-            // Never queued: count it delivered so that flushes do not wait.
-            tracker.delivered.fetch_add(1, Ordering::AcqRel);
-            context.delivered.0.fetch_add(1, Ordering::SeqCst);
             if matches!(refused, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
                 && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout
             {
@@ -278,7 +288,6 @@ impl ChangelogProducer {
             }
             return Ok(());
         }
-        let context = self.producer.context();
         let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(out.topic, tracker.slot);
         if let Some(k) = out.key {
             record = record.key(k);
@@ -300,19 +309,13 @@ impl ChangelogProducer {
         }
         let mut started = None;
         loop {
-            // Counted before: the delivery may be reported at once.
-            tracker.sent.0.fetch_add(1, Ordering::AcqRel);
-            context.sent.0.fetch_add(1, Ordering::SeqCst);
-            let refused = match self.producer.send(record) {
+            let refused = match self.send_counted(tracker, record) {
                 Ok(()) => return Ok(()),
                 Err((e, back)) => {
                     record = back;
                     e
                 }
             };
-            // Never queued: count it delivered so that flushes do not wait.
-            tracker.delivered.fetch_add(1, Ordering::AcqRel);
-            context.delivered.0.fetch_add(1, Ordering::SeqCst);
             if let Some(txn) = self.txn.as_ref().filter(|_| dooms_transaction_only(&refused)) {
                 // The transaction is lost anyway: the commit aborts it and the
                 // input is processed again; the processor need not know.

@@ -663,3 +663,21 @@ pub fn s3_at(endpoint: &str, prefix: &str) -> (kstate::SnapshotConfig, kstate::a
     }
     (config, kstate::admin::SnapshotStore { url, options })
 }
+
+/// Deletes the records of a compacted topic's partition before `offset`
+/// (DeleteRecords). Kafka refuses it on a compacted topic, so the policy
+/// is switched to `delete` and back, as an operator fixing a policy
+/// mistake would.
+pub fn delete_compacted_records_before(topic: &str, partition: i32, offset: i64) {
+    let set_policy = |policy: &str| {
+        let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(topic)).set("cleanup.policy", policy);
+        let done = futures::executor::block_on(admin().alter_configs([&alter], &AdminOptions::new())).unwrap();
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+    };
+    set_policy("delete");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).unwrap();
+    let deleted = futures::executor::block_on(admin().delete_records(&tpl, &AdminOptions::new())).unwrap();
+    assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
+    set_policy("compact");
+}

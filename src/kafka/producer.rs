@@ -185,17 +185,33 @@ impl ChangelogProducer {
     }
 
     /// Queues one record counted on `tracker` (before the send: its
-    /// delivery may be reported at once); a record never queued is counted
-    /// delivered too, so that flushes do not wait for it, and handed back.
-    #[allow(clippy::result_large_err)] // the shape of `BaseProducer::send`'s own result
-    fn send_counted<'r>(&self, tracker: &DeliveryTracker, record: CountedRecord<'r>) -> std::result::Result<(), (KafkaError, CountedRecord<'r>)> {
+    /// delivery may be reported at once), waiting out a full local queue
+    /// for up to `queue_timeout`; a record never queued is counted
+    /// delivered too, so that flushes do not wait for it, and its refusal
+    /// returned.
+    fn send_counted(&self, tracker: &DeliveryTracker, mut record: CountedRecord<'_>) -> std::result::Result<(), KafkaError> {
         let context = self.producer.context();
-        tracker.sent.0.fetch_add(1, Ordering::AcqRel);
-        context.sent.0.fetch_add(1, Ordering::SeqCst);
-        self.producer.send(record).inspect_err(|_| {
+        let mut started = None;
+        loop {
+            tracker.sent.0.fetch_add(1, Ordering::AcqRel);
+            context.sent.0.fetch_add(1, Ordering::SeqCst);
+            let refused = match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((e, back)) => {
+                    record = back;
+                    e
+                }
+            };
             tracker.delivered.fetch_add(1, Ordering::AcqRel);
             context.delivered.0.fetch_add(1, Ordering::SeqCst);
-        })
+            if matches!(refused, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+                && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout
+            {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            return Err(refused);
+        }
     }
 
     /// Queues one changelog record with a header, waiting out a full local
@@ -209,23 +225,11 @@ impl ChangelogProducer {
         if let Some(v) = value {
             record = record.payload(v);
         }
-        let mut started = None;
-        loop {
-            let refused = match self.send_counted(tracker, record) {
-                Ok(()) => return Ok(()),
-                Err((e, back)) => {
-                    record = back;
-                    e
-                }
-            };
-            if matches!(refused, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
-                && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout
-            {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            return Err(Error::ChangelogDelivery { topic: tracker.topic.clone(), partition: tracker.partition, source: ClientError::new(refused) });
-        }
+        self.send_counted(tracker, record).map_err(|refused| Error::ChangelogDelivery {
+            topic: tracker.topic.clone(),
+            partition: tracker.partition,
+            source: ClientError::new(refused),
+        })
     }
 
     /// Queues `batch` in order, waiting out a full local queue for up to
@@ -307,36 +311,22 @@ impl ChangelogProducer {
             });
             record = record.headers(headers);
         }
-        let mut started = None;
-        loop {
-            let refused = match self.send_counted(tracker, record) {
-                Ok(()) => return Ok(()),
-                Err((e, back)) => {
-                    record = back;
-                    e
-                }
-            };
-            if let Some(txn) = self.txn.as_ref().filter(|_| dooms_transaction_only(&refused)) {
-                // The transaction is lost anyway: the commit aborts it and the
-                // input is processed again; the processor need not know.
-                if !txn.broken.swap(true, Ordering::AcqRel) {
-                    tracing::warn!(topic = %out.topic, error = %refused, "output refused: the open transaction cannot commit; the next commit aborts it");
-                }
-                return Ok(());
+        let Err(refused) = self.send_counted(tracker, record) else { return Ok(()) };
+        if let Some(txn) = self.txn.as_ref().filter(|_| dooms_transaction_only(&refused)) {
+            // The transaction is lost anyway: the commit aborts it and the
+            // input is processed again; the processor need not know.
+            if !txn.broken.swap(true, Ordering::AcqRel) {
+                tracing::warn!(topic = %out.topic, error = %refused, "output refused: the open transaction cannot commit; the next commit aborts it");
             }
-            let queue_full = matches!(refused, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull));
-            if queue_full && started.get_or_insert_with(Instant::now).elapsed() < self.queue_timeout {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            // Also fails the commit, should the processor (or its exception
-            // handler) go on without this output.
-            let mut f = tracker.failure.lock().expect("tracker lock");
-            if f.is_none() {
-                *f = Some((refused.clone(), out.topic.to_string(), out.partition.unwrap_or(-1)));
-            }
-            return Err(Error::OutputDelivery { topic: out.topic.to_string(), partition: out.partition, source: ClientError::new(refused) });
+            return Ok(());
         }
+        // Also fails the commit, should the processor (or its exception
+        // handler) go on without this output.
+        let mut f = tracker.failure.lock().expect("tracker lock");
+        if f.is_none() {
+            *f = Some((refused.clone(), out.topic.to_string(), out.partition.unwrap_or(-1)));
+        }
+        Err(Error::OutputDelivery { topic: out.topic.to_string(), partition: out.partition, source: ClientError::new(refused) })
     }
 
     /// After a flush, waits until none of `trackers` has a record in

@@ -19,6 +19,9 @@
 //! readers see each final result once. The example produces its clicks,
 //! then a last record far ahead in event time that closes every window,
 //! and stops once every final result is out (or on Ctrl-C or SIGTERM).
+//!
+//! Its unit tests (`cargo test --example windowed_counts`, no broker) run
+//! the same processor and configuration in kstate's `TestDriver`.
 
 mod common;
 
@@ -27,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kstate::codec::{U64Be, Utf8};
-use kstate::{App, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, StoreDefinition, TimeDomain, Timer, Windows};
+use kstate::{App, AppBuilder, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, StoreDefinition, TimeDomain, Timer, Windows};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -83,6 +86,14 @@ impl Processor for FinalCounts {
     }
 }
 
+/// The application apart from where it runs (shared with the tests).
+fn application() -> AppBuilder {
+    App::builder()
+        .input_topic(INPUT)
+        .store(StoreDefinition::window(STORE, windows()))
+        .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(std::env::var("KSTATE_LOG").unwrap_or_else(|_| "kstate=warn".into())).init();
     let bootstrap = std::env::var("KSTATE_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".into());
@@ -109,13 +120,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     producer.send(BaseRecord::to(INPUT).key("").payload("tick").timestamp(base + 1_000_000)).map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(10))?;
 
-    let app = App::builder()
+    let app = application()
         .application_id("kstate-example-windowed-counts")
         .bootstrap_servers(bootstrap)
-        .input_topic(INPUT)
         .state_dir(std::env::temp_dir().join("kstate-example-state"))
-        .store(StoreDefinition::window(STORE, windows()))
-        .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
         .build()?;
     let sent = Arc::new(AtomicUsize::new(0));
     let stop = app.shutdown_handle();
@@ -133,4 +141,68 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     app.run_processor(move |_partition| FinalCounts { sent: factory_sent.clone() })?;
     println!("{} final results for {} windows, each sent once (topic {OUTPUT})", sent.load(Ordering::Relaxed), want);
     Ok(())
+}
+
+/// The processor's unit tests: kstate's `TestDriver` runs it with the
+/// application's own configuration, no broker, in milliseconds.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kstate::TestDriver;
+
+    fn driver() -> TestDriver {
+        TestDriver::builder(application()).processor(|_| FinalCounts { sent: Arc::default() }).unwrap()
+    }
+
+    /// Event time 100 s: the windows of a click start 5 s apart.
+    const T: i64 = 100_000;
+
+    fn click(d: &mut TestDriver, user: &str, ts: i64) {
+        d.input(INPUT, user.as_bytes(), b"click", ts).unwrap();
+    }
+
+    /// `(key, count)` of the committed final results.
+    fn results(d: &TestDriver) -> Vec<(String, String)> {
+        d.outputs(OUTPUT).iter().map(|r| (r.key_str(), r.value_str().unwrap())).collect()
+    }
+
+    fn result(key: &str, count: u64) -> (String, String) {
+        (key.to_string(), count.to_string())
+    }
+
+    #[test]
+    fn a_window_sends_its_count_once_it_closes_and_not_before() {
+        let mut d = driver();
+        click(&mut d, "ada", T + 1_000); // windows [95 s, 105 s) and [100 s, 110 s)
+        click(&mut d, "ada", T + 6_000);
+        click(&mut d, "bob", T + 9_000);
+        // [100 s, 110 s) closes at 112 s (grace 2 s): not yet at 111.999 s.
+        click(&mut d, "cy", T + 11_999);
+        d.commit().unwrap();
+        assert_eq!(results(&d), [result("ada@95000", 1)]);
+        click(&mut d, "cy", T + 12_000);
+        d.commit().unwrap();
+        assert_eq!(&results(&d)[1..], [result("ada@100000", 2), result("bob@100000", 1)]);
+    }
+
+    #[test]
+    fn a_click_after_its_window_closed_changes_nothing() {
+        let mut d = driver();
+        click(&mut d, "ada", T + 1_000);
+        click(&mut d, "bob", T + 30_000);
+        click(&mut d, "ada", T + 2_000); // late for both of its windows
+        d.commit().unwrap();
+        assert_eq!(results(&d), [result("ada@95000", 1), result("ada@100000", 1)]);
+    }
+
+    #[test]
+    fn a_crash_before_the_commit_sends_each_final_result_once() {
+        let mut d = driver();
+        click(&mut d, "ada", T + 1_000);
+        d.commit().unwrap();
+        click(&mut d, "bob", T + 20_000); // closes ada's windows
+        d.crash_and_restart().unwrap(); // their results were not committed
+        d.commit().unwrap();
+        assert_eq!(results(&d), [result("ada@95000", 1), result("ada@100000", 1)]);
+    }
 }

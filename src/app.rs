@@ -568,7 +568,29 @@ impl AppBuilder {
     }
 
     /// Checks the configuration; fails with [`Error::Config`](crate::Error::Config).
-    pub fn build(mut self) -> Result<App> {
+    pub fn build(self) -> Result<App> {
+        Ok(App { config: Arc::new(self.finish()?), shutdown: ShutdownHandle::default() })
+    }
+
+    /// The configuration a [`TestDriver`](crate::TestDriver) runs with:
+    /// what is needed only to reach Kafka or a disk (bootstrap servers, a
+    /// state dir) may be left out, and an application id defaults to
+    /// `test`; the rest is checked as [`build`](Self::build) checks it.
+    pub(crate) fn test_config(mut self) -> Result<AppConfig> {
+        let c = &mut self.config;
+        if c.application_id.is_empty() {
+            c.application_id = "test".into();
+        }
+        if c.bootstrap_servers.trim().is_empty() {
+            c.bootstrap_servers = "(test driver)".into();
+        }
+        if c.state_dir.as_os_str().is_empty() {
+            c.state_dir = PathBuf::from("/kstate-test-driver");
+        }
+        self.finish()
+    }
+
+    fn finish(mut self) -> Result<AppConfig> {
         self.config.validate()?;
         // A stream-time TTL needs stream time to survive restarts, or
         // expired entries would show again until the clock caught up.
@@ -581,6 +603,6 @@ impl AppBuilder {
         if self.config.timers {
             self.config.stores.push(StoreDefinition::new(TIME_STORE));
         }
-        Ok(App { config: Arc::new(self.config), shutdown: ShutdownHandle::default() })
+        Ok(self.config)
     }
 }

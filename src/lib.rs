@@ -87,6 +87,7 @@
 //! |---|---|
 //! | [`App`], [`AppBuilder`] | configuring and running an application |
 //! | [`ProcessorContext`], [`Record`], [`Output`] | what the processing function sees and sends |
+//! | [`TestDriver`] | a processor run without Kafka, for unit tests |
 //! | [`KeyValueStore`], [`TypedStore`], [`codec`] | stores and typed access |
 //! | [`restore`] | restore listener and events |
 //! | [`metrics`] | metric names |
@@ -103,6 +104,7 @@ mod assignment;
 pub mod codec;
 mod config;
 mod context;
+mod driver;
 mod error;
 mod group;
 mod kafka;
@@ -127,7 +129,8 @@ pub use config::{ProcessingDecision, ProcessingGuarantee, StoreDefinition};
 pub use context::{Outputs, ProcessorContext};
 pub use error::{ClientError, Error, Result, StorageError};
 pub use kafka::changelog_topic;
-pub use output::Output;
+pub use driver::{TestDriver, TestDriverBuilder};
+pub use output::{Output, SentRecord};
 pub use processor::{Processor, ProcessorError};
 pub use query::{
     murmur2_partition, Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, Queries, QueryError, QueryOptions, ScanAnswer,

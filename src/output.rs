@@ -75,3 +75,49 @@ impl<'a> Output<'a> {
         self
     }
 }
+
+/// A record as a topic received it: an output record, or a store's
+/// changelog record (see [`TestDriver`](crate::TestDriver), which keeps
+/// both in memory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentRecord {
+    /// The topic.
+    pub topic: String,
+    /// The partition, if the sender named one (a changelog record always
+    /// does; an output without [`Output::partition`] leaves it to the
+    /// producer's partitioner).
+    pub partition: Option<i32>,
+    /// The key.
+    pub key: Option<Vec<u8>>,
+    /// The value (`None`: a tombstone).
+    pub value: Option<Vec<u8>>,
+    /// The timestamp, if it had one.
+    pub timestamp: Option<i64>,
+    /// The headers, in order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl SentRecord {
+    /// An output record as sent with `default_timestamp` (the time of what
+    /// was being processed) unless it names its own.
+    pub(crate) fn of_output(output: &Output<'_>, default_timestamp: Option<i64>) -> Self {
+        SentRecord {
+            topic: output.topic.to_string(),
+            partition: output.partition,
+            key: output.key.map(<[u8]>::to_vec),
+            value: output.value.map(<[u8]>::to_vec),
+            timestamp: output.timestamp.or(default_timestamp),
+            headers: output.headers.iter().map(|(n, v)| (n.to_string(), v.map(<[u8]>::to_vec))).collect(),
+        }
+    }
+
+    /// The key as UTF-8 (lossy), `""` without one.
+    pub fn key_str(&self) -> String {
+        String::from_utf8_lossy(self.key.as_deref().unwrap_or_default()).into_owned()
+    }
+
+    /// The value as UTF-8 (lossy), `None` for a tombstone.
+    pub fn value_str(&self) -> Option<String> {
+        self.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}

@@ -100,6 +100,14 @@ impl<'a> Headers<'a> {
         Headers { raw, _message: PhantomData }
     }
 
+    /// The headers of `owned` (a test driver's input record).
+    pub(crate) fn of_owned(owned: &'a rdkafka::message::OwnedHeaders) -> Self {
+        // rust-rdkafka's `BorrowedHeaders` reference is the native list's
+        // address (it makes it by casting the pointer).
+        let raw = (owned.as_borrowed() as *const rdkafka::message::BorrowedHeaders).cast::<rdsys::rd_kafka_headers_t>();
+        Headers { raw, _message: PhantomData }
+    }
+
     /// The number of headers.
     pub fn len(&self) -> usize {
         if self.raw.is_null() {

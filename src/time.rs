@@ -74,7 +74,35 @@ pub struct Punctuation {
     pub timestamp: i64,
 }
 
-/// The wall clock in milliseconds since the Unix epoch.
+/// The wall clock in milliseconds since the Unix epoch: the system's, or
+/// on a thread inside a [`TestDriver`](crate::TestDriver) call, the
+/// driver's.
 pub(crate) fn wall_clock_ms() -> i64 {
+    if let Some(ms) = DRIVER_CLOCK.with(std::cell::Cell::get) {
+        return ms;
+    }
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+thread_local! {
+    /// The test driver's wall clock while one of its calls runs on this thread.
+    static DRIVER_CLOCK: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Sets this thread's wall clock to `ms` until dropped (then back to what
+/// it was): a test driver's call sees the driver's clock, whatever its
+/// callbacks read it through (the context, a wall-clock TTL, a wall-clock
+/// timestamp extractor).
+pub(crate) struct DriverClock(Option<i64>);
+
+impl DriverClock {
+    pub(crate) fn set(ms: i64) -> DriverClock {
+        DriverClock(DRIVER_CLOCK.with(|c| c.replace(Some(ms))))
+    }
+}
+
+impl Drop for DriverClock {
+    fn drop(&mut self) {
+        DRIVER_CLOCK.with(|c| c.set(self.0));
+    }
 }

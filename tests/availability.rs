@@ -411,7 +411,14 @@ fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
     metrics();
     let Fixture { input, app, state } = fixture("handler", 1);
     let records: Vec<KeyedRecord> = (0..100)
-        .map(|i| (0, format!("k{i}").into_bytes(), Some(if i % 10 == 3 { b"bad".to_vec() } else { i.to_string().into_bytes() })))
+        .map(|i| {
+            let value = match i % 10 {
+                3 => b"bad".to_vec(),
+                7 => b"panic".to_vec(),
+                _ => i.to_string().into_bytes(),
+            };
+            (0, format!("k{i}").into_bytes(), Some(value))
+        })
         .collect();
     produce(&input, &records);
     let skipped = Arc::new(AtomicUsize::new(0));
@@ -429,6 +436,8 @@ fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
         }),
         move |ctx, rec| {
             tx.send(rec.offset).unwrap();
+            // A panicking processor is the handler's case too.
+            assert!(rec.value_str() != Some("panic"), "the processor panicked at offset {}", rec.offset);
             let n: u64 = rec.value_str().unwrap().parse().map_err(|e| Error::Config(format!("cannot parse: {e}")))?;
             ctx.store("s")?.put(rec.key.unwrap(), &n.to_be_bytes())?;
             Ok(())
@@ -439,16 +448,18 @@ fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
     }
     wait_until("the input to be committed", TIMEOUT, || committed_offset(&app, &input, 0) == Some(100));
     running.stop().expect("skipped records do not stop the app");
-    assert_eq!(skipped.load(Ordering::Relaxed), 10);
+    assert_eq!(skipped.load(Ordering::Relaxed), 20);
     for (offset, value, error) in seen.lock().unwrap().iter() {
-        assert_eq!(offset % 10, 3, "only the bad records reach the handler");
-        assert_eq!(value.as_deref(), Some(&b"bad"[..]));
-        assert!(error.contains("cannot parse"), "{error}");
+        match offset % 10 {
+            3 => assert!(value.as_deref() == Some(&b"bad"[..]) && error.contains("cannot parse"), "{error}"),
+            7 => assert!(error.contains("the processor panicked: the processor panicked at offset"), "{error}"),
+            _ => panic!("only the bad records reach the handler: {offset}"),
+        }
     }
-    assert_eq!(counter("kstate_skipped_records_total", &[("topic", &input), ("partition", "0")]), Some(10));
+    assert_eq!(counter("kstate_skipped_records_total", &[("topic", &input), ("partition", "0")]), Some(20));
     let (data, _) = read_store_dir(state.path(), &app, "s", 0);
-    assert_eq!(data.len(), 90, "every good record processed, the bad ones skipped");
-    assert!(!data.contains_key(&b"k3"[..]));
+    assert_eq!(data.len(), 80, "every good record processed, the bad ones skipped");
+    assert!(!data.contains_key(&b"k3"[..]) && !data.contains_key(&b"k7"[..]));
 }
 
 #[test]

@@ -8,6 +8,8 @@
 //! - `delivery.rs`: delivery trackers and the callback that counts each delivery;
 //! - `transaction.rs`: exactly-once transactions of the producer;
 //! - `outputs.rs`: the processor's output records and their tracker;
+//! - `memory.rs`: topics in memory for the test driver, and the sink a
+//!   store sends its changelog records to (the producer, or memory);
 //! - `consumer_batch.rs`: polling a consumer's queue a batch at a time;
 //! - `fetch_wake.rs`: waking librdkafka's fetcher after a resume;
 //! - `topic_id.rs`: a topic's id, to notice a recreated changelog.
@@ -16,6 +18,7 @@ pub(crate) mod client;
 pub(crate) mod consumer_batch;
 mod delivery;
 pub(crate) mod fetch_wake;
+mod memory;
 mod outputs;
 mod producer;
 pub(crate) mod topic_id;
@@ -23,6 +26,7 @@ mod topics;
 mod transaction;
 
 pub(crate) use delivery::DeliveryTracker;
+pub(crate) use memory::{ChangelogSink, MemoryTopics};
 pub(crate) use outputs::OutputSink;
 pub(crate) use producer::{ChangelogProducer, RECORD_OVERHEAD};
 pub use topics::changelog_topic;

@@ -1,32 +1,21 @@
-//! Calling the processor: a record (its timestamp extracted, stream time
-//! moved, the stream-time timers it made due, the record, then the
-//! punctuations it made due), the
-//! wall-clock timers and punctuations of running tasks, and each task's
-//! processor built and initialised when the task starts running.
+//! The task manager's tasks handed to their processors: each task's
+//! processor built when the task starts running and dropped when it goes,
+//! records routed to their task, and the task manager's side of a failed
+//! task. The callbacks themselves are in `callbacks.rs`.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::time::Instant;
 
 use rdkafka::consumer::BaseConsumer;
 
-use crate::config::{AppConfig, ProcessingDecision};
-use crate::context::{ContextParts, ProcessorContext};
-use crate::error::{Error, Result};
-use crate::kafka::OutputSink;
+use crate::context::ProcessorContext;
+use crate::error::Result;
 use crate::processor::{Processor, ProcessorError};
 use crate::record::Record;
 use crate::task::{Task, TaskManager, TaskState};
-use crate::time::{InvalidTimestamp, TimeDomain};
-use crate::store::KeyValueStore;
-use crate::timers::{Due, TaskTime};
 
+use super::callbacks::{Callbacks, TaskFault, TaskParts};
 use super::RuntimeContext;
-
-/// Timers and punctuations run for one task in one go at most; the rest
-/// run after the next record or in the next loop pass, so a callback that
-/// keeps registering timers already due cannot hold the loop forever.
-const MAX_FIRINGS: usize = 10_000;
 
 /// The processors of this instance's tasks.
 pub(crate) trait ProcessorSet {
@@ -118,47 +107,22 @@ where
     }
 }
 
-/// Where the processor's context comes from, for every task.
+/// The processors' callbacks for every task of the task manager.
 pub(super) struct Dispatch<'a> {
-    pub(super) config: &'a AppConfig,
-    pub(super) store_index: &'a HashMap<String, usize>,
+    pub(super) callbacks: Callbacks<'a>,
     /// For re-initialising a task whose time store failed.
     pub(super) consumer: &'a BaseConsumer<RuntimeContext>,
 }
 
-/// A store fault of one task while its timers were read (the task is
-/// re-initialised, the others go on), as opposed to a fatal error.
-struct TaskFault(i32, Error);
+/// A running task's parts, as its callbacks see them.
+fn parts(task: &mut Task) -> TaskParts<'_> {
+    TaskParts { partition: task.partition, stores: &mut task.stores, time: &mut task.time, span: &task.span }
+}
 
 impl Dispatch<'_> {
-    /// The context of a task (its fields apart, so that its span can be
-    /// entered meanwhile).
-    fn context<'t>(
-        &'t self,
-        partition: i32,
-        stores: &'t mut [KeyValueStore],
-        time: &'t mut TaskTime,
-        outputs: &'t OutputSink,
-        timestamp: Option<i64>,
-        callbacks: bool,
-    ) -> ProcessorContext<'t> {
-        ProcessorContext::new(ContextParts {
-            partition,
-            stores,
-            store_index: self.store_index,
-            outputs,
-            timestamp,
-            time,
-            time_store: self.config.time_store_index(),
-            callbacks,
-        })
-    }
-
     /// Builds and initialises the processors of tasks that started
     /// running, drops those of tasks gone, and runs the timers and
-    /// punctuations that are due: on the wall clock, and on stream time
-    /// those left over (registered already due by a callback, beyond
-    /// [`MAX_FIRINGS`], or due at the stream time a task started with).
+    /// punctuations that are due (see [`Callbacks::serve`]).
     pub(super) fn serve_tasks<S: ProcessorSet>(&self, tasks: &mut TaskManager, set: &mut S) -> Result<()> {
         // Exactly-once: a commit waits for the group's new generation, and
         // nothing may add outputs to its transaction; at the bound on
@@ -171,26 +135,7 @@ impl Dispatch<'_> {
         let mut fault = None;
         for task in tasks.tasks.values_mut().filter(|t| t.state == TaskState::Running) {
             let (processor, fresh) = set.get(task.partition, task.incarnation());
-            if fresh {
-                let _in_task = task.span.enter();
-                let mut ctx = self.context(task.partition, &mut task.stores, &mut task.time, outputs, None, S::CALLBACKS);
-                let partition = task.partition;
-                processor.init(&mut ctx).map_err(|source| Error::Callback { callback: "init", partition, source })?;
-            }
-            if !S::CALLBACKS {
-                continue;
-            }
-            let due = [Some((TimeDomain::WallClock, now)), task.time.stream_time().map(|t| (TimeDomain::StreamTime, t))];
-            for (domain, at) in due.into_iter().flatten() {
-                if task.time.maybe_due(domain, at, true) {
-                    let span = task.span.clone();
-                    let _in_task = span.enter();
-                    if let Err(f) = self.fire(task, outputs, processor, domain, at, true)? {
-                        fault = Some(f);
-                        break;
-                    }
-                }
-            }
+            fault = self.callbacks.serve(&mut parts(task), outputs, processor, (fresh, S::CALLBACKS), now)?;
             if fault.is_some() {
                 break;
             }
@@ -210,64 +155,14 @@ impl Dispatch<'_> {
         let outputs = &tasks.outputs;
         for task in tasks.tasks.values_mut().filter(|t| t.state == TaskState::Running && partitions.is_none_or(|p| p.contains(&t.partition))) {
             let Some(mut processor) = set.take(task.partition, task.incarnation()) else { continue };
-            let _in_task = task.span.enter();
-            let mut ctx = self.context(task.partition, &mut task.stores, &mut task.time, outputs, None, S::CALLBACKS);
-            if let Err(e) = processor.close(&mut ctx) {
-                tracing::error!(partition = task.partition, error = %e, "the processor's close failed; the task closes anyway");
-            }
+            self.callbacks.close(&mut parts(task), outputs, &mut processor, S::CALLBACKS);
         }
     }
 
-    /// Runs the timers and punctuations of `domain` due at `now` (timers
-    /// only with `punctuations` false), in time order. `Ok(Err(fault))`:
-    /// reading the task's time store failed (the task is to be
-    /// re-initialised); `Err`: a callback failed (fatal). The caller has
-    /// entered the task's span.
-    fn fire<P: Processor>(
-        &self,
-        task: &mut Task,
-        outputs: &OutputSink,
-        processor: &mut P,
-        domain: TimeDomain,
-        now: i64,
-        punctuations: bool,
-    ) -> Result<std::result::Result<(), TaskFault>> {
-        let time_store = self.config.time_store_index();
-        let partition = task.partition;
-        for _ in 0..MAX_FIRINGS {
-            let store = time_store.map(|i| &mut task.stores[i]);
-            let due = match task.time.pop_due(store, domain, now, punctuations) {
-                Ok(Some(due)) => due,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the task's timers failed; re-initialising the task");
-                    return Ok(Err(TaskFault(partition, e)));
-                }
-            };
-            match due {
-                Due::Timer(timer) => {
-                    task.time.metrics.timer_fired(domain, now.saturating_sub(timer.timestamp));
-                    let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timer.timestamp), true);
-                    processor.on_timer(&mut ctx, &timer).map_err(|source| Error::Callback { callback: "on_timer", partition, source })?;
-                }
-                Due::Punctuation(punctuation) => {
-                    let started = Instant::now();
-                    let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(punctuation.timestamp), true);
-                    let result = processor.punctuate(&mut ctx, &punctuation);
-                    task.time.metrics.punctuated(domain, started.elapsed());
-                    result.map_err(|source| Error::Callback { callback: "punctuate", partition, source })?;
-                }
-            }
-        }
-        Ok(Ok(()))
-    }
-
-    /// Hands one input record to its task's processor: reads its
-    /// timestamp, moves stream time, runs the stream-time timers it made
-    /// due, processes it, then runs the punctuations it made due (and
-    /// timers its processing registered already due).
+    /// Hands one input record to its task's processor (see
+    /// [`Callbacks::record`]); a record of a task that is not running
+    /// (fetched before its pause took effect) is read again once it runs.
     pub(super) fn process_one<S: ProcessorSet>(&self, tasks: &mut TaskManager, record: &Record<'_>, set: &mut S) -> Result<()> {
-        let config = self.config;
         let (topic, partition, offset) = (record.topic, record.partition, record.offset);
         let outputs = &tasks.outputs;
         let Some(task) = tasks.tasks.get_mut(&partition) else {
@@ -279,94 +174,16 @@ impl Dispatch<'_> {
             *r = (*r).min(offset);
             return Ok(());
         }
-        let extracted = match &config.timestamp_extractor {
-            Some(extract) => Some(extract(record, task.time.stream_time())),
-            None => record.timestamp,
-        };
-        let timestamp = match extracted {
-            Some(t) if t >= 0 => Some(t),
-            _ => match (config.invalid_timestamp, task.time.stream_time()) {
-                (InvalidTimestamp::Skip, _) => None,
-                (InvalidTimestamp::UseStreamTime, Some(t)) => Some(t),
-                _ => {
-                    let e = Error::InvalidTimestamp { topic: topic.to_string(), partition, offset, timestamp: extracted };
-                    match &config.processing_exception_handler {
-                        Some(handler) if handler(record, &e) == ProcessingDecision::Continue => None,
-                        _ => return Err(e),
-                    }
-                }
-            },
-        };
-        let Some(timestamp) = timestamp else {
-            tracing::warn!(topic, partition, offset, timestamp = ?extracted, "invalid timestamp; record skipped");
-            skipped(topic, partition);
-            mark_processed(task, topic, offset);
-            return Ok(());
-        };
-        task.time.advance(timestamp);
-        // The processor's own log lines (its callbacks' too) belong to the
-        // task: one span entered per record.
-        let span = task.span.clone();
-        let in_task = span.enter();
         let (processor, fresh) = set.get(partition, task.incarnation());
-        if fresh {
-            let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
-            processor.init(&mut ctx).map_err(|source| Error::Callback { callback: "init", partition, source })?;
-        }
-        // The timers the record's time made due run before it (as Flink's
-        // event-time timers before later elements): the record sees state
-        // as of after them, and a final result read by a timer is not yet
-        // expired by the record's own writes (architecture.md §6).
-        if S::CALLBACKS {
-            let now = task.time.stream_time().expect("set by this record or before");
-            if task.time.maybe_due(TimeDomain::StreamTime, now, false) {
-                if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, false)? {
-                    // Re-initialised: the record comes again from its committed offset.
-                    drop(in_task); // (its log lines may be about every task)
-                    return tasks.reinitialise_task(self.consumer, partition, e);
-                }
+        match self.callbacks.record(&mut parts(task), outputs, record, processor, (fresh, S::CALLBACKS))? {
+            None => {
+                mark_processed(task, topic, offset);
+                Ok(())
             }
+            // Re-initialised: the record comes again from its committed offset.
+            Some(TaskFault(partition, e)) => tasks.reinitialise_task(self.consumer, partition, e),
         }
-        let mut ctx = self.context(partition, &mut task.stores, &mut task.time, outputs, Some(timestamp), S::CALLBACKS);
-        let processed = processor.process(&mut ctx, record);
-        if let Err(source) = processed {
-            // kstate's own output failure, passed on by the processor's `?`: the
-            // typed error, whatever a handler would say (skipping the record
-            // would not bring the output back).
-            let source = match source.downcast::<Error>() {
-                Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => return Err(*e),
-                Ok(e) => e as ProcessorError,
-                Err(source) => source,
-            };
-            let decision = match &config.processing_exception_handler {
-                Some(handler) => handler(record, &*source),
-                None => ProcessingDecision::Fail,
-            };
-            if decision != ProcessingDecision::Continue {
-                return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
-            }
-            tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
-            skipped(topic, partition);
-        }
-        mark_processed(task, topic, offset);
-        // Due punctuations (after the record, as Kafka Streams), and timers
-        // the callback registered already due.
-        if S::CALLBACKS {
-            let now = task.time.stream_time().expect("set by this record or before");
-            if task.time.maybe_due(TimeDomain::StreamTime, now, true) {
-                if let Err(TaskFault(partition, e)) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, true)? {
-                    drop(in_task);
-                    tasks.reinitialise_task(self.consumer, partition, e)?;
-                }
-            }
-        }
-        Ok(())
     }
-}
-
-fn skipped(topic: &str, partition: i32) {
-    metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
-        .increment(1);
 }
 
 /// Counts the record and moves the task's next offset to commit past it.

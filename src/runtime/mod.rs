@@ -3,6 +3,9 @@
 //! its thread scope, and commits and closes at the end.
 //!
 //! Files:
+//! - `callbacks.rs`: the processor's callbacks for one task (records,
+//!   timers, punctuations, `init`, `close`), shared with the test driver;
+//! - `dispatch.rs`: the task manager's tasks handed to their processors;
 //! - `startup.rs`: what `run` needs before it starts (process id, local
 //!   tasks, client config, input partitions, truncated changelog check);
 //! - `poll_loop.rs`: the processing loop, record by record, with commits;
@@ -10,6 +13,7 @@
 //!   manager and the consumer;
 //! - `disk_gauges.rs`: the thread that measures the state dir.
 
+pub(crate) mod callbacks;
 mod disk_gauges;
 mod dispatch;
 mod events;
@@ -301,7 +305,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         let mut tasks = shared.tasks.lock().expect("task lock");
         // Events that arrived meanwhile first: tasks lost must not be
         // committed (nor their changelogs written) by the final commit.
-        let dispatch = dispatch::Dispatch { config: &config, store_index: &store_index, consumer: &consumer };
+        let dispatch = dispatch::Dispatch { callbacks: callbacks::Callbacks { config: &config, store_index: &store_index }, consumer: &consumer };
         let result = result.and_then(|()| {
             apply_group_events(&membership, &consumer, &records, &mut tasks, &config, &mut |t, revoked| {
                 dispatch.close_tasks(t, &mut processors, Some(revoked))

@@ -17,6 +17,7 @@ use crate::group::Membership;
 use crate::record::{Headers, Record, TimestampType};
 
 
+use super::callbacks::Callbacks;
 use super::dispatch::{Dispatch, ProcessorSet};
 use super::disk_gauges::DiskGauges;
 use super::events::apply_group_events;
@@ -41,7 +42,7 @@ pub(super) struct LoopParts<'a> {
 
 pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &mut S) -> Result<()> {
     let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
-    let dispatch = Dispatch { config, store_index, consumer };
+    let dispatch = Dispatch { callbacks: Callbacks { config, store_index }, consumer };
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();

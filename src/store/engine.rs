@@ -114,11 +114,37 @@ pub(crate) struct EngineResources {
     /// cache, so that the cache's capacity bounds blocks, index and filter
     /// blocks and memtables of every store together.
     write_buffer_manager: Option<WriteBufferManager>,
+    /// RocksDB's in-memory environment (the test driver's stores): no
+    /// file is read or written, and no state dir file beside a database
+    /// either.
+    memory: Option<rocksdb::Env>,
 }
 
 impl EngineResources {
     pub(crate) fn new(block_cache_bytes: usize, write_buffer_bytes: usize) -> Self {
-        EngineResources { block_cache: Cache::new_lru_cache(block_cache_bytes), write_buffer_bytes, write_buffer_manager: None }
+        EngineResources { block_cache: Cache::new_lru_cache(block_cache_bytes), write_buffer_bytes, write_buffer_manager: None, memory: None }
+    }
+
+    /// Databases in one in-memory environment of their own: paths name
+    /// them, and they live as long as the environment (as long as these
+    /// resources or a database opened with them).
+    pub(crate) fn in_memory(block_cache_bytes: usize, write_buffer_bytes: usize) -> Result<Self> {
+        let env = rocksdb::Env::mem_env()?;
+        Ok(EngineResources { memory: Some(env), ..Self::new(block_cache_bytes, write_buffer_bytes) })
+    }
+
+    /// Whether databases live in memory.
+    pub(crate) fn is_in_memory(&self) -> bool {
+        self.memory.is_some()
+    }
+
+    /// Removes the (closed) database at `path`: its files, or its
+    /// in-memory copy.
+    pub(crate) fn wipe(&self, path: &Path) -> Result<()> {
+        let Some(env) = &self.memory else { return Engine::wipe(path) };
+        let mut options = Options::default();
+        options.set_env(env);
+        Ok(DB::destroy(&options, path)?)
     }
 
     /// With `max_state_memory`: memtable bytes over the manager's limit (0
@@ -139,7 +165,12 @@ impl EngineResources {
     pub(crate) fn bounded(total: usize, write_buffer_bytes: usize) -> Self {
         let block_cache = Cache::new_lru_cache(total);
         let manager = WriteBufferManager::new_write_buffer_manager_with_cache(total / 2, false, block_cache.clone());
-        EngineResources { block_cache, write_buffer_bytes: write_buffer_bytes.min(total / 4), write_buffer_manager: Some(manager) }
+        EngineResources {
+            block_cache,
+            write_buffer_bytes: write_buffer_bytes.min(total / 4),
+            write_buffer_manager: Some(manager),
+            memory: None,
+        }
     }
 }
 
@@ -227,7 +258,7 @@ impl Engine {
     pub(crate) fn open(path: &Path, res: &EngineResources) -> Result<Engine> {
         // The hint describes the database as last closed; from now on it
         // changes (or is wiped), so the hint goes until the next close.
-        if let Some(store_dir) = path.parent() {
+        if let Some(store_dir) = path.parent().filter(|_| res.memory.is_none()) {
             remove_checkpoint_hint(store_dir)?;
         }
         let (db, options) = Self::open_db(path, res, false)?;
@@ -282,6 +313,9 @@ impl Engine {
         db_opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
         if let Some(manager) = &res.write_buffer_manager {
             db_opts.set_write_buffer_manager(manager);
+        }
+        if let Some(env) = &res.memory {
+            db_opts.set_env(env);
         }
 
         // The meta column family holds a few keys (the checkpoint): a small
@@ -802,6 +836,9 @@ pub(crate) fn read_checkpoint_hint(store_dir: &Path) -> Option<i64> {
 impl Engine {
     /// Writes the checkpoint hint after the close's flush (best effort).
     fn write_checkpoint_hint(&self) {
+        if self.resources.memory.is_some() {
+            return;
+        }
         let (Ok(Checkpoint::At(c)), Some(store_dir)) = (self.checkpoint(), self.path.parent()) else { return };
         if let Err(e) = write_checkpoint_hint(store_dir, c) {
             tracing::debug!(dir = %store_dir.display(), error = %e, "writing the checkpoint hint failed");

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::kafka::{ChangelogProducer, DeliveryTracker, RECORD_OVERHEAD};
+use crate::kafka::{ChangelogSink, DeliveryTracker, RECORD_OVERHEAD};
 use crate::store::engine::{Checkpoint, Engine, EngineResources};
 use crate::error::{Error, Result};
 use crate::store::lock::DirLock;
@@ -48,7 +48,7 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) dir: PathBuf,
     pub(crate) changelog_topic: String,
     pub(crate) max_record_bytes: usize,
-    pub(crate) producer: Arc<ChangelogProducer>,
+    pub(crate) producer: ChangelogSink,
     pub(crate) resources: &'a EngineResources,
     pub(crate) lock_timeout: Duration,
     /// The changelog's `delete.retention.ms`, if known.
@@ -82,7 +82,7 @@ pub struct KeyValueStore {
     /// background (which shares them), and read from here until that write
     /// has landed.
     sealed: Arc<Overlay>,
-    producer: Arc<ChangelogProducer>,
+    producer: ChangelogSink,
     tracker: Arc<DeliveryTracker>,
     max_record_bytes: usize,
     /// The changelog's `delete.retention.ms`, if known: local state older
@@ -119,7 +119,8 @@ pub struct KeyValueStore {
     engine: Option<Arc<Engine>>,
     /// The schema version its commits write, and the upgrade function.
     schema: schema::Schema,
-    _lock: DirLock,
+    /// `None` in memory (a test driver's store).
+    _lock: Option<DirLock>,
 }
 
 impl Drop for KeyValueStore {
@@ -138,7 +139,7 @@ impl Drop for KeyValueStore {
 pub(crate) struct SealedCommit {
     engine: Arc<Engine>,
     writes: Arc<Overlay>,
-    producer: Arc<ChangelogProducer>,
+    producer: ChangelogSink,
     /// Also names the changelog partition (`topic`, `partition`).
     tracker: Arc<DeliveryTracker>,
     /// The checkpoint RocksDB is at (every earlier commit has landed).
@@ -214,9 +215,9 @@ impl SealedCommit {
         // group generation its offsets were sent under) keep anyone else's
         // records out of what `read_committed` restores, so ours only have
         // to follow the checkpoint.
-        let landed_right = match self.producer.transactions() {
-            None => acked == Some(expected),
-            Some(_) => acked.is_some_and(|a| a >= expected),
+        let landed_right = match self.producer.transactional() {
+            false => acked == Some(expected),
+            true => acked.is_some_and(|a| a >= expected),
         };
         if ours != sent || !landed_right {
             return Err(Error::ChangelogDiverged {
@@ -250,10 +251,12 @@ impl KeyValueStore {
     /// checkpoint is wiped and reopened empty, with `open_problem` saying
     /// why; any other error (too many open files, no space, permissions) is
     /// returned, never a reason to delete state.
+    /// In memory ([`EngineResources::in_memory`]): no lock, no seed.
     pub(crate) fn open(args: StoreOpenArgs<'_>) -> Result<KeyValueStore> {
-        let lock = DirLock::acquire(&args.dir, args.lock_timeout)?;
+        let in_memory = args.resources.is_in_memory();
+        let lock = if in_memory { None } else { Some(DirLock::acquire(&args.dir, args.lock_timeout)?) };
         let db_dir = args.dir.join("db");
-        let seeded = args.seed.map(|seed| seed(&db_dir)).unwrap_or_default();
+        let seeded = args.seed.filter(|_| !in_memory).map(|seed| seed(&db_dir)).unwrap_or_default();
         let (engine, open_problem) = match Engine::open(&db_dir, args.resources) {
             Ok(e) => match e.checkpoint() {
                 Ok(Checkpoint::Corrupt(why)) => {
@@ -364,7 +367,7 @@ impl KeyValueStore {
     }
 
     fn reopen_empty(db_dir: &Path, res: &EngineResources) -> Result<Engine> {
-        Engine::wipe(db_dir)?;
+        res.wipe(db_dir)?;
         Engine::open(db_dir, res)
     }
 
@@ -807,7 +810,7 @@ pub(crate) fn scratch_store(dir: &Path) -> KeyValueStore {
 pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>) -> KeyValueStore {
     let mut config = rdkafka::ClientConfig::new();
     config.set("bootstrap.servers", "127.0.0.1:1");
-    let producer = Arc::new(ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).expect("producer"));
+    let producer = ChangelogSink::Producer(Arc::new(crate::kafka::ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).expect("producer")));
     let resources = EngineResources::new(8 << 20, 4 << 20);
     KeyValueStore::open(StoreOpenArgs {
         seed: None,

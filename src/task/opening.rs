@@ -177,7 +177,7 @@ impl TaskManager {
                             live_tail_retention: live_tail_retention(def, changelogs.get(&changelog_topic)),
                             changelog_topic,
                             max_record_bytes,
-                            producer: producer.clone(),
+                            producer: crate::kafka::ChangelogSink::Producer(producer.clone()),
                             resources: &resources,
                             lock_timeout: config.lock_timeout,
                             ttl: def.time_to_live(),

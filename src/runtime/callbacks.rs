@@ -1,0 +1,268 @@
+//! The processor's callbacks for one task, whoever holds the task: the
+//! runtime's task manager (`dispatch.rs`) or the [`TestDriver`](crate::TestDriver)
+//! (`src/driver/`). One code path, so the driver's semantics are the
+//! runtime's: a record's timestamp extracted, stream time moved, the
+//! stream-time timers it made due, the record, then the punctuations it
+//! made due; wall-clock timers and punctuations; `init` and `close`.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::config::{AppConfig, ProcessingDecision};
+use crate::context::{ContextParts, ProcessorContext};
+use crate::error::{Error, Result};
+use crate::kafka::OutputSink;
+use crate::processor::{Processor, ProcessorError};
+use crate::record::Record;
+use crate::store::KeyValueStore;
+use crate::time::{InvalidTimestamp, TimeDomain};
+use crate::timers::{Due, TaskTime};
+
+/// Timers and punctuations run for one task in one go at most; the rest
+/// run after the next record or in the next loop pass, so a callback that
+/// keeps registering timers already due cannot hold the loop forever.
+const MAX_FIRINGS: usize = 10_000;
+
+/// One running task, as its callbacks see it.
+pub(crate) struct TaskParts<'t> {
+    pub(crate) partition: i32,
+    pub(crate) stores: &'t mut [KeyValueStore],
+    pub(crate) time: &'t mut TaskTime,
+    pub(crate) span: &'t tracing::Span,
+}
+
+/// Reading a task's time store failed while its timers were read: the task
+/// is to be re-initialised (the others go on), as opposed to a fatal error.
+pub(crate) struct TaskFault(pub(crate) i32, pub(crate) Error);
+
+/// The application's processing settings and store names: what every
+/// callback needs besides its task.
+pub(crate) struct Callbacks<'a> {
+    pub(crate) config: &'a AppConfig,
+    /// The user stores' positions in a task's stores, by name.
+    pub(crate) store_index: &'a HashMap<String, usize>,
+}
+
+impl Callbacks<'_> {
+    fn context<'t>(&'t self, task: &'t mut TaskParts<'_>, outputs: &'t OutputSink, timestamp: Option<i64>, callbacks: bool) -> ProcessorContext<'t> {
+        ProcessorContext::new(ContextParts {
+            partition: task.partition,
+            stores: task.stores,
+            store_index: self.store_index,
+            outputs,
+            timestamp,
+            time: task.time,
+            time_store: self.config.time_store_index(),
+            callbacks,
+        })
+    }
+
+    fn init<P: Processor + ?Sized>(&self, task: &mut TaskParts<'_>, outputs: &OutputSink, processor: &mut P, timestamp: Option<i64>, callbacks: bool) -> Result<()> {
+        let partition = task.partition;
+        let mut ctx = self.context(task, outputs, timestamp, callbacks);
+        caught(|| processor.init(&mut ctx)).map_err(|source| Error::Callback { callback: "init", partition, source })
+    }
+
+    /// A loop pass over a running task: its processor initialised if it
+    /// was just built (`fresh`), then the timers and punctuations due on
+    /// the wall clock at `now` and on stream time (those left over:
+    /// registered already due by a callback, beyond [`MAX_FIRINGS`], or due
+    /// at the stream time the task started with).
+    pub(crate) fn serve<P: Processor + ?Sized>(
+        &self,
+        task: &mut TaskParts<'_>,
+        outputs: &OutputSink,
+        processor: &mut P,
+        (fresh, callbacks): (bool, bool),
+        now: i64,
+    ) -> Result<Option<TaskFault>> {
+        let _in_task = task.span.clone().entered();
+        if fresh {
+            self.init(task, outputs, processor, None, callbacks)?;
+        }
+        if !callbacks {
+            return Ok(None);
+        }
+        let due = [Some((TimeDomain::WallClock, now)), task.time.stream_time().map(|t| (TimeDomain::StreamTime, t))];
+        for (domain, at) in due.into_iter().flatten() {
+            if task.time.maybe_due(domain, at, true) {
+                if let Err(fault) = self.fire(task, outputs, processor, domain, at, true)? {
+                    return Ok(Some(fault));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`Processor::close`] of a task about to close after running; its
+    /// writes and outputs belong to the task's final commit. An error is
+    /// logged; the task closes anyway.
+    pub(crate) fn close<P: Processor + ?Sized>(&self, task: &mut TaskParts<'_>, outputs: &OutputSink, processor: &mut P, callbacks: bool) {
+        let _in_task = task.span.clone().entered();
+        let partition = task.partition;
+        let mut ctx = self.context(task, outputs, None, callbacks);
+        if let Err(e) = caught(|| processor.close(&mut ctx)) {
+            tracing::error!(partition, error = %e, "the processor's close failed; the task closes anyway");
+        }
+    }
+
+    /// Runs the timers and punctuations of `domain` due at `now` (timers
+    /// only with `punctuations` false), in time order. `Ok(Err(fault))`:
+    /// reading the task's time store failed; `Err`: a callback failed
+    /// (fatal). The caller has entered the task's span.
+    fn fire<P: Processor + ?Sized>(
+        &self,
+        task: &mut TaskParts<'_>,
+        outputs: &OutputSink,
+        processor: &mut P,
+        domain: TimeDomain,
+        now: i64,
+        punctuations: bool,
+    ) -> Result<std::result::Result<(), TaskFault>> {
+        let time_store = self.config.time_store_index();
+        let partition = task.partition;
+        for _ in 0..MAX_FIRINGS {
+            let store = time_store.map(|i| &mut task.stores[i]);
+            let due = match task.time.pop_due(store, domain, now, punctuations) {
+                Ok(Some(due)) => due,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the task's timers failed; re-initialising the task");
+                    return Ok(Err(TaskFault(partition, e)));
+                }
+            };
+            match due {
+                Due::Timer(timer) => {
+                    task.time.metrics.timer_fired(domain, now.saturating_sub(timer.timestamp));
+                    let mut ctx = self.context(task, outputs, Some(timer.timestamp), true);
+                    caught(|| processor.on_timer(&mut ctx, &timer)).map_err(|source| Error::Callback { callback: "on_timer", partition, source })?;
+                }
+                Due::Punctuation(punctuation) => {
+                    let started = Instant::now();
+                    let mut ctx = self.context(task, outputs, Some(punctuation.timestamp), true);
+                    let result = caught(|| processor.punctuate(&mut ctx, &punctuation));
+                    task.time.metrics.punctuated(domain, started.elapsed());
+                    result.map_err(|source| Error::Callback { callback: "punctuate", partition, source })?;
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Hands one input record to its running task's processor (built just
+    /// now if `fresh`: initialised first): reads its timestamp, moves
+    /// stream time, runs the stream-time timers it made due, processes it,
+    /// then runs the punctuations it made due (and timers its processing
+    /// registered already due). `Some(fault)`: the task is to be
+    /// re-initialised (the record comes again from its committed offset).
+    pub(crate) fn record<P: Processor + ?Sized>(
+        &self,
+        task: &mut TaskParts<'_>,
+        outputs: &OutputSink,
+        record: &Record<'_>,
+        processor: &mut P,
+        (fresh, callbacks): (bool, bool),
+    ) -> Result<Option<TaskFault>> {
+        let config = self.config;
+        let (topic, partition, offset) = (record.topic, record.partition, record.offset);
+        let extracted = match &config.timestamp_extractor {
+            Some(extract) => Some(extract(record, task.time.stream_time())),
+            None => record.timestamp,
+        };
+        let timestamp = match extracted {
+            Some(t) if t >= 0 => Some(t),
+            _ => match (config.invalid_timestamp, task.time.stream_time()) {
+                (InvalidTimestamp::Skip, _) => None,
+                (InvalidTimestamp::UseStreamTime, Some(t)) => Some(t),
+                _ => {
+                    let e = Error::InvalidTimestamp { topic: topic.to_string(), partition, offset, timestamp: extracted };
+                    match &config.processing_exception_handler {
+                        Some(handler) if handler(record, &e) == ProcessingDecision::Continue => None,
+                        _ => return Err(e),
+                    }
+                }
+            },
+        };
+        let Some(timestamp) = timestamp else {
+            tracing::warn!(topic, partition, offset, timestamp = ?extracted, "invalid timestamp; record skipped");
+            skipped(topic, partition);
+            return Ok(None);
+        };
+        task.time.advance(timestamp);
+        // The processor's own log lines (its callbacks' too) belong to the
+        // task: one span entered per record.
+        let _in_task = task.span.clone().entered();
+        if fresh {
+            self.init(task, outputs, processor, Some(timestamp), callbacks)?;
+        }
+        // The timers the record's time made due run before it (as Flink's
+        // event-time timers before later elements): the record sees state
+        // as of after them, and a final result read by a timer is not yet
+        // expired by the record's own writes (architecture.md §6).
+        if callbacks {
+            let now = task.time.stream_time().expect("set by this record or before");
+            if task.time.maybe_due(TimeDomain::StreamTime, now, false) {
+                if let Err(fault) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, false)? {
+                    return Ok(Some(fault));
+                }
+            }
+        }
+        let mut ctx = self.context(task, outputs, Some(timestamp), callbacks);
+        let processed = caught(|| processor.process(&mut ctx, record));
+        if let Err(source) = processed {
+            // kstate's own output failure, passed on by the processor's `?`: the
+            // typed error, whatever a handler would say (skipping the record
+            // would not bring the output back).
+            let source = match source.downcast::<Error>() {
+                Ok(e) if matches!(*e, Error::OutputDelivery { .. }) => return Err(*e),
+                Ok(e) => e as ProcessorError,
+                Err(source) => source,
+            };
+            let decision = match &config.processing_exception_handler {
+                Some(handler) => handler(record, &*source),
+                None => ProcessingDecision::Fail,
+            };
+            if decision != ProcessingDecision::Continue {
+                return Err(Error::Processor { topic: topic.to_string(), partition, offset, source });
+            }
+            tracing::warn!(topic, partition, offset, error = %source, "processor failed; the handler skips the record");
+            skipped(topic, partition);
+        }
+        // Due punctuations (after the record, as Kafka Streams), and timers
+        // the callback registered already due.
+        if callbacks {
+            let now = task.time.stream_time().expect("set by this record or before");
+            if task.time.maybe_due(TimeDomain::StreamTime, now, true) {
+                if let Err(fault) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, true)? {
+                    return Ok(Some(fault));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Runs a processor callback; a panic in it becomes its error, so that a
+/// panicking `process` is the processing exception handler's case (as an
+/// error is) and a panicking timer or punctuation ends `run` with
+/// [`Error::Callback`] instead of unwinding through kstate's threads. The
+/// callback's writes until the panic stay in the overlay, as an error's
+/// do: committed if the handler continues, dropped when `run` ends.
+fn caught(callback: impl FnOnce() -> std::result::Result<(), ProcessorError>) -> std::result::Result<(), ProcessorError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(callback)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Err(format!("the processor panicked: {what}").into())
+        }
+    }
+}
+
+fn skipped(topic: &str, partition: i32) {
+    metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string())
+        .increment(1);
+}

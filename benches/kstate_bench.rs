@@ -13,7 +13,7 @@
 //!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once]`
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait]`
 //!   — kstate putting every input record; with `--output`, also sending it unchanged to T
 //!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
@@ -125,6 +125,11 @@ fn run(args: &[String]) -> Result<String, BoxError> {
                 "at_least_once" => ProcessingGuarantee::AtLeastOnce,
                 "exactly_once" => ProcessingGuarantee::ExactlyOnce,
                 g => return Err(format!("--guarantee: expected exactly_once or at_least_once, got `{g}`").into()),
+            },
+            match opt(args, "--processor").unwrap_or("closure") {
+                "closure" => false,
+                "trait" => true,
+                p => return Err(format!("--processor: expected closure or trait, got `{p}`").into()),
             },
         ),
         "kstate-time" => kstate_time(
@@ -606,6 +611,55 @@ fn with_env_kafka_config(mut b: kstate::AppBuilder) -> kstate::AppBuilder {
     b
 }
 
+/// What the write contender does per record, as a closure or as a
+/// `Processor` (`--processor trait`): the same body either way, so their
+/// difference is the cost of the trait's dispatch.
+#[derive(Clone)]
+struct WriteBody {
+    out_topic: Option<String>,
+    records: u64,
+    seen: Arc<AtomicU64>,
+    first: Arc<Mutex<Option<Instant>>>,
+    last: Arc<Mutex<Option<Instant>>>,
+    stop: kstate::ShutdownHandle,
+}
+
+impl WriteBody {
+    fn process(&self, ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> kstate::Result<()> {
+        if self.seen.load(Ordering::Relaxed) == 0 {
+            *self.first.lock().unwrap() = Some(Instant::now());
+        }
+        let store = ctx.store("kv")?;
+        match rec.value {
+            Some(v) => store.put(rec.key.unwrap_or_default(), v)?,
+            None => store.delete(rec.key.unwrap_or_default())?,
+        }
+        // The record unchanged (a null value stays a tombstone), partitioned by its key.
+        if let Some(topic) = &self.out_topic {
+            let mut out = Output::to(topic);
+            if let Some(k) = rec.key {
+                out = out.key(k);
+            }
+            if let Some(v) = rec.value {
+                out = out.value(v);
+            }
+            ctx.send(out)?;
+        }
+        if self.seen.fetch_add(1, Ordering::Relaxed) + 1 == self.records {
+            *self.last.lock().unwrap() = Some(Instant::now());
+            self.stop.shutdown();
+        }
+        Ok(())
+    }
+}
+
+impl kstate::Processor for WriteBody {
+    fn process(&mut self, ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
+        WriteBody::process(self, ctx, rec).map_err(Into::into)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn kstate_write(
     bootstrap: &str,
     app: &str,
@@ -614,45 +668,28 @@ fn kstate_write(
     state: &str,
     output: Option<&str>,
     guarantee: ProcessingGuarantee,
+    as_trait: bool,
 ) -> Result<String, BoxError> {
     let app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new("kv"))
         .commit_interval(Duration::from_millis(100))
         .processing_guarantee(guarantee)
         .build()?;
-    let out_topic = output.map(str::to_string);
-    let stop = app.shutdown_handle();
-    let seen = Arc::new(AtomicU64::new(0));
-    let first = Arc::new(Mutex::new(None::<Instant>));
-    let last = Arc::new(Mutex::new(None::<Instant>));
-    let (s, f, l) = (seen.clone(), first.clone(), last.clone());
+    let body = WriteBody {
+        out_topic: output.map(str::to_string),
+        records,
+        seen: Arc::new(AtomicU64::new(0)),
+        first: Arc::new(Mutex::new(None)),
+        last: Arc::new(Mutex::new(None)),
+        stop: app.shutdown_handle(),
+    };
+    let (first, last) = (body.first.clone(), body.last.clone());
     let runner = std::thread::spawn(move || {
-        app.run(move |ctx, rec| {
-            if s.load(Ordering::Relaxed) == 0 {
-                *f.lock().unwrap() = Some(Instant::now());
-            }
-            let store = ctx.store("kv")?;
-            match rec.value {
-                Some(v) => store.put(rec.key.unwrap_or_default(), v)?,
-                None => store.delete(rec.key.unwrap_or_default())?,
-            }
-            // The record unchanged (a null value stays a tombstone), partitioned by its key.
-            if let Some(topic) = &out_topic {
-                let mut out = Output::to(topic);
-                if let Some(k) = rec.key {
-                    out = out.key(k);
-                }
-                if let Some(v) = rec.value {
-                    out = out.value(v);
-                }
-                ctx.send(out)?;
-            }
-            if s.fetch_add(1, Ordering::Relaxed) + 1 == records {
-                *l.lock().unwrap() = Some(Instant::now());
-                stop.shutdown();
-            }
-            Ok::<(), kstate::Error>(())
-        })
+        if as_trait {
+            app.run_processor(move |_| body.clone())
+        } else {
+            app.run(move |ctx, rec| body.process(ctx, rec))
+        }
     });
     runner.join().map_err(|_| "runtime panicked")??;
     let stopped = Instant::now();
@@ -664,8 +701,9 @@ fn kstate_write(
         _ => "at_least_once",
     };
     let output = output.map_or("null".to_string(), |t| format!("{t:?}"));
+    let processor = if as_trait { "trait" } else { "closure" };
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output}}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\"}}",
         records as f64 / secs
     ))
 }

@@ -9,6 +9,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only write-eos [--full]   # write with output, at-least-once vs exactly-once
     python3 testing/bench/run.py --only window [--records N]  # hopping-window counts and their restore
     python3 testing/bench/run.py --only snapshot [--records N]  # restore from a snapshot in S3 (MinIO)
+    python3 testing/bench/run.py --only processor [--records N]  # the Processor trait vs the closure
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -64,6 +65,12 @@ Kafka Streams' restore; times are from the start of the process's
 application to every partition restored (kstate: `seconds_to_running`;
 Kafka Streams: its restore listener's span, which leaves out its startup,
 to its advantage).
+
+The processor scenario runs only with `--only processor` (see
+Suite.processor): the write scenario with one output per record, its body
+run as `App::run`'s closure and as a `Processor` per task
+(`run_processor`), alternating in each rep; the ratio is trait / closure
+(records/s, medians), with each rep's pair printed for the spread.
 """
 import argparse
 import calendar
@@ -591,6 +598,32 @@ class Suite:
         for o in out:
             if o["scenario"] == "write-eos" and o["contender"] == "kstate-eos-out":
                 o["ratios"] = ratios
+
+    # ---- the Processor trait vs the closure ------------------------------
+
+    def processor(self):
+        """kstate-write with an output per record, as a closure and as a
+        Processor per task, alternating within each rep (order swapped every
+        other rep); prints each rep's trait / closure ratio."""
+        inp = f"{self.run_id}-pr-input"
+        n = self.a.records
+        log(f"generating {n} input records into {inp}")
+        self.gen(inp, n, compact=False)
+        for rep in range(self.a.reps):
+            order = ["closure", "trait"] if rep % 2 == 0 else ["trait", "closure"]
+            rps = {}
+            for variant in order:
+                app = f"{self.run_id}-pr{rep}-{variant}"
+                out = self.fresh_topic(f"{app}-out")
+                state = os.path.join(self.tmp, f"pr{rep}-{variant}")
+                r = run_json([self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
+                              "--records", str(n), "--state-dir", state, "--output", out, "--processor", variant])
+                rps[variant] = r["records_per_sec"]
+                self.record("processor", variant, r)
+                self.delete_topics(f"{app}-")
+                shutil.rmtree(state, ignore_errors=True)
+            print(f"processor rep {rep}: trait / closure = {rps['trait'] / rps['closure']:.3f} "
+                  f"({rps['trait']:,.0f} vs {rps['closure']:,.0f} records/s)")
 
     # ---- failover --------------------------------------------------------
 
@@ -1143,7 +1176,8 @@ class Suite:
 
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
-                     "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams"}
+                     "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams",
+                     "processor": "closure"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -1197,8 +1231,8 @@ def main():
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot"], default=None,
-                   help="one scenario; write-eos, failover, scaleout and window run only when asked for")
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor"], default=None,
+                   help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
     p.add_argument("--failover-contenders", type=lambda s: s.split(","), default=None,
@@ -1247,6 +1281,8 @@ def main():
             suite.window()
         if a.only == "snapshot":
             suite.snapshot()
+        if a.only == "processor":
+            suite.processor()
         suite.report()
     finally:
         if suite is not None:

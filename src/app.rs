@@ -175,6 +175,7 @@ impl Default for AppBuilder {
                 state_dir: PathBuf::new(),
                 stores: Vec::new(),
                 commit_interval: Duration::from_millis(100),
+                max_task_idle: Duration::ZERO,
                 max_uncommitted_bytes: 64 << 20,
                 startup_timeout: Duration::from_secs(30),
                 commit_timeout: Duration::from_secs(60),
@@ -225,9 +226,26 @@ impl AppBuilder {
     }
 
     /// Adds an input topic. Several topics must have equal partition counts
-    /// (co-partitioned): task `p` owns partition `p` of each.
+    /// (co-partitioned): task `p` owns partition `p` of each, and gets their
+    /// records merged in timestamp order (see [`max_task_idle`](Self::max_task_idle));
+    /// unequal counts are [`Error::Config`](crate::Error::Config) from `run`.
     pub fn input_topic(mut self, topic: impl Into<String>) -> Self {
         self.config.input_topics.push(topic.into());
+        self
+    }
+
+    /// With several input topics, each task processes the record with the
+    /// lowest timestamp (as the timestamp extractor reads it) among the
+    /// heads of its input partitions, once each of them has a record
+    /// fetched; an input partition with none is waited for while the
+    /// broker is known to hold more of it (its last fetched high
+    /// watermark), for at most 1 s, else for `max_task_idle` (default 0:
+    /// not at all), before the task goes on with the others (Kafka
+    /// Streams' `max.task.idle.ms`, KIP-695). A larger value keeps the
+    /// merge in order across an input that is produced to late, at the cost
+    /// of that much latency when it is idle. No effect with one input topic.
+    pub fn max_task_idle(mut self, idle: Duration) -> Self {
+        self.config.max_task_idle = idle;
         self
     }
 

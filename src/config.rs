@@ -262,6 +262,9 @@ pub(crate) struct AppConfig {
     pub(crate) state_dir: PathBuf,
     pub(crate) stores: Vec<StoreDefinition>,
     pub(crate) commit_interval: Duration,
+    /// With several input topics: how long a task waits for an input
+    /// partition with no buffered record before it processes the others.
+    pub(crate) max_task_idle: Duration,
     pub(crate) max_uncommitted_bytes: usize,
     pub(crate) startup_timeout: Duration,
     pub(crate) commit_timeout: Duration,

@@ -75,8 +75,8 @@ pub struct Punctuation {
 }
 
 /// The wall clock in milliseconds since the Unix epoch: the system's, or
-/// on a thread inside a [`TestDriver`](crate::TestDriver) call, the
-/// driver's.
+/// on a thread a [`TestDriver`](crate::TestDriver) runs on, the driver's
+/// (see [`set_thread_clock`]).
 pub(crate) fn wall_clock_ms() -> i64 {
     if let Some(ms) = DRIVER_CLOCK.with(std::cell::Cell::get) {
         return ms;
@@ -85,24 +85,16 @@ pub(crate) fn wall_clock_ms() -> i64 {
 }
 
 thread_local! {
-    /// The test driver's wall clock while one of its calls runs on this thread.
+    /// The test driver's wall clock on this thread.
     static DRIVER_CLOCK: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
 }
 
-/// Sets this thread's wall clock to `ms` until dropped (then back to what
-/// it was): a test driver's call sees the driver's clock, whatever its
-/// callbacks read it through (the context, a wall-clock TTL, a wall-clock
-/// timestamp extractor).
-pub(crate) struct DriverClock(Option<i64>);
-
-impl DriverClock {
-    pub(crate) fn set(ms: i64) -> DriverClock {
-        DriverClock(DRIVER_CLOCK.with(|c| c.replace(Some(ms))))
-    }
+/// Sets this thread's wall clock (`None`: the system's again). A test
+/// driver sets it to its own clock at each of its calls and leaves it
+/// there, so that what the test reads afterwards on this thread (a
+/// wall-clock TTL store's entries) sees the driver's time too; the driver
+/// clears it when dropped.
+pub(crate) fn set_thread_clock(ms: Option<i64>) {
+    DRIVER_CLOCK.with(|c| c.set(ms));
 }
 
-impl Drop for DriverClock {
-    fn drop(&mut self) {
-        DRIVER_CLOCK.with(|c| c.set(self.0));
-    }
-}

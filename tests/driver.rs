@@ -179,28 +179,6 @@ fn kstate_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-/// Produces `(partition, key, value, timestamp)` records in order and
-/// waits for every acknowledgement.
-fn produce_timestamped(topic: &str, records: &[(i32, String, String, i64)]) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
-    for (p, k, v, ts) in records {
-        let mut r = Some(BaseRecord::<str, str>::to(topic).partition(*p).key(k).payload(v).timestamp(*ts));
-        while let Some(rec) = r.take() {
-            if let Err((_, rec)) = producer.send(rec) {
-                producer.poll(Duration::from_millis(10));
-                r = Some(rec);
-            }
-        }
-        producer.poll(Duration::ZERO);
-    }
-    producer.flush(TIMEOUT).unwrap();
-}
-
 // ---- The driver's promises, without a broker ----
 
 /// Counts records per key into `counts`, sends `<key>=<count>` to `out`,
@@ -359,6 +337,49 @@ fn a_crash_loses_what_was_not_committed_and_processes_the_input_again() {
         assert!(ticks.contains(&"StreamTime timer a@1200".to_string()), "{guarantee:?}: {ticks:?}");
         assert!(!ticks.contains(&"StreamTime timer a@1300".to_string()), "{guarantee:?}: {ticks:?}");
     }
+}
+
+#[test]
+fn a_crash_processes_the_input_again_in_the_order_it_first_came() {
+    let mut d = TestDriver::builder(counter_app()).partitions(2).wall_clock(T0).processor(|_| Counter { buffered: Vec::new() }).unwrap();
+    for (p, key) in [(0, "a"), (1, "b"), (0, "c"), (1, "d")] {
+        d.send(Output::to("in").partition(p).key(key.as_bytes()).value(b"x").timestamp(100)).unwrap();
+    }
+    d.take_outputs("out");
+    d.crash_and_restart().unwrap();
+    let keys: Vec<String> = d.outputs("out").iter().map(SentRecord::key_str).collect();
+    assert_eq!(keys, ["a", "b", "c", "d"]);
+}
+
+#[test]
+fn several_input_topics_are_merged_in_timestamp_order_with_an_idle_wait() {
+    let seen = |d: &TestDriver| values(&d.outputs("seen"));
+    let app = |idle: u64| App::builder().input_topic("a").input_topic("b").max_task_idle(Duration::from_millis(idle));
+    let log = |ctx: &mut ProcessorContext<'_>, record: &Record<'_>| {
+        let what = format!("{}@{}", record.topic, record.timestamp.unwrap());
+        ctx.send(Output::to("seen").value(what.as_bytes()))
+    };
+    let mut d = TestDriver::builder(app(1_000)).wall_clock(T0).closure(log).unwrap();
+    d.input("a", b"k", b"", 10).unwrap();
+    d.input("a", b"k", b"", 30).unwrap();
+    assert!(seen(&d).is_empty(), "b has nothing yet: the task waits");
+    d.input("b", b"k", b"", 20).unwrap();
+    assert_eq!(seen(&d), ["a@10", "b@20"], "the lowest head first, while both have one");
+    d.advance_wall_clock(Duration::from_millis(999)).unwrap();
+    assert_eq!(seen(&d).len(), 2, "b is empty again: the task waits max_task_idle");
+    d.advance_wall_clock(Duration::from_millis(1)).unwrap();
+    assert_eq!(seen(&d), ["a@10", "b@20", "a@30"]);
+    // A crash processes what was held (after the committed offsets) again, in order.
+    d.input("b", b"k", b"", 40).unwrap();
+    d.input("a", b"k", b"", 35).unwrap();
+    d.take_outputs("seen");
+    d.crash_and_restart().unwrap();
+    assert_eq!(seen(&d), ["a@30", "a@35"], "replayed from the committed offsets; b@40 waits for a again");
+
+    // max_task_idle 0: no wait for an input with nothing fetched.
+    let mut d = TestDriver::builder(app(0)).wall_clock(T0).closure(log).unwrap();
+    d.input("a", b"k", b"", 10).unwrap();
+    assert_eq!(seen(&d), ["a@10"]);
 }
 
 #[test]

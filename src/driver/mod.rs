@@ -34,10 +34,11 @@ use crate::kafka::{ChangelogSink, MemoryTopics, OutputSink};
 use crate::output::{Output, SentRecord};
 use crate::processor::{Processor, ProcessorError};
 use crate::record::{Headers, Record, TimestampType};
-use crate::runtime::callbacks::{Callbacks, TaskFault, TaskParts};
+use crate::runtime::callbacks::{Callbacks, Handled, TaskFault, TaskParts};
 use crate::store::engine::EngineResources;
 use crate::store::{KeyValueStore, StoreOpenArgs};
-use crate::time::DriverClock;
+use crate::task::merge::{order_of, Held, TaskQueues};
+use crate::time::set_thread_clock;
 use crate::timers::TaskTime;
 
 use processors::Processors;
@@ -111,6 +112,7 @@ impl TestDriverBuilder {
             clock,
             last_commit: clock,
             inputs: HashMap::new(),
+            arrivals: Vec::new(),
             keyless: 0,
             stopped: None,
         };
@@ -143,8 +145,8 @@ struct DriverTask {
     /// Per input topic, the next offset as of the last commit: where
     /// processing restarts after a crash.
     committed: HashMap<String, i64>,
-    /// Its input records in the order they came: (topic, offset).
-    arrivals: Vec<(String, i64)>,
+    /// Several input topics: records held for their turn.
+    held: Option<TaskQueues>,
 }
 
 impl DriverTask {
@@ -219,6 +221,8 @@ pub struct TestDriver {
     last_commit: i64,
     /// Every input record, per (topic, partition), at its offset.
     inputs: HashMap<(String, i32), Vec<Input>>,
+    /// Every input record in the order it came: (topic, partition, offset).
+    arrivals: Vec<(String, i32, i64)>,
     /// Records without key or partition fed so far (spread round-robin).
     keyless: i64,
     /// Why the driver stopped, as `run` would have.
@@ -265,7 +269,7 @@ impl TestDriver {
             span: crate::task::task_span(&config.application_id, partition),
             processed: HashMap::new(),
             committed: HashMap::new(),
-            arrivals: Vec::new(),
+            held: None,
         })
     }
 
@@ -279,7 +283,7 @@ impl TestDriver {
     /// Runs `step`; an error stops the driver, as it would end `run`.
     fn guarded<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         self.check_running()?;
-        let _clock = DriverClock::set(self.clock);
+        set_thread_clock(Some(self.clock));
         let result = step(self);
         if let Err(e) = &result {
             self.stopped = Some(format!("an earlier call failed, as App::run would have: {e}"));
@@ -326,16 +330,25 @@ impl TestDriver {
                 timestamp: record.timestamp,
                 headers: record.headers.iter().map(|(n, v)| (n.to_string(), v.map(<[u8]>::to_vec))).collect(),
             });
-            d.tasks.get_mut(&partition).expect("every partition has a task").arrivals.push((record.topic.to_string(), offset));
+            d.arrivals.push((record.topic.to_string(), partition, offset));
             d.process(record.topic, partition, offset)?;
             d.serve()?;
             d.maybe_commit()
         })
     }
 
-    /// Processes input record `offset` of `topic` / `partition`.
+    /// Takes in input record `offset` of `topic` / `partition`: processes
+    /// it, or with several input topics holds it for its turn and
+    /// processes the held records whose turn has come (`task/merge.rs`).
     fn process(&mut self, topic: &str, partition: i32, offset: i64) -> Result<()> {
-        let input = &self.inputs[&(topic.to_string(), partition)][offset as usize];
+        // (Out of `self` meanwhile: the record borrows it.)
+        let inputs = std::mem::take(&mut self.inputs);
+        let result = self.take_in(&inputs[&(topic.to_string(), partition)][offset as usize], topic, partition, offset);
+        self.inputs = inputs;
+        result
+    }
+
+    fn take_in(&mut self, input: &Input, topic: &str, partition: i32, offset: i64) -> Result<()> {
         let owned = (!input.headers.is_empty()).then(|| {
             input.headers.iter().fold(OwnedHeaders::new_with_capacity(input.headers.len()), |h, (key, value)| {
                 h.insert(Header { key, value: value.as_deref() })
@@ -351,16 +364,50 @@ impl TestDriver {
             value: input.value.as_deref(),
             headers: owned.as_ref().map_or(Headers::empty(), Headers::of_owned),
         };
-        let callbacks = Callbacks { config: &self.config, store_index: &self.store_index };
-        let task = self.tasks.get_mut(&partition).expect("every partition has a task");
-        let with_callbacks = self.processors.callbacks();
-        let (processor, fresh) = self.processors.get(partition);
-        let flags = (fresh, with_callbacks);
-        if let Some(TaskFault(_, e)) = callbacks.record(&mut task.parts(), &self.outputs, &record, processor, flags)? {
-            return Err(e);
+        if self.config.input_topics.len() < 2 {
+            return self.process_record(&record);
         }
-        task.processed.insert(topic.to_string(), offset + 1);
+        let index = self.config.input_topics.iter().position(|t| t == topic).expect("an input topic");
+        let task = self.tasks.get_mut(&partition).expect("every partition has a task");
+        let order = order_of(&self.config, &record, task.time.stream_time());
+        task.held.get_or_insert_with(|| TaskQueues::new(self.config.input_topics.len())).push(Held::of(&record, index, order));
+        self.drain()
+    }
+
+    /// Several input topics: processes each task's held records whose turn
+    /// has come (every record the driver got is fetched: no input is known
+    /// to hold more, so an empty one is waited for `max_task_idle` of the
+    /// driver's clock).
+    fn drain(&mut self) -> Result<()> {
+        let config = self.config.clone();
+        let idle = i64::try_from(config.max_task_idle.as_millis()).unwrap_or(i64::MAX);
+        for partition in 0..self.partitions {
+            loop {
+                let task = self.tasks.get_mut(&partition).expect("every partition has a task");
+                let Some(held) = task.held.as_mut().and_then(|h| h.next(self.clock, idle, &mut |_, _| false)) else { break };
+                self.process_record(&held.record(&config.input_topics, partition))?;
+            }
+        }
         Ok(())
+    }
+
+    /// Hands `record` to its task's processor.
+    fn process_record(&mut self, record: &Record<'_>) -> Result<()> {
+        let callbacks = Callbacks { config: &self.config, store_index: &self.store_index };
+        let task = self.tasks.get_mut(&record.partition).expect("every partition has a task");
+        let with_callbacks = self.processors.callbacks();
+        let (processor, fresh) = self.processors.get(record.partition);
+        let flags = (fresh, with_callbacks);
+        let Handled { processed, fault } = callbacks.record(&mut task.parts(), &self.outputs, record, processor, flags)?;
+        if processed {
+            task.processed.insert(record.topic.to_string(), record.offset + 1);
+        }
+        match fault {
+            // (The runtime re-initialises the task; a read of a store in
+            // memory failing is no case a driver test needs.)
+            Some(TaskFault(_, e)) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// A loop pass: processors built and initialised, due wall-clock (and
@@ -422,6 +469,7 @@ impl TestDriver {
         let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
         self.clock = self.clock.saturating_add(by);
         self.guarded(|d| {
+            d.drain()?;
             d.serve()?;
             d.maybe_commit()
         })
@@ -440,30 +488,35 @@ impl TestDriver {
     /// committed, new processors are built and initialised, and every input
     /// record after the last committed offsets is processed again, in the
     /// order it first came. Also starts a driver stopped by an error again.
+    /// (A closure given to [`TestDriverBuilder::closure`] is kept, with
+    /// whatever it captured: only processors are built anew.)
     pub fn crash_and_restart(&mut self) -> Result<()> {
-        self.processors.drop_all();
-        self.topics.abort_outputs();
         self.stopped = None;
-        let _clock = DriverClock::set(self.clock);
-        for task in self.tasks.values_mut() {
-            for store in &mut task.stores {
-                store.discard_uncommitted();
-            }
-            task.time = TaskTime::new(task.partition);
-            task.time.load(self.config.time_store_index().map(|i| &task.stores[i]))?;
-            for store in &mut task.stores {
-                store.follow_stream_clock(task.time.clock());
-            }
-            task.processed.clone_from(&task.committed);
-        }
-        self.last_commit = self.clock;
         self.guarded(|d| {
-            d.serve()?;
-            let mut again = Vec::new();
-            for task in d.tasks.values() {
-                let after_commit = |(topic, offset): &&(String, i64)| *offset >= task.committed.get(topic).copied().unwrap_or(0);
-                again.extend(task.arrivals.iter().filter(after_commit).map(|(t, o)| (t.clone(), task.partition, *o)));
+            d.processors.drop_all();
+            d.topics.abort_outputs();
+            let time_store = d.config.time_store_index();
+            for task in d.tasks.values_mut() {
+                for store in &mut task.stores {
+                    store.discard_uncommitted();
+                }
+                task.time = TaskTime::new(task.partition);
+                task.time.load(time_store.map(|i| &task.stores[i]))?;
+                for store in &mut task.stores {
+                    store.follow_stream_clock(task.time.clock());
+                }
+                task.processed.clone_from(&task.committed);
+                task.held = None; // (after the committed offsets: processed again below)
             }
+            d.last_commit = d.clock;
+            d.serve()?;
+            let tasks = &d.tasks;
+            let again: Vec<(String, i32, i64)> = d
+                .arrivals
+                .iter()
+                .filter(|(topic, partition, offset)| *offset >= tasks[partition].committed.get(topic).copied().unwrap_or(0))
+                .cloned()
+                .collect();
             for (topic, partition, offset) in again {
                 d.process(&topic, partition, offset)?;
                 d.serve()?;
@@ -523,8 +576,10 @@ impl TestDriver {
     }
 
     /// The byte store `store` of `partition`, as its processor sees it
-    /// (uncommitted writes included).
+    /// (uncommitted writes included; on this thread, a wall-clock TTL
+    /// reads the driver's clock until the driver is dropped).
     pub fn store(&self, store: &str, partition: i32) -> Result<&KeyValueStore> {
+        set_thread_clock(Some(self.clock)); // (its reads of a wall-clock TTL see the driver's clock)
         let task = self.task(partition)?;
         let i = *self.store_index.get(store).ok_or_else(|| Error::UnknownStore(store.to_string()))?;
         Ok(&task.stores[i])
@@ -533,7 +588,7 @@ impl TestDriver {
     /// Every entry of key-value store `store` over all partitions, decoded
     /// with `K` and `V`, in partition then key order.
     pub fn store_entries<K: Codec, V: Codec>(&self, store: &str) -> Result<Vec<(K::Item, V::Item)>> {
-        let _clock = DriverClock::set(self.clock); // (a wall-clock TTL reads it)
+        set_thread_clock(Some(self.clock)); // (a wall-clock TTL reads it)
         let mut entries = Vec::new();
         for partition in 0..self.partitions {
             for entry in self.store(store, partition)?.all() {
@@ -549,8 +604,9 @@ impl TestDriver {
     /// other methods do not offer. What `f` writes or sends counts as if
     /// the processor had.
     pub fn with_context<T>(&mut self, partition: i32, f: impl FnOnce(&mut ProcessorContext<'_>) -> Result<T>) -> Result<T> {
+        self.check_running()?;
         self.task(partition)?;
-        let _clock = DriverClock::set(self.clock);
+        set_thread_clock(Some(self.clock));
         let task = self.tasks.get_mut(&partition).expect("checked");
         let mut ctx = ProcessorContext::new(crate::context::ContextParts {
             partition,
@@ -563,5 +619,11 @@ impl TestDriver {
             callbacks: self.processors.callbacks(),
         });
         f(&mut ctx)
+    }
+}
+
+impl Drop for TestDriver {
+    fn drop(&mut self) {
+        set_thread_clock(None);
     }
 }

@@ -35,6 +35,14 @@ pub(crate) struct TaskParts<'t> {
 /// is to be re-initialised (the others go on), as opposed to a fatal error.
 pub(crate) struct TaskFault(pub(crate) i32, pub(crate) Error);
 
+/// What became of an input record: whether it counts as processed (its
+/// offset may be committed: processed, or skipped), and a fault of its
+/// task found before or after it.
+pub(crate) struct Handled {
+    pub(crate) processed: bool,
+    pub(crate) fault: Option<TaskFault>,
+}
+
 /// The application's processing settings and store names: what every
 /// callback needs besides its task.
 pub(crate) struct Callbacks<'a> {
@@ -76,8 +84,8 @@ impl Callbacks<'_> {
         (fresh, callbacks): (bool, bool),
         now: i64,
     ) -> Result<Option<TaskFault>> {
-        let _in_task = task.span.clone().entered();
         if fresh {
+            let _in_task = task.span.clone().entered();
             self.init(task, outputs, processor, None, callbacks)?;
         }
         if !callbacks {
@@ -86,6 +94,7 @@ impl Callbacks<'_> {
         let due = [Some((TimeDomain::WallClock, now)), task.time.stream_time().map(|t| (TimeDomain::StreamTime, t))];
         for (domain, at) in due.into_iter().flatten() {
             if task.time.maybe_due(domain, at, true) {
+                let _in_task = task.span.clone().entered();
                 if let Err(fault) = self.fire(task, outputs, processor, domain, at, true)? {
                     return Ok(Some(fault));
                 }
@@ -153,8 +162,10 @@ impl Callbacks<'_> {
     /// now if `fresh`: initialised first): reads its timestamp, moves
     /// stream time, runs the stream-time timers it made due, processes it,
     /// then runs the punctuations it made due (and timers its processing
-    /// registered already due). `Some(fault)`: the task is to be
-    /// re-initialised (the record comes again from its committed offset).
+    /// registered already due). A fault: the task is to be re-initialised
+    /// (before the record: it comes again from its committed offset; after
+    /// it: it counts as processed, so that a task with no committed offset
+    /// yet restarts at it, not past it).
     pub(crate) fn record<P: Processor + ?Sized>(
         &self,
         task: &mut TaskParts<'_>,
@@ -162,7 +173,7 @@ impl Callbacks<'_> {
         record: &Record<'_>,
         processor: &mut P,
         (fresh, callbacks): (bool, bool),
-    ) -> Result<Option<TaskFault>> {
+    ) -> Result<Handled> {
         let config = self.config;
         let (topic, partition, offset) = (record.topic, record.partition, record.offset);
         let extracted = match &config.timestamp_extractor {
@@ -186,7 +197,7 @@ impl Callbacks<'_> {
         let Some(timestamp) = timestamp else {
             tracing::warn!(topic, partition, offset, timestamp = ?extracted, "invalid timestamp; record skipped");
             skipped(topic, partition);
-            return Ok(None);
+            return Ok(Handled { processed: true, fault: None });
         };
         task.time.advance(timestamp);
         // The processor's own log lines (its callbacks' too) belong to the
@@ -203,7 +214,7 @@ impl Callbacks<'_> {
             let now = task.time.stream_time().expect("set by this record or before");
             if task.time.maybe_due(TimeDomain::StreamTime, now, false) {
                 if let Err(fault) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, false)? {
-                    return Ok(Some(fault));
+                    return Ok(Handled { processed: false, fault: Some(fault) });
                 }
             }
         }
@@ -234,11 +245,11 @@ impl Callbacks<'_> {
             let now = task.time.stream_time().expect("set by this record or before");
             if task.time.maybe_due(TimeDomain::StreamTime, now, true) {
                 if let Err(fault) = self.fire(task, outputs, processor, TimeDomain::StreamTime, now, true)? {
-                    return Ok(Some(fault));
+                    return Ok(Handled { processed: true, fault: Some(fault) });
                 }
             }
         }
-        Ok(None)
+        Ok(Handled { processed: true, fault: None })
     }
 }
 

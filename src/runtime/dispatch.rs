@@ -175,12 +175,13 @@ impl Dispatch<'_> {
             return Ok(());
         }
         let (processor, fresh) = set.get(partition, task.incarnation());
-        match self.callbacks.record(&mut parts(task), outputs, record, processor, (fresh, S::CALLBACKS))? {
-            None => {
-                mark_processed(task, topic, offset);
-                Ok(())
-            }
-            // Re-initialised: the record comes again from its committed offset.
+        let handled = self.callbacks.record(&mut parts(task), outputs, record, processor, (fresh, S::CALLBACKS))?;
+        if handled.processed {
+            mark_processed(task, topic, offset);
+        }
+        match handled.fault {
+            None => Ok(()),
+            // Re-initialised: processing restarts from the committed offset.
             Some(TaskFault(partition, e)) => tasks.reinitialise_task(self.consumer, partition, e),
         }
     }

@@ -6,6 +6,7 @@
 //! - `callbacks.rs`: the processor's callbacks for one task (records,
 //!   timers, punctuations, `init`, `close`), shared with the test driver;
 //! - `dispatch.rs`: the task manager's tasks handed to their processors;
+//! - `merge.rs`: several input topics merged in timestamp order per task;
 //! - `startup.rs`: what `run` needs before it starts (process id, local
 //!   tasks, client config, input partitions, truncated changelog check);
 //! - `poll_loop.rs`: the processing loop, record by record, with commits;
@@ -17,6 +18,7 @@ pub(crate) mod callbacks;
 mod disk_gauges;
 mod dispatch;
 mod events;
+pub(crate) mod merge;
 mod poll_loop;
 mod startup;
 

@@ -19,6 +19,7 @@ use crate::record::{Headers, Record, TimestampType};
 
 use super::callbacks::Callbacks;
 use super::dispatch::{Dispatch, ProcessorSet};
+use super::merge::InputMerge;
 use super::disk_gauges::DiskGauges;
 use super::events::apply_group_events;
 use super::{RuntimeContext, Shared};
@@ -46,6 +47,8 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
+    // Several input topics: each task's records merged in timestamp order.
+    let merge = InputMerge::new(config);
     let _disk = DiskGauges::start(config.state_dir.join(&config.application_id));
     while !shutdown.is_shutdown() {
         membership.polled();
@@ -95,7 +98,9 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
                         // SAFETY: the message outlives the record (this closure).
                         headers: unsafe { Headers::of_message(msg.ptr()) },
                     };
-                    dispatch.process_one(&mut tasks, &record, processors)?;
+                    if !merge.as_ref().is_some_and(|m| m.hold(config, &mut tasks, &record)) {
+                        dispatch.process_one(&mut tasks, &record, processors)?;
+                    }
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) | None => {}
                 // librdkafka's fatal errors leave the consumer unusable.
@@ -170,16 +175,70 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
                     value: msg.payload(),
                     headers: msg.headers(),
                 };
-                dispatch.process_one(&mut tasks, &record, processors)?;
+                if !merge.as_ref().is_some_and(|m| m.hold(config, &mut tasks, &record)) {
+                    dispatch.process_one(&mut tasks, &record, processors)?;
+                }
             }
             seek_back_to(consumer, seek_back);
             if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
                 last_commit = Instant::now();
             }
         }
+        if let Some(merge) = &merge {
+            let mut tasks = shared.tasks.lock().expect("task lock");
+            let parts = DrainParts { dispatch: &dispatch, config, consumer, membership, shutdown };
+            drain_merged(merge, parts, &mut tasks, processors, &mut last_commit)?;
+        }
         if last_commit.elapsed() >= config.commit_interval && shared.tasks.lock().expect("task lock").commit_pipelined(consumer)? {
             last_commit = Instant::now();
         }
+    }
+    Ok(())
+}
+
+/// What processing held records needs besides them and the tasks.
+struct DrainParts<'a, 'd> {
+    dispatch: &'a Dispatch<'d>,
+    config: &'a AppConfig,
+    consumer: &'a BaseConsumer<RuntimeContext>,
+    membership: &'a Membership,
+    shutdown: &'a ShutdownHandle,
+}
+
+/// Several input topics: processes the held records whose turn has come
+/// (see `merge.rs`), keeping to the commit interval as a polled batch does.
+fn drain_merged<S: ProcessorSet>(
+    merge: &InputMerge,
+    parts: DrainParts<'_, '_>,
+    tasks: &mut crate::task::TaskManager,
+    processors: &mut S,
+    last_commit: &mut Instant,
+) -> Result<()> {
+    let DrainParts { dispatch, config, consumer, membership, shutdown } = parts;
+    let mut done = 0usize;
+    for partition in merge.partitions(tasks) {
+        loop {
+            // Exactly-once: a commit waits for the group's new generation
+            // (held records wait too); at the bound on uncommitted bytes,
+            // until the commit in flight lands.
+            if tasks.is_parked() || tasks.backpressure() || shutdown.is_shutdown() {
+                return Ok(());
+            }
+            // (A task re-initialised meanwhile holds nothing: its records
+            // are read again, see task/reinit.rs.)
+            let Some(held) = merge.next(partition, tasks, consumer) else { break };
+            dispatch.process_one(tasks, &held.record(merge.topics(), partition), processors)?;
+            done += 1;
+            if done.is_multiple_of(DEADLINE_CHECK_EVERY) {
+                membership.polled();
+                if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
+                    *last_commit = Instant::now();
+                }
+            }
+        }
+    }
+    if done > 0 && tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
+        *last_commit = Instant::now();
     }
     Ok(())
 }

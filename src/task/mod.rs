@@ -25,6 +25,7 @@
 //! | `transaction.rs` | the exactly-once commit (one Kafka transaction), aborts, producer fencing, parked commits |
 //! | `cleanup.rs` | deleting state directories of tasks no longer held here |
 //! | `expiry.rs` | the TTL sweep: expired entries deleted, their tombstones sent with the next commit |
+//! | `merge.rs` | several input topics: a task's records held per topic, and which goes next |
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -59,6 +60,7 @@ mod closing;
 mod commit;
 mod expiry;
 mod manager;
+pub(crate) mod merge;
 mod offsets;
 mod opening;
 mod reinit;
@@ -106,6 +108,9 @@ pub(crate) struct Task {
     /// Stream time, timers and punctuations (stream time and timers are
     /// read from the time store when the task starts running).
     pub(crate) time: TaskTime,
+    /// Several input topics: records fetched and held for their turn
+    /// (`merge.rs`); dropped with the task, read again if it starts over.
+    pub(crate) held: Option<merge::TaskQueues>,
 }
 
 /// The tracing span of active task `partition` of `application_id`.
@@ -140,6 +145,7 @@ impl Task {
             open_at: Some(open_at),
             span,
             time: TaskTime::new(partition),
+            held: None,
         }
     }
 

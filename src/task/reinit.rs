@@ -116,7 +116,11 @@ impl TaskManager {
                 }
             }
         }
-        for (topic, offset) in std::mem::take(&mut task.rewind) {
+        // Records fetched and not processed (set aside while it did not
+        // run, or held for their turn): read again.
+        let held = task.held.take();
+        let held = held.iter().flat_map(|h| h.lowest_offsets().map(|(t, o)| (self.config.input_topics[t].clone(), o)).collect::<Vec<_>>());
+        for (topic, offset) in std::mem::take(&mut task.rewind).into_iter().chain(held) {
             let r = rewind.entry(topic).or_insert(offset);
             *r = (*r).min(offset);
         }

@@ -681,3 +681,24 @@ pub fn delete_compacted_records_before(topic: &str, partition: i32, offset: i64)
     assert!(deleted.elements().iter().all(|e| e.error().is_ok()), "{deleted:?}");
     set_policy("compact");
 }
+
+/// Produces `(partition, key, value, timestamp)` records in order and
+/// waits for every acknowledgement.
+pub fn produce_timestamped(topic: &str, records: &[(i32, String, String, i64)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for (p, k, v, ts) in records {
+        let mut r = Some(BaseRecord::<str, str>::to(topic).partition(*p).key(k).payload(v).timestamp(*ts));
+        while let Some(rec) = r.take() {
+            if let Err((_, rec)) = producer.send(rec) {
+                producer.poll(Duration::from_millis(10));
+                r = Some(rec);
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(TIMEOUT).unwrap();
+}

@@ -1,0 +1,93 @@
+//! Several input topics merged in timestamp order: the runtime's side of
+//! `task/merge.rs` (records held in their running task, the next one
+//! taken when its turn has come, the broker's cached high watermarks for
+//! the wait on an input with none held; architecture.md §13).
+
+use std::time::Instant;
+
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use crate::config::AppConfig;
+use crate::record::Record;
+use crate::task::merge::{order_of, Held, TaskQueues};
+use crate::task::{TaskManager, TaskState};
+
+use super::RuntimeContext;
+
+/// The runtime's merge of several input topics.
+pub(super) struct InputMerge {
+    topics: Vec<String>,
+    idle_ms: i64,
+    /// The clock of `TaskQueues::next`.
+    started: Instant,
+}
+
+impl InputMerge {
+    /// `None` with one input topic: nothing to merge.
+    pub(super) fn new(config: &AppConfig) -> Option<Self> {
+        (config.input_topics.len() > 1).then(|| InputMerge {
+            topics: config.input_topics.clone(),
+            idle_ms: i64::try_from(config.max_task_idle.as_millis()).unwrap_or(i64::MAX),
+            started: Instant::now(),
+        })
+    }
+
+    /// Holds `record` in its task if the task is running and takes it;
+    /// `false`: hand it to `process_one` at once (which sets aside a record
+    /// of a task that does not run).
+    pub(super) fn hold(&self, config: &AppConfig, tasks: &mut TaskManager, record: &Record<'_>) -> bool {
+        let Some(task) = tasks.tasks.get_mut(&record.partition) else { return false };
+        let Some(topic) = self.topics.iter().position(|t| t == record.topic) else { return false };
+        if task.state != TaskState::Running || !task.topics.contains(record.topic) {
+            return false;
+        }
+        let order = order_of(config, record, task.time.stream_time());
+        task.held.get_or_insert_with(|| TaskQueues::new(self.topics.len())).push(Held::of(record, topic, order));
+        true
+    }
+
+    /// The running tasks holding records, in partition order.
+    pub(super) fn partitions(&self, tasks: &TaskManager) -> Vec<i32> {
+        let holding = |t: &&crate::task::Task| t.state == TaskState::Running && t.held.as_ref().is_some_and(|h| !h.is_empty());
+        tasks.tasks.values().filter(holding).map(|t| t.partition).collect()
+    }
+
+    /// Task `partition`'s next record to process now, if any.
+    pub(super) fn next(&self, partition: i32, tasks: &mut TaskManager, consumer: &BaseConsumer<RuntimeContext>) -> Option<Held> {
+        let now = self.started.elapsed().as_millis() as i64;
+        let task = tasks.tasks.get_mut(&partition)?;
+        let processed = &task.offsets;
+        let topics = &self.topics;
+        task.held.as_mut()?.next(now, self.idle_ms, &mut |t, next| {
+            let next = next.or_else(|| processed.get(&topics[t]).copied());
+            lagging(consumer, &topics[t], partition, next)
+        })
+    }
+
+    /// The topics, by index.
+    pub(super) fn topics(&self) -> &[String] {
+        &self.topics
+    }
+}
+
+/// Whether the broker is known to hold records of `topic`/`partition` at
+/// or after `next`: its high watermark as of the last fetch response
+/// (librdkafka's cached value, no request). Unknown (no fetch response
+/// yet) counts as lagging: a fetch is on its way.
+fn lagging(consumer: &BaseConsumer<RuntimeContext>, topic: &str, partition: i32, next: Option<i64>) -> bool {
+    let Ok(topic_c) = std::ffi::CString::new(topic) else { return false };
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: a live client handle and a NUL-terminated topic name; the
+    // call only reads librdkafka's cached offsets into the two locals.
+    let err = unsafe {
+        rdsys::rd_kafka_get_watermark_offsets(consumer.client().native_ptr(), topic_c.as_ptr(), partition, &mut low, &mut high)
+    };
+    if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0 {
+        return true;
+    }
+    match next {
+        Some(next) => next < high,
+        None => low < high,
+    }
+}

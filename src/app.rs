@@ -176,6 +176,7 @@ impl Default for AppBuilder {
                 stores: Vec::new(),
                 commit_interval: Duration::from_millis(100),
                 max_task_idle: Duration::ZERO,
+                global_tables: Vec::new(),
                 max_uncommitted_bytes: 64 << 20,
                 startup_timeout: Duration::from_secs(30),
                 commit_timeout: Duration::from_secs(60),
@@ -231,6 +232,22 @@ impl AppBuilder {
     /// unequal counts are [`Error::Config`](crate::Error::Config) from `run`.
     pub fn input_topic(mut self, topic: impl Into<String>) -> Self {
         self.config.input_topics.push(topic.into());
+        self
+    }
+
+    /// Adds a global table `name` filled from every partition of `topic`
+    /// on every instance (reference data for joins): `run` reads it up to
+    /// the topic's end before it joins the group, then follows the topic
+    /// while it runs; processors read it with
+    /// [`ProcessorContext::global_table`](crate::ProcessorContext::global_table).
+    /// Each record's key is a key of the table, its value the key's value
+    /// (a tombstone deletes it; a record without key is ignored). Its
+    /// local copy lives in `state_dir/<application_id>/<name>/global`. A
+    /// topic that does not exist is
+    /// [`Error::MissingGlobalTableTopic`](crate::Error::MissingGlobalTableTopic)
+    /// from `run`.
+    pub fn global_table(mut self, name: impl Into<String>, topic: impl Into<String>) -> Self {
+        self.config.global_tables.push((name.into(), topic.into()));
         self
     }
 

@@ -265,6 +265,8 @@ pub(crate) struct AppConfig {
     /// With several input topics: how long a task waits for an input
     /// partition with no buffered record before it processes the others.
     pub(crate) max_task_idle: Duration,
+    /// Global tables: (name, source topic).
+    pub(crate) global_tables: Vec<(String, String)>,
     pub(crate) max_uncommitted_bytes: usize,
     pub(crate) startup_timeout: Duration,
     pub(crate) commit_timeout: Duration,
@@ -427,6 +429,16 @@ impl AppConfig {
             return Err(Error::Config("state_dir is empty".into()));
         }
         let mut seen = std::collections::HashSet::new();
+        for (name, topic) in &self.global_tables {
+            check_name("global table name", name)?;
+            check_name("global table topic", topic)?;
+            if name == TIME_STORE || !seen.insert(name.as_str()) || self.stores.iter().any(|s| s.name() == name) {
+                return Err(Error::Config(format!("global table `{name}`: the name is taken (by another global table, a store or kstate's time store)")));
+            }
+            if self.input_topics.contains(topic) {
+                return Err(Error::Config(format!("global table `{name}`: `{topic}` is an input topic; a global table reads a topic of its own")));
+            }
+        }
         for s in &self.stores {
             check_name("store name", s.name())?;
             if s.name() == TIME_STORE {

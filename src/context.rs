@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::codec::Codec;
 use crate::error::{Error, Result};
+use crate::global::{GlobalTable, GlobalTables};
 use crate::kafka::OutputSink;
 use crate::output::Output;
 use crate::store::{KeyValueStore, SessionStore, TypedStore, WindowStore};
@@ -32,6 +33,7 @@ pub struct ProcessorContext<'t> {
     /// Whether the processor takes timer and punctuation callbacks (a
     /// [`Processor`](crate::Processor), not a closure).
     callbacks: bool,
+    globals: Option<&'t GlobalTables>,
 }
 
 /// Sends output records while stores are borrowed (see
@@ -58,12 +60,13 @@ pub(crate) struct ContextParts<'t> {
     pub(crate) time: &'t mut TaskTime,
     pub(crate) time_store: Option<usize>,
     pub(crate) callbacks: bool,
+    pub(crate) globals: Option<&'t GlobalTables>,
 }
 
 impl<'t> ProcessorContext<'t> {
     pub(crate) fn new(parts: ContextParts<'t>) -> Self {
-        let ContextParts { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks } = parts;
-        ProcessorContext { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks }
+        let ContextParts { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks, globals } = parts;
+        ProcessorContext { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks, globals }
     }
 
     /// The partition being processed.
@@ -155,6 +158,14 @@ impl<'t> ProcessorContext<'t> {
             .get_disjoint_mut(indices)
             .map_err(|_| Error::InvalidUse(format!("ProcessorContext::split names a store twice: {names:?}")))?;
         Ok((stores, outputs))
+    }
+
+    /// The global table named `name` (see
+    /// [`AppBuilder::global_table`](crate::AppBuilder::global_table)):
+    /// read-only, the same on every task and instance as far as each has
+    /// read its topic. An unknown name is [`Error::UnknownStore`].
+    pub fn global_table(&self, name: &str) -> Result<GlobalTable<'_>> {
+        self.globals.and_then(|g| g.get(name)).map(GlobalTable::new).ok_or_else(|| Error::UnknownStore(name.to_string()))
     }
 
     /// The store named `name` with key codec `K` and value codec `V`.

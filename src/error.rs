@@ -77,6 +77,15 @@ pub enum Error {
     #[error("input topic `{0}` does not exist (kstate never creates input topics)")]
     MissingInputTopic(String),
 
+    /// A global table's source topic does not exist on the cluster.
+    #[error("global table `{table}`: its topic `{topic}` does not exist (kstate never creates a global table's topic)")]
+    MissingGlobalTableTopic {
+        /// The global table.
+        table: String,
+        /// Its source topic.
+        topic: String,
+    },
+
     /// An existing changelog topic does not match the shape kstate needs.
     #[error("changelog topic `{topic}` is unusable: {problem}")]
     ChangelogTopicMismatch {

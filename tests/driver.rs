@@ -383,6 +383,27 @@ fn several_input_topics_are_merged_in_timestamp_order_with_an_idle_wait() {
 }
 
 #[test]
+fn a_global_table_is_fed_with_global_input_and_read_by_every_task() {
+    let mut d = TestDriver::builder(App::builder().input_topic("orders").global_table("countries", "country-names"))
+        .partitions(2)
+        .closure(|ctx, record| {
+            let name = ctx.global_table("countries")?.get(record.value.unwrap_or_default())?;
+            ctx.send(Output::to("named").value(&name.unwrap_or_else(|| b"?".to_vec())))
+        })
+        .unwrap();
+    d.global_input("country-names", b"fr", Some(b"France")).unwrap();
+    d.send(Output::to("orders").partition(0).value(b"fr").timestamp(1)).unwrap();
+    d.send(Output::to("orders").partition(1).value(b"fr").timestamp(1)).unwrap();
+    d.global_input("country-names", b"fr", None).unwrap();
+    d.send(Output::to("orders").partition(1).value(b"fr").timestamp(2)).unwrap();
+    assert_eq!(values(&d.outputs("named")), ["France", "France", "?"]);
+    let err = d.global_input("orders", b"k", None).unwrap_err();
+    assert!(matches!(&err, Error::InvalidUse(m) if m.contains("not the topic of a global table")), "{err}");
+    let err = d.with_context(0, |ctx| ctx.global_table("nope").map(|_| ())).unwrap_err();
+    assert!(matches!(err, Error::UnknownStore(_)));
+}
+
+#[test]
 fn close_runs_each_processors_close_before_a_final_commit() {
     let mut d = counter(counter_app().processing_guarantee(ProcessingGuarantee::ExactlyOnce));
     d.input("in", b"a", b"x", 100).unwrap();

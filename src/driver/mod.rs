@@ -30,6 +30,7 @@ use crate::codec::Codec;
 use crate::config::{AppConfig, ProcessingGuarantee};
 use crate::context::ProcessorContext;
 use crate::error::{Error, Result};
+use crate::global::{GlobalStore, GlobalTables};
 use crate::kafka::{ChangelogSink, MemoryTopics, OutputSink};
 use crate::output::{Output, SentRecord};
 use crate::processor::{Processor, ProcessorError};
@@ -100,7 +101,13 @@ impl TestDriverBuilder {
         let store_index = config.user_stores().iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
         let topics = Arc::new(MemoryTopics::new(config.processing_guarantee == ProcessingGuarantee::ExactlyOnce));
         let clock = self.wall_clock.unwrap_or_else(crate::time::wall_clock_ms);
+        let mut globals = GlobalTables::default();
+        for (name, topic) in &config.global_tables {
+            let dir = crate::global::table_dir(&config.state_dir, &config.application_id, name);
+            globals.tables.insert(name.clone(), Arc::new(GlobalStore::open(name, topic, dir, &resources, Duration::ZERO)?));
+        }
         let mut driver = TestDriver {
+            globals,
             outputs: OutputSink::Memory(topics.clone()),
             topics,
             config: Arc::new(config),
@@ -211,6 +218,8 @@ pub struct TestDriver {
     resources: EngineResources,
     /// Changelogs and outputs.
     topics: Arc<MemoryTopics>,
+    /// The global tables, in memory, filled by [`global_input`](Self::global_input).
+    globals: GlobalTables,
     outputs: OutputSink,
     tasks: BTreeMap<i32, DriverTask>,
     processors: Processors,
@@ -393,7 +402,7 @@ impl TestDriver {
 
     /// Hands `record` to its task's processor.
     fn process_record(&mut self, record: &Record<'_>) -> Result<()> {
-        let callbacks = Callbacks { config: &self.config, store_index: &self.store_index };
+        let callbacks = Callbacks { config: &self.config, store_index: &self.store_index, globals: Some(&self.globals) };
         let task = self.tasks.get_mut(&record.partition).expect("every partition has a task");
         let with_callbacks = self.processors.callbacks();
         let (processor, fresh) = self.processors.get(record.partition);
@@ -413,7 +422,7 @@ impl TestDriver {
     /// A loop pass: processors built and initialised, due wall-clock (and
     /// left-over stream-time) timers and punctuations run.
     fn serve(&mut self) -> Result<()> {
-        let callbacks = Callbacks { config: &self.config, store_index: &self.store_index };
+        let callbacks = Callbacks { config: &self.config, store_index: &self.store_index, globals: Some(&self.globals) };
         let with_callbacks = self.processors.callbacks();
         for task in self.tasks.values_mut() {
             let (processor, fresh) = self.processors.get(task.partition);
@@ -460,6 +469,17 @@ impl TestDriver {
         self.topics.commit_outputs();
         self.last_commit = self.clock;
         Ok(())
+    }
+
+    /// Writes a record of a global table's topic into the table (`None`
+    /// value: a tombstone), as its follower would: visible to processors
+    /// from the next record on.
+    pub fn global_input(&mut self, topic: &str, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        let Some((name, _)) = self.config.global_tables.iter().find(|(_, t)| t == topic) else {
+            return Err(Error::InvalidUse(format!("`{topic}` is not the topic of a global table (AppBuilder::global_table)")));
+        };
+        let store = self.globals.tables.get(name).expect("opened with the driver");
+        store.apply(&[(key.to_vec(), value.map(<[u8]>::to_vec))], &BTreeMap::new(), 1)
     }
 
     /// Moves the wall clock forward by `by`, then runs what became due:
@@ -532,7 +552,7 @@ impl TestDriver {
     /// afterwards is an error.
     pub fn close(&mut self) -> Result<()> {
         let closed = self.guarded(|d| {
-            let callbacks = Callbacks { config: &d.config, store_index: &d.store_index };
+            let callbacks = Callbacks { config: &d.config, store_index: &d.store_index, globals: Some(&d.globals) };
             let flag = d.processors.callbacks();
             for task in d.tasks.values_mut() {
                 if let Some(mut processor) = d.processors.take(task.partition) {
@@ -617,6 +637,7 @@ impl TestDriver {
             time: &mut task.time,
             time_store: self.config.time_store_index(),
             callbacks: self.processors.callbacks(),
+            globals: Some(&self.globals),
         });
         f(&mut ctx)
     }

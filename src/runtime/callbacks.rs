@@ -49,6 +49,7 @@ pub(crate) struct Callbacks<'a> {
     pub(crate) config: &'a AppConfig,
     /// The user stores' positions in a task's stores, by name.
     pub(crate) store_index: &'a HashMap<String, usize>,
+    pub(crate) globals: Option<&'a crate::global::GlobalTables>,
 }
 
 impl Callbacks<'_> {
@@ -62,6 +63,7 @@ impl Callbacks<'_> {
             time: task.time,
             time_store: self.config.time_store_index(),
             callbacks,
+            globals: self.globals,
         })
     }
 

@@ -26,6 +26,7 @@ pub(crate) use dispatch::{Closure, PerTask, ProcessorSet};
 pub(crate) use startup::PROCESS_ID_FILE;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,15 @@ impl<'s> WakerInstalled<'s> {
 impl Drop for WakerInstalled<'_> {
     fn drop(&mut self) {
         self.0.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).set_fetch_waker(None);
+    }
+}
+
+/// Sets its flag when dropped (the global tables' followers stop).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -147,12 +157,15 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     let mut restore_config = base.clone();
     restore_config.set("group.id", format!("{}-kstate-restore", config.application_id));
     let listener = config.restore_listener.clone().unwrap_or_else(|| Arc::new(NoopListener));
-    let restorer = Restorer::start(restore_config, listener, config.startup_timeout)?;
-
     let resources = match config.max_state_memory {
         Some(total) => EngineResources::bounded(total, config.write_buffer_bytes),
         None => EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes),
     };
+    // Global tables are current before this instance joins the group (a
+    // task's first record may join with them).
+    let (globals, followers) = crate::global::bootstrap(&config, &base, &resources, &*listener)?;
+    let restorer = Restorer::start(restore_config, listener, config.startup_timeout)?;
+
     let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
     warn_truncated_changelogs(&brokers, &specs, partitions);
     let snapshots = match &config.snapshots {
@@ -277,6 +290,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         None => None,
     };
     let (waker, wake_requests) = FetchWaker::new();
+    let following = AtomicBool::new(false);
     let result = std::thread::scope(|scope| -> Result<()> {
         std::thread::Builder::new()
             .name("kstate-fetch-wake".into())
@@ -287,6 +301,15 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         let records = unsafe { QueueHandle::new(&consumer) };
         // Removed again on every path out of this scope.
         let _installed = WakerInstalled::install(&shared, waker);
+        // The global tables' followers stop when this scope ends, on every path.
+        let _stop_following = StopOnDrop(&following);
+        for follower in followers {
+            let stop = &following;
+            std::thread::Builder::new()
+                .name("kstate-global".into())
+                .spawn_scoped(scope, move || follower.follow(stop))
+                .map_err(|e| Error::io("kstate-global thread", e))?;
+        }
         tracing::info!(application_id = %config.application_id, topics = ?config.input_topics, partitions, "kstate started");
 
         let store_index: HashMap<String, usize> =
@@ -299,6 +322,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             membership: &membership,
             shared: &shared,
             store_index: &store_index,
+            globals: &globals,
         };
         let result = process_loop(parts, &mut processors);
         // No snapshot is taken of stores about to close.
@@ -307,7 +331,8 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         let mut tasks = shared.tasks.lock().expect("task lock");
         // Events that arrived meanwhile first: tasks lost must not be
         // committed (nor their changelogs written) by the final commit.
-        let dispatch = dispatch::Dispatch { callbacks: callbacks::Callbacks { config: &config, store_index: &store_index }, consumer: &consumer };
+        let callbacks = callbacks::Callbacks { config: &config, store_index: &store_index, globals: Some(&globals) };
+        let dispatch = dispatch::Dispatch { callbacks, consumer: &consumer };
         let result = result.and_then(|()| {
             apply_group_events(&membership, &consumer, &records, &mut tasks, &config, &mut |t, revoked| {
                 dispatch.close_tasks(t, &mut processors, Some(revoked))

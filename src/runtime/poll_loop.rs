@@ -39,11 +39,12 @@ pub(super) struct LoopParts<'a> {
     pub(super) membership: &'a Membership,
     pub(super) shared: &'a Shared,
     pub(super) store_index: &'a HashMap<String, usize>,
+    pub(super) globals: &'a crate::global::GlobalTables,
 }
 
 pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &mut S) -> Result<()> {
-    let LoopParts { config, shutdown, consumer, records, membership, shared, store_index } = parts;
-    let dispatch = Dispatch { callbacks: Callbacks { config, store_index }, consumer };
+    let LoopParts { config, shutdown, consumer, records, membership, shared, store_index, globals } = parts;
+    let dispatch = Dispatch { callbacks: Callbacks { config, store_index, globals: Some(globals) }, consumer };
     let mut polled = PolledBatch::new(records, POLL_BATCH);
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();

@@ -506,6 +506,29 @@ impl Engine {
         Ok(())
     }
 
+    /// A meta key's value (a global table's bookkeeping).
+    pub(crate) fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db().get_cf(self.meta(), key)?)
+    }
+
+    /// Adds a meta key's new value to `batch`.
+    pub(crate) fn put_meta(&self, batch: &mut WriteBatch, key: &[u8], value: &[u8]) {
+        batch.put_cf(self.meta(), key, value);
+    }
+
+    /// Writes `batch` (data and meta keys, no checkpoint) as a commit does:
+    /// atomically, without the WAL, flushed at least every
+    /// [`FLUSH_AT_LEAST_EVERY`] (a global table: its source topic is the log).
+    pub(crate) fn write_unlogged(&self, batch: WriteBatch) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(true);
+        self.db().write_opt(batch, &wo)?;
+        if self.last_flush().elapsed() >= FLUSH_AT_LEAST_EVERY {
+            self.flush_opt(false)?;
+        }
+        Ok(())
+    }
+
     fn commit_inner(&self, mut batch: WriteBatch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
         batch.put_cf(self.meta(), CHECKPOINT_KEY, checkpoint.to_be_bytes());
         if self.schema_version != 1 {

@@ -7,7 +7,9 @@
 //! latest values and, in the same atomic batch, the next offset of each
 //! source partition; a recreated topic, a changed partition count or
 //! records deleted past those offsets discard the local copy and read the
-//! topic again from the start.
+//! topic again from the start (checked at startup only: while running, a
+//! topic recreated under the follower is read from its start on top of
+//! the old copy until the next start).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -194,10 +196,24 @@ struct SourceTopic {
 }
 
 fn describe(consumer: &BaseConsumer, table: &str, topic: &str, timeout: Duration) -> Result<SourceTopic> {
-    let md = consumer.fetch_metadata(Some(topic), timeout)?;
-    let partitions = match md.topics().iter().find(|t| t.name() == topic) {
-        Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len() as i32,
-        _ => return Err(Error::MissingGlobalTableTopic { table: table.into(), topic: topic.into() }),
+    use rdkafka::types::RDKafkaRespErr;
+    let deadline = Instant::now() + timeout;
+    let partitions = loop {
+        let md = consumer.fetch_metadata(Some(topic), timeout)?;
+        let error = match md.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => break t.partitions().len() as i32,
+            Some(t) => t.error(),
+            None => None,
+        };
+        // Unknown: missing. Anything else (no leader yet) passes; wait.
+        let missing = matches!(
+            error,
+            None | Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC | RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+        );
+        if missing || Instant::now() >= deadline {
+            return Err(Error::MissingGlobalTableTopic { table: table.into(), topic: topic.into() });
+        }
+        std::thread::sleep(Duration::from_millis(200));
     };
     let mut watermarks = Vec::with_capacity(partitions as usize);
     for p in 0..partitions {
@@ -327,6 +343,10 @@ impl Follower {
         let mut last_progress = Instant::now();
         while behind(&self.next) {
             let read = self.read_batch(Duration::from_millis(100), Some(&mut counts))?;
+            // Past control records (a topic written in transactions ends
+            // with a commit marker, which no record's offset + 1 reaches):
+            // the consumer's position counts them.
+            self.skip_to_position();
             if read > 0 {
                 last_progress = Instant::now();
             } else if last_progress.elapsed() >= patience {
@@ -345,13 +365,25 @@ impl Follower {
         Ok(())
     }
 
+    /// Moves each partition's next offset up to the consumer's position
+    /// (which counts the control records it passed).
+    fn skip_to_position(&mut self) {
+        let Ok(positions) = self.consumer.position() else { return };
+        for e in positions.elements_for_topic(&self.store.topic) {
+            if let Offset::Offset(o) = e.offset() {
+                let next = self.next.entry(e.partition()).or_insert(o);
+                *next = (*next).max(o);
+            }
+        }
+    }
+
     /// Polls for up to `wait`, then keeps reading what is there (up to
     /// [`BATCH_RECORDS`]) and writes it with the new offsets. Returns the
-    /// records read.
+    /// records read (keyless ones included: they move the offsets).
     fn read_batch(&mut self, wait: Duration, mut counts: Option<&mut Vec<(u64, u64)>>) -> Result<usize> {
         let mut records = Vec::new();
-        let mut wait = wait;
-        while records.len() < BATCH_RECORDS {
+        let (mut wait, mut read) = (wait, 0);
+        while read < BATCH_RECORDS {
             let Some(polled) = self.consumer.poll(wait) else { break };
             wait = Duration::ZERO;
             let msg = match polled {
@@ -362,35 +394,47 @@ impl Follower {
                     continue;
                 }
             };
+            self.next.insert(msg.partition(), msg.offset() + 1);
+            read += 1;
             let Some(key) = msg.key() else { continue }; // (a record without key has no place in a table)
             if let Some(c) = counts.as_deref_mut().and_then(|c| c.get_mut(msg.partition() as usize)) {
                 c.0 += 1;
                 c.1 += (key.len() + msg.payload().map_or(0, <[u8]>::len)) as u64;
             }
-            self.next.insert(msg.partition(), msg.offset() + 1);
             records.push((key.to_vec(), msg.payload().map(<[u8]>::to_vec)));
         }
-        if !records.is_empty() {
+        if read > 0 {
             self.store.apply(&records, &self.next, self.partitions)?;
         }
-        Ok(records.len())
+        Ok(read)
     }
 
     /// Follows the topic until `stop` is set: what it reads is written
     /// every [`FOLLOW_COMMIT_EVERY`] at most. A failed write is logged and
     /// retried (the records are read again from the last offsets written).
     pub(crate) fn follow(mut self, stop: &AtomicBool) {
+        let mut resync = false;
         while !stop.load(Ordering::Acquire) {
-            if let Err(e) = self.read_batch(FOLLOW_COMMIT_EVERY, None) {
-                tracing::error!(table = %self.store.name, error = %e, "a global table write failed; reading again from its last offsets");
+            if resync {
+                // Back to what the store holds before reading on.
                 std::thread::sleep(Duration::from_secs(1));
-                if let Ok(next) = self.store.next_offsets() {
-                    self.next = next;
-                    for p in 0..self.partitions {
-                        let offset = self.next.get(&p).map_or(Offset::Beginning, |o| Offset::Offset(*o));
-                        let _ = self.consumer.seek(&self.store.topic, p, offset, Duration::from_secs(10));
+                let Ok(next) = self.store.next_offsets() else { continue };
+                self.next = next;
+                resync = false;
+                for p in 0..self.partitions {
+                    let offset = self.next.get(&p).map_or(Offset::Beginning, |o| Offset::Offset(*o));
+                    if let Err(e) = self.consumer.seek(&self.store.topic, p, offset, Duration::from_secs(10)) {
+                        tracing::warn!(table = %self.store.name, partition = p, error = %e, "seeking a global table's topic back failed; retrying");
+                        resync = true;
                     }
                 }
+                if resync {
+                    continue;
+                }
+            }
+            if let Err(e) = self.read_batch(FOLLOW_COMMIT_EVERY, None) {
+                tracing::error!(table = %self.store.name, error = %e, "a global table write failed; reading again from its last offsets");
+                resync = true;
             }
         }
     }

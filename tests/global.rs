@@ -109,3 +109,33 @@ fn a_global_table_whose_topic_is_missing_is_a_startup_error() {
     let err = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
     assert!(matches!(&err, Error::MissingGlobalTableTopic { table, .. } if table == "countries"), "{err}");
 }
+
+#[test]
+fn a_global_table_written_in_transactions_is_read_to_its_end() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let f = fixture("global-txn", 1);
+    let (table, out) = (unique("global-txn-table"), unique("global-txn-out"));
+    create_topic(&table, 1, &[]);
+    create_topic(&out, 1, &[]);
+    // Its last entry is a commit marker: no record's offset + 1 reaches the end.
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique("global-txn-producer"))
+        .create()
+        .unwrap();
+    producer.init_transactions(TIMEOUT).unwrap();
+    producer.begin_transaction().unwrap();
+    for i in 0..10 {
+        producer.send(BaseRecord::<str, str>::to(&table).partition(0).key(&format!("c{i}")).payload("txn")).map_err(|(e, _)| e).unwrap();
+    }
+    producer.commit_transaction(TIMEOUT).unwrap();
+    let restores = Restores::default();
+    let started = Instant::now();
+    let running = start_joining(&f, &table, &out, &restores);
+    produce(&f.input, &[(0, b"c3".to_vec(), Some(Vec::new()))]);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, 1, TIMEOUT);
+    running.stop().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(20), "startup took {:?}", started.elapsed());
+    assert_eq!(restored(&restores), 10);
+    assert_eq!(joined(&out, 1)["c3"], "txn");
+}

@@ -393,7 +393,7 @@ impl TestDriver {
         for partition in 0..self.partitions {
             loop {
                 let task = self.tasks.get_mut(&partition).expect("every partition has a task");
-                let Some(held) = task.held.as_mut().and_then(|h| h.next(self.clock, idle, &mut |_, _| false)) else { break };
+                let Some(held) = task.held.as_mut().and_then(|h| h.next(self.clock, idle, &mut |_, _| Some(false))) else { break };
                 self.process_record(&held.record(&config.input_topics, partition))?;
             }
         }

@@ -178,6 +178,11 @@ impl Dispatch<'_> {
         let handled = self.callbacks.record(&mut parts(task), outputs, record, processor, (fresh, S::CALLBACKS))?;
         if handled.processed {
             mark_processed(task, topic, offset);
+        } else if handled.fault.is_some() {
+            // Not processed: read it again after the re-initialisation,
+            // also when nothing of its topic was committed or processed yet.
+            let r = task.rewind.entry(topic.to_string()).or_insert(offset);
+            *r = (*r).min(offset);
         }
         match handled.fault {
             None => Ok(()),

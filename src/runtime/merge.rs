@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::AppConfig;
 use crate::record::Record;
@@ -57,12 +58,8 @@ impl InputMerge {
     pub(super) fn next(&self, partition: i32, tasks: &mut TaskManager, consumer: &BaseConsumer<RuntimeContext>) -> Option<Held> {
         let now = self.started.elapsed().as_millis() as i64;
         let task = tasks.tasks.get_mut(&partition)?;
-        let processed = &task.offsets;
         let topics = &self.topics;
-        task.held.as_mut()?.next(now, self.idle_ms, &mut |t, next| {
-            let next = next.or_else(|| processed.get(&topics[t]).copied());
-            lagging(consumer, &topics[t], partition, next)
-        })
+        task.held.as_mut()?.next(now, self.idle_ms, &mut |t, next| lagging(consumer, &topics[t], partition, next))
     }
 
     /// The topics, by index.
@@ -71,23 +68,34 @@ impl InputMerge {
     }
 }
 
-/// Whether the broker is known to hold records of `topic`/`partition` at
-/// or after `next`: its high watermark as of the last fetch response
-/// (librdkafka's cached value, no request). Unknown (no fetch response
-/// yet) counts as lagging: a fetch is on its way.
-fn lagging(consumer: &BaseConsumer<RuntimeContext>, topic: &str, partition: i32, next: Option<i64>) -> bool {
-    let Ok(topic_c) = std::ffi::CString::new(topic) else { return false };
+/// Whether the broker is known to hold records of `topic`/`partition` not
+/// fetched yet: the consumer's position (past control records too), else
+/// `next` (after the last record that came), below the high watermark of
+/// the last fetch response (librdkafka's cached values, no request).
+/// `None`: not known (no fetch response yet, or a partition with records
+/// of which none came and no position).
+fn lagging(consumer: &BaseConsumer<RuntimeContext>, topic: &str, partition: i32, next: Option<i64>) -> Option<bool> {
+    let topic_c = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
+    let rk = consumer.client().native_ptr();
     // SAFETY: a live client handle and a NUL-terminated topic name; the
     // call only reads librdkafka's cached offsets into the two locals.
-    let err = unsafe {
-        rdsys::rd_kafka_get_watermark_offsets(consumer.client().native_ptr(), topic_c.as_ptr(), partition, &mut low, &mut high)
-    };
+    let err = unsafe { rdsys::rd_kafka_get_watermark_offsets(rk, topic_c.as_ptr(), partition, &mut low, &mut high) };
     if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0 {
-        return true;
+        return None;
     }
-    match next {
-        Some(next) => next < high,
-        None => low < high,
+    let mut tpl = TopicPartitionList::with_capacity(1);
+    tpl.add_partition(topic, partition);
+    // SAFETY: a live client handle and a list this function owns; the
+    // call writes the partition's position into the list.
+    let err = unsafe { rdsys::rd_kafka_position(rk, tpl.ptr()) };
+    let position = match (err, tpl.find_partition(topic, partition).map(|e| e.offset())) {
+        (rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR, Some(Offset::Offset(p))) => Some(p),
+        _ => None,
+    };
+    match position.or(next) {
+        Some(at) => Some(at < high),
+        None if low >= high => Some(false), // (empty)
+        None => None,
     }
 }

@@ -217,8 +217,13 @@ fn drain_merged<S: ProcessorSet>(
 ) -> Result<()> {
     let DrainParts { dispatch, config, consumer, membership, shutdown } = parts;
     let mut done = 0usize;
-    for partition in merge.partitions(tasks) {
-        loop {
+    // One record per task per round, at most a polled batch's worth per
+    // pass: the loop's other duties (the group's events, timers) wait no
+    // longer than after a batch.
+    let mut ready = merge.partitions(tasks);
+    while !ready.is_empty() && done < POLL_BATCH {
+        let mut i = 0;
+        while i < ready.len() {
             // Exactly-once: a commit waits for the group's new generation
             // (held records wait too); at the bound on uncommitted bytes,
             // until the commit in flight lands.
@@ -227,9 +232,13 @@ fn drain_merged<S: ProcessorSet>(
             }
             // (A task re-initialised meanwhile holds nothing: its records
             // are read again, see task/reinit.rs.)
-            let Some(held) = merge.next(partition, tasks, consumer) else { break };
-            dispatch.process_one(tasks, &held.record(merge.topics(), partition), processors)?;
+            let Some(held) = merge.next(ready[i], tasks, consumer) else {
+                ready.remove(i);
+                continue;
+            };
+            dispatch.process_one(tasks, &held.record(merge.topics(), ready[i]), processors)?;
             done += 1;
+            i += 1;
             if done.is_multiple_of(DEADLINE_CHECK_EVERY) {
                 membership.polled();
                 if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {

@@ -90,11 +90,20 @@ pub(crate) struct TaskQueues {
     /// Since when (ms on the caller's clock) an input has been empty while others were not.
     waiting_since: Option<i64>,
     held: usize,
+    /// Per input topic: waited for once while it was not known whether the
+    /// broker holds more of it (no record of it came yet, no position).
+    settled: Vec<bool>,
 }
 
 impl TaskQueues {
     pub(crate) fn new(topics: usize) -> Self {
-        TaskQueues { queues: (0..topics).map(|_| VecDeque::new()).collect(), next: vec![None; topics], waiting_since: None, held: 0 }
+        TaskQueues {
+            queues: (0..topics).map(|_| VecDeque::new()).collect(),
+            next: vec![None; topics],
+            waiting_since: None,
+            held: 0,
+            settled: vec![false; topics],
+        }
     }
 
     pub(crate) fn push(&mut self, held: Held) {
@@ -109,12 +118,15 @@ impl TaskQueues {
 
     /// The record to process now, if the task may process one: the head
     /// with the lowest order (ties: the first input topic) once every
-    /// queue has a head; while one is empty, only once the wait is over
-    /// (`idle` ms, or [`LAG_WAIT_MS`] if `lagging(topic, next offset)` says
-    /// the broker holds more of an empty one; the offset after the last
-    /// record of it that came, if any) or the task holds [`MAX_HELD`]
-    /// records. `now` is in ms on any clock that does not go back.
-    pub(crate) fn next(&mut self, now: i64, idle: i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> bool) -> Option<Held> {
+    /// queue has a head; while one is empty, only once the wait is over:
+    /// [`LAG_WAIT_MS`] (or `idle` if longer) if `lagging(topic, next
+    /// offset)` says the broker holds more of an empty one (`Some(true)`;
+    /// the next offset: after the last record of it that came, if any;
+    /// `None`: not known, which is waited for once per input), else `idle`
+    /// ms; or once the task holds [`MAX_HELD`] records. The wait starts
+    /// when the task holds records again after holding none, or when an
+    /// input runs dry. `now` is in ms on any clock that does not go back.
+    pub(crate) fn next(&mut self, now: i64, idle: i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>) -> Option<Held> {
         if self.held == 0 {
             self.waiting_since = None;
             return None;
@@ -124,9 +136,20 @@ impl TaskQueues {
             self.waiting_since = None;
         } else {
             let since = *self.waiting_since.get_or_insert(now);
-            let wait = if empty.iter().any(|&t| lagging(t, self.next[t])) { LAG_WAIT_MS.max(idle) } else { idle };
+            let mut unknown = Vec::new();
+            let behind = empty.iter().any(|&t| match lagging(t, self.next[t]) {
+                Some(lag) => lag,
+                None => {
+                    unknown.push(t);
+                    !self.settled[t]
+                }
+            });
+            let wait = if behind { LAG_WAIT_MS.max(idle) } else { idle };
             if now - since < wait && self.held < MAX_HELD {
                 return None;
+            }
+            for t in unknown {
+                self.settled[t] = true;
             }
         }
         let topic = (0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()).min_by_key(|&t| (self.queues[t][0].order, t))?;

@@ -300,6 +300,9 @@ pub(crate) struct Follower {
     partitions: i32,
     /// The next offset of each partition (what the store holds).
     next: BTreeMap<i32, i64>,
+    /// `kstate_global_table_records_total` and `kstate_global_table_lag_records` of the table.
+    records: metrics::Counter,
+    lag: metrics::Gauge,
 }
 
 impl Follower {
@@ -311,7 +314,9 @@ impl Follower {
             tpl.add_partition_offset(&store.topic, p, offset)?;
         }
         consumer.assign(&tpl)?;
-        Ok(Follower { store: Arc::new(store), consumer, partitions, next })
+        let records = metrics::counter!(crate::metrics::GLOBAL_TABLE_RECORDS, "table" => store.name.clone());
+        let lag = metrics::gauge!(crate::metrics::GLOBAL_TABLE_LAG, "table" => store.name.clone());
+        Ok(Follower { store: Arc::new(store), consumer, partitions, next, records, lag })
     }
 
     /// Reads up to the end offsets `source` saw; fails if nothing comes
@@ -405,8 +410,23 @@ impl Follower {
         }
         if read > 0 {
             self.store.apply(&records, &self.next, self.partitions)?;
+            self.records.increment(records.len() as u64);
         }
+        self.record_lag();
         Ok(read)
+    }
+
+    /// Updates the lag gauge: records of the topic past what the store
+    /// holds, against librdkafka's last seen end offsets.
+    fn record_lag(&self) {
+        let rk = self.consumer.client().native_ptr();
+        let lag: i64 = (0..self.partitions)
+            .filter_map(|p| {
+                let (low, high) = crate::kafka::watermarks::cached(rk, &self.store.topic, p)?;
+                Some((high - self.next.get(&p).copied().unwrap_or(low)).max(0))
+            })
+            .sum();
+        self.lag.set(lag as f64);
     }
 
     /// Follows the topic until `stop` is set: what it reads is written

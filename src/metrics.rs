@@ -57,6 +57,10 @@
 //! | `kstate_timer_lateness_seconds` | histogram | how long after its time a timer fired, on its own clock, labels `partition`, `domain` |
 //! | `kstate_punctuations_total` | counter | punctuations run, labels `partition`, `domain` |
 //! | `kstate_punctuation_seconds` | histogram | how long a punctuation ran, labels `partition`, `domain` |
+//! | `kstate_input_held_records` | gauge | with several input topics: records a task holds for their turn in the timestamp-ordered merge, label `partition` only |
+//! | `kstate_input_enforced_total` | counter | with several input topics: records a task processed while one of its inputs had nothing fetched, after waiting for it (`max_task_idle`, or up to 1 s while the broker held more of it), label `partition` only |
+//! | `kstate_global_table_records_total` | counter | records of a global table's topic written to its local copy (bootstrap and following), label `table` only |
+//! | `kstate_global_table_lag_records` | gauge | records of a global table's topic not yet in its local copy, summed over its partitions (against librdkafka's last seen end offsets; updated at each write), label `table` only |
 //! | `kstate_peers` | gauge | other instances this one watches (members of its generation with a `peer_address`; no store labels) |
 //! | `kstate_peers_dropped_total` | counter | peers this instance made the group drop, label `reason` (`closed`: the process is gone; `timeout`: silent for `peer_timeout`) |
 //! | `kstate_peer_failover_seconds` | histogram | from dropping a peer to this instance's next assignment |
@@ -163,6 +167,14 @@ pub const OFFSET_COMMIT_FAILURES: &str = "kstate_offset_commit_failures_total";
 pub const TASK_REINITIALISATIONS: &str = "kstate_task_reinitialisations_total";
 /// Skipped records counter name.
 pub const SKIPPED_RECORDS: &str = "kstate_skipped_records_total";
+/// Records held for the timestamp-ordered merge gauge name (label `partition`).
+pub const INPUT_HELD: &str = "kstate_input_held_records";
+/// Records processed with an input empty after the wait counter name (label `partition`).
+pub const INPUT_ENFORCED: &str = "kstate_input_enforced_total";
+/// Global table records written counter name (label `table`).
+pub const GLOBAL_TABLE_RECORDS: &str = "kstate_global_table_records_total";
+/// Global table lag gauge name (label `table`).
+pub const GLOBAL_TABLE_LAG: &str = "kstate_global_table_lag_records";
 /// RocksDB estimated keys gauge name.
 pub const ROCKSDB_KEYS: &str = "kstate_rocksdb_estimate_num_keys";
 /// RocksDB live SST bytes gauge name.

@@ -14,6 +14,30 @@ use kstate::{Error, Output};
 
 /// Looks up each input record's key in the global table `countries` and
 /// sends `<key> = <value or "missing">` to `out`.
+
+fn metrics() -> &'static metrics_util::debugging::Snapshotter {
+    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
+/// The value of the counter or gauge `name` with exactly these labels, if recorded.
+fn metric(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics().snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
+        let key = key.key();
+        let same = key.name() == name && key.labels().count() == labels.len() && key.labels().all(|l| labels.contains(&(l.key(), l.value())));
+        match value {
+            metrics_util::debugging::DebugValue::Counter(n) if same => Some(n as f64),
+            metrics_util::debugging::DebugValue::Gauge(g) if same => Some(g.into_inner()),
+            _ => None,
+        }
+    })
+}
+
 fn start_joining(f: &Fixture, table_topic: &str, out: &str, restores: &Restores) -> Running {
     let out = out.to_string();
     let app = builder(&f.app, &f.input, f.state.path()).global_table("countries", table_topic).restore_listener(restores.clone());
@@ -53,11 +77,15 @@ fn a_global_table_is_current_before_processing_and_followed_while_running() {
     let input: Vec<KeyedRecord> = (0..100i32).map(|i| (i % 2, format!("c{i}").into_bytes(), Some(Vec::new()))).collect();
     produce(&f.input, &input);
 
+    metrics();
     let restores = Restores::default();
     let running = start_joining(&f, &table, &out, &restores);
     wait_all_committed_at(&bootstrap(), &f.app, &f.input, 2, TIMEOUT);
     let seen = joined(&out, 2);
     assert_eq!(seen.len(), 100);
+    let table_label = [("table", "countries")];
+    assert!(metric("kstate_global_table_records_total", &table_label).is_some_and(|n| n >= 100.0), "records written are counted");
+    assert_eq!(metric("kstate_global_table_lag_records", &table_label), Some(0.0), "caught up");
     assert!(seen.iter().all(|(k, v)| v == &format!("v{}", &k[1..])), "every lookup found the table's value: {seen:?}");
     assert_eq!(restored(&restores), 100, "the bootstrap read the whole topic");
     assert_eq!(restores.ends.lock().unwrap().iter().filter(|e| e.store == "countries").count(), 3, "one restore per source partition");

@@ -14,6 +14,30 @@ use std::time::{Duration, Instant};
 use common::*;
 use kstate::Error;
 
+
+fn metrics() -> &'static metrics_util::debugging::Snapshotter {
+    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
+/// The value of the counter or gauge `name` with exactly these labels, if recorded.
+fn metric(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics().snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
+        let key = key.key();
+        let same = key.name() == name && key.labels().count() == labels.len() && key.labels().all(|l| labels.contains(&(l.key(), l.value())));
+        match value {
+            metrics_util::debugging::DebugValue::Counter(n) if same => Some(n as f64),
+            metrics_util::debugging::DebugValue::Gauge(g) if same => Some(g.into_inner()),
+            _ => None,
+        }
+    })
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -57,6 +81,7 @@ fn a_backlog_in_two_topics_is_processed_in_timestamp_order_per_task() {
 
 #[test]
 fn an_idle_input_is_waited_for_max_task_idle_and_no_longer() {
+    metrics();
     for idle in [Duration::ZERO, Duration::from_secs(3)] {
         let f = fixture("merge-idle", 1);
         let other = unique("merge-idle-other");
@@ -76,6 +101,10 @@ fn an_idle_input_is_waited_for_max_task_idle_and_no_longer() {
             assert!(waited < idle + Duration::from_secs(3), "max_task_idle {idle:?}: waited {waited:?}");
         }
     }
+    // Each record went while the other input had nothing: counted.
+    let enforced = metric("kstate_input_enforced_total", &[("partition", "0")]).unwrap_or(0.0);
+    assert!(enforced >= 2.0, "kstate_input_enforced_total {enforced}");
+    assert_eq!(metric("kstate_input_held_records", &[("partition", "0")]), Some(0.0));
 }
 
 #[test]

@@ -379,7 +379,7 @@ impl TestDriver {
         let index = self.config.input_topics.iter().position(|t| t == topic).expect("an input topic");
         let task = self.tasks.get_mut(&partition).expect("every partition has a task");
         let order = order_of(&self.config, &record, task.time.stream_time());
-        task.held.get_or_insert_with(|| TaskQueues::new(self.config.input_topics.len())).push(Held::of(&record, index, order));
+        task.held.get_or_insert_with(|| TaskQueues::new(self.config.input_topics.len(), partition)).push(Held::of(&record, index, order));
         self.drain()
     }
 

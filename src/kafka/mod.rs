@@ -12,7 +12,8 @@
 //!   store sends its changelog records to (the producer, or memory);
 //! - `consumer_batch.rs`: polling a consumer's queue a batch at a time;
 //! - `fetch_wake.rs`: waking librdkafka's fetcher after a resume;
-//! - `topic_id.rs`: a topic's id, to notice a recreated changelog.
+//! - `topic_id.rs`: a topic's id, to notice a recreated changelog;
+//! - `watermarks.rs`: librdkafka's cached watermarks of a partition.
 
 pub(crate) mod client;
 pub(crate) mod consumer_batch;
@@ -22,6 +23,7 @@ mod memory;
 mod outputs;
 mod producer;
 pub(crate) mod topic_id;
+pub(crate) mod watermarks;
 mod topics;
 mod transaction;
 

@@ -44,7 +44,7 @@ impl InputMerge {
             return false;
         }
         let order = order_of(config, record, task.time.stream_time());
-        task.held.get_or_insert_with(|| TaskQueues::new(self.topics.len())).push(Held::of(record, topic, order));
+        task.held.get_or_insert_with(|| TaskQueues::new(self.topics.len(), record.partition)).push(Held::of(record, topic, order));
         true
     }
 
@@ -75,15 +75,8 @@ impl InputMerge {
 /// `None`: not known (no fetch response yet, or a partition with records
 /// of which none came and no position).
 fn lagging(consumer: &BaseConsumer<RuntimeContext>, topic: &str, partition: i32, next: Option<i64>) -> Option<bool> {
-    let topic_c = std::ffi::CString::new(topic).ok()?;
-    let (mut low, mut high) = (-1i64, -1i64);
     let rk = consumer.client().native_ptr();
-    // SAFETY: a live client handle and a NUL-terminated topic name; the
-    // call only reads librdkafka's cached offsets into the two locals.
-    let err = unsafe { rdsys::rd_kafka_get_watermark_offsets(rk, topic_c.as_ptr(), partition, &mut low, &mut high) };
-    if err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || high < 0 {
-        return None;
-    }
+    let (low, high) = crate::kafka::watermarks::cached(rk, topic, partition)?;
     let mut tpl = TopicPartitionList::with_capacity(1);
     tpl.add_partition(topic, partition);
     // SAFETY: a live client handle and a list this function owns; the

@@ -93,11 +93,16 @@ pub(crate) struct TaskQueues {
     /// Per input topic: waited for once while it was not known whether the
     /// broker holds more of it (no record of it came yet, no position).
     settled: Vec<bool>,
+    /// `kstate_input_held_records` and `kstate_input_enforced_total` of the task.
+    held_gauge: metrics::Gauge,
+    enforced: metrics::Counter,
 }
 
 impl TaskQueues {
-    pub(crate) fn new(topics: usize) -> Self {
+    pub(crate) fn new(topics: usize, partition: i32) -> Self {
         TaskQueues {
+            held_gauge: metrics::gauge!(crate::metrics::INPUT_HELD, "partition" => partition.to_string()),
+            enforced: metrics::counter!(crate::metrics::INPUT_ENFORCED, "partition" => partition.to_string()),
             queues: (0..topics).map(|_| VecDeque::new()).collect(),
             next: vec![None; topics],
             waiting_since: None,
@@ -110,6 +115,7 @@ impl TaskQueues {
         self.next[held.topic] = Some(held.offset + 1);
         self.queues[held.topic].push_back(held);
         self.held += 1;
+        self.held_gauge.set(self.held as f64);
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -151,9 +157,11 @@ impl TaskQueues {
             for t in unknown {
                 self.settled[t] = true;
             }
+            self.enforced.increment(1);
         }
         let topic = (0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()).min_by_key(|&t| (self.queues[t][0].order, t))?;
         self.held -= 1;
+        self.held_gauge.set(self.held as f64);
         self.queues[topic].pop_front()
     }
 
@@ -163,3 +171,9 @@ impl TaskQueues {
     }
 }
 
+impl Drop for TaskQueues {
+    fn drop(&mut self) {
+        // (The task closed or starts over: it holds nothing here any more.)
+        self.held_gauge.set(0.0);
+    }
+}

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kstate::{Error, Output};
 
-/// Looks up each input record's key in the global table `countries` and
-/// sends `<key> = <value or "missing">` to `out`.
-
+/// The test binary's metrics recorder.
 fn metrics() -> &'static metrics_util::debugging::Snapshotter {
     static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
     SNAPSHOTTER.get_or_init(|| {
@@ -38,6 +36,8 @@ fn metric(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
+/// Looks up each input record's key in the global table `countries` and
+/// sends `<key> = <value or "missing">` to `out`.
 fn start_joining(f: &Fixture, table_topic: &str, out: &str, restores: &Restores) -> Running {
     let out = out.to_string();
     let app = builder(&f.app, &f.input, f.state.path()).global_table("countries", table_topic).restore_listener(restores.clone());

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kstate::Error;
 
-
+/// The test binary's metrics recorder.
 fn metrics() -> &'static metrics_util::debugging::Snapshotter {
     static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
     SNAPSHOTTER.get_or_init(|| {

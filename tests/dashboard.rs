@@ -234,6 +234,7 @@ const RUNBOOK_SECTIONS: &[&str] = &[
     "TTL and timer cleanup",
     "Windows: late records and segments",
     "Snapshots",
+    "Global tables and several inputs",
 ];
 
 #[test]
@@ -396,6 +397,8 @@ fn dashboard_metrics_are_exported() {
         "kstate_ttl_expired_total",
         "kstate_window_segments",
         "kstate_window_late_records_total",
+        "kstate_global_table_records_total",
+        "kstate_input_enforced_total",
     ];
 
     let documented = documented();
@@ -412,6 +415,12 @@ fn dashboard_metrics_are_exported() {
     // Two instances with a standby each (standby lag), committing often.
     const PARTITIONS: i32 = 2;
     let Fixture { input, app, state } = fixture("dashboard", PARTITIONS);
+    // A second input (merged with the first: it stays empty, so records
+    // are held and taken with it empty) and a global table.
+    let (other, reference) = (unique("dashboard-other"), unique("dashboard-ref"));
+    create_topic(&other, PARTITIONS, &[]);
+    create_topic(&reference, 1, &[("cleanup.policy", "compact")]);
+    produce(&reference, &[(0, b"a".to_vec(), Some(b"1".to_vec())), (0, b"b".to_vec(), Some(b"2".to_vec()))]);
     let second_state = tempfile::tempdir().unwrap();
     let snapshot_dir = tempfile::tempdir().unwrap();
     let snapshots = kstate::SnapshotConfig::new(format!("file://{}", snapshot_dir.path().display()))
@@ -426,6 +435,7 @@ fn dashboard_metrics_are_exported() {
             Ok(())
         }
         fn process(&mut self, ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
+            let _ = ctx.global_table("reference")?.get(b"a")?;
             let s = ctx.store("s")?;
             s.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())?;
             let _ = s.get(rec.key.unwrap_or_default())?;
@@ -450,6 +460,8 @@ fn dashboard_metrics_are_exported() {
                     .ttl_cleanup_interval(Duration::from_secs(1)),
             )
             .store(StoreDefinition::window("w", kstate::Windows::tumbling(Duration::from_secs(1))))
+            .input_topic(&other)
+            .global_table("reference", &reference)
             .timers(true)
             .num_standby_replicas(1)
             .snapshots(snapshots.clone())

@@ -702,28 +702,3 @@ pub fn produce_timestamped(topic: &str, records: &[(i32, String, String, i64)]) 
     }
     producer.flush(TIMEOUT).unwrap();
 }
-
-/// The test binary's metrics recorder, installed at the first call (one
-/// per test binary: call it before the apps whose metrics are read start).
-pub fn metrics() -> &'static metrics_util::debugging::Snapshotter {
-    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = metrics_util::debugging::DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this test binary");
-        snapshotter
-    })
-}
-
-/// The value of the counter or gauge `name` with exactly these labels, if recorded.
-pub fn metric(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    metrics().snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
-        let key = key.key();
-        let same = key.name() == name && key.labels().count() == labels.len() && key.labels().all(|l| labels.contains(&(l.key(), l.value())));
-        match value {
-            metrics_util::debugging::DebugValue::Counter(n) if same => Some(n as f64),
-            metrics_util::debugging::DebugValue::Gauge(g) if same => Some(g.into_inner()),
-            _ => None,
-        }
-    })
-}

@@ -13,7 +13,7 @@
 //!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait]`
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record)
 //!   — kstate putting every input record; with `--output`, also sending it unchanged to T
 //!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
@@ -131,6 +131,10 @@ fn run(args: &[String]) -> Result<String, BoxError> {
                 "trait" => true,
                 p => return Err(format!("--processor: expected closure or trait, got `{p}`").into()),
             },
+            (
+                opt(args, "--threads").map_or(Ok(1), str::parse)?,
+                opt(args, "--work").map_or(Ok(0), str::parse)?,
+            ),
         ),
         "kstate-time" => kstate_time(
             &b,
@@ -622,6 +626,10 @@ struct WriteBody {
     first: Arc<Mutex<Option<Instant>>>,
     last: Arc<Mutex<Option<Instant>>>,
     stop: kstate::ShutdownHandle,
+    /// Rounds of CPU work per record (the `threads` scenario): the record's
+    /// value mixed with the key's stored value that many times, the result
+    /// stored instead of the value (a read-modify-write).
+    work: u32,
 }
 
 impl WriteBody {
@@ -631,6 +639,17 @@ impl WriteBody {
         }
         let store = ctx.store("kv")?;
         match rec.value {
+            Some(v) if self.work > 0 => {
+                let key = rec.key.unwrap_or_default();
+                let mut acc = store.get(key)?.unwrap_or_default();
+                acc.resize(v.len().max(8), 0);
+                for round in 0..self.work {
+                    for (i, b) in v.iter().enumerate() {
+                        acc[i] = acc[i].rotate_left(3) ^ b.wrapping_add(round as u8);
+                    }
+                }
+                store.put(key, &std::hint::black_box(acc))?
+            }
             Some(v) => store.put(rec.key.unwrap_or_default(), v)?,
             None => store.delete(rec.key.unwrap_or_default())?,
         }
@@ -669,11 +688,13 @@ fn kstate_write(
     output: Option<&str>,
     guarantee: ProcessingGuarantee,
     as_trait: bool,
+    (threads, work): (usize, u32),
 ) -> Result<String, BoxError> {
     let app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new("kv"))
         .commit_interval(Duration::from_millis(100))
         .processing_guarantee(guarantee)
+        .num_stream_threads(threads)
         .build()?;
     let body = WriteBody {
         out_topic: output.map(str::to_string),
@@ -682,6 +703,7 @@ fn kstate_write(
         first: Arc::new(Mutex::new(None)),
         last: Arc::new(Mutex::new(None)),
         stop: app.shutdown_handle(),
+        work,
     };
     let (first, last) = (body.first.clone(), body.last.clone());
     let runner = std::thread::spawn(move || {
@@ -703,7 +725,7 @@ fn kstate_write(
     let output = output.map_or("null".to_string(), |t| format!("{t:?}"));
     let processor = if as_trait { "trait" } else { "closure" };
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\"}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work}}}",
         records as f64 / secs
     ))
 }

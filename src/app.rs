@@ -131,7 +131,7 @@ impl App {
     /// ```
     pub fn run_processor<P, F>(self, factory: F) -> Result<()>
     where
-        P: Processor,
+        P: Processor + Send,
         F: FnMut(i32) -> P,
     {
         crate::runtime::run(self.config, self.shutdown, PerTask::new(factory))
@@ -176,6 +176,7 @@ impl Default for AppBuilder {
                 stores: Vec::new(),
                 commit_interval: Duration::from_millis(100),
                 max_task_idle: Duration::ZERO,
+                num_stream_threads: 1,
                 global_tables: Vec::new(),
                 max_uncommitted_bytes: 64 << 20,
                 startup_timeout: Duration::from_secs(30),
@@ -263,6 +264,22 @@ impl AppBuilder {
     /// of that much latency when it is idle. No effect with one input topic.
     pub fn max_task_idle(mut self, idle: Duration) -> Self {
         self.config.max_task_idle = idle;
+        self
+    }
+
+    /// Threads that process records (default 1), like Kafka Streams'
+    /// `num.stream.threads`, with one consumer and one producer for all of
+    /// them: the poll thread fetches a batch of records, hands each task's
+    /// records to one thread, the threads process their tasks in parallel,
+    /// and commits, rebalances and standbys are served between batches as
+    /// with one thread (docs/architecture.md §15 states where tasks run).
+    /// A task's records are processed in order by one thread at a time;
+    /// its [`Processor`] may run on another thread in the next batch, so it
+    /// must be `Send`. Needs [`App::run_processor`] (one processor per
+    /// task): [`App::run`]'s single closure cannot be shared and fails with
+    /// [`Error::Config`](crate::Error::Config). 0 is a configuration error.
+    pub fn num_stream_threads(mut self, threads: usize) -> Self {
+        self.config.num_stream_threads = threads;
         self
     }
 

@@ -265,6 +265,8 @@ pub(crate) struct AppConfig {
     /// With several input topics: how long a task waits for an input
     /// partition with no buffered record before it processes the others.
     pub(crate) max_task_idle: Duration,
+    /// Threads that process records (the poll thread is one of them).
+    pub(crate) num_stream_threads: usize,
     /// Global tables: (name, source topic).
     pub(crate) global_tables: Vec<(String, String)>,
     pub(crate) max_uncommitted_bytes: usize,
@@ -427,6 +429,9 @@ impl AppConfig {
         }
         if self.state_dir.as_os_str().is_empty() {
             return Err(Error::Config("state_dir is empty".into()));
+        }
+        if self.num_stream_threads == 0 {
+            return Err(Error::Config("num_stream_threads is 0; at least one thread processes records".into()));
         }
         let mut seen = std::collections::HashSet::new();
         for (name, topic) in &self.global_tables {

@@ -60,17 +60,36 @@ fn exactly_once_child() {
     let [app, input, out, state, guarantee, name, txn_timeout]: [&str; 7] =
         settings.split('\t').collect::<Vec<_>>().try_into().unwrap();
     init_tracing();
-    // `eos+standby`: exactly-once with one standby replica.
+    // `eos+standby`: exactly-once with one standby replica; `+threads`:
+    // two processing threads (a processor per task).
     let standbys = usize::from(guarantee.ends_with("+standby"));
+    let threads = if guarantee.ends_with("+threads") { 2 } else { 1 };
     let guarantee = if guarantee.starts_with("eos") { ProcessingGuarantee::ExactlyOnce } else { ProcessingGuarantee::AtLeastOnce };
     let app = count_builder(app, input, Path::new(state), guarantee)
         .num_standby_replicas(standbys)
+        .num_stream_threads(threads)
         .kafka_config("group.instance.id", format!("{app}-{name}"))
         .transaction_timeout(Duration::from_secs(txn_timeout.parse().unwrap()))
         .build()
         .unwrap();
     stop_when_stdin_closes(app.shutdown_handle());
-    app.run(count(out.to_string())).unwrap();
+    if threads > 1 {
+        app.run_processor(|_| PerTask(count(out.to_string()))).unwrap();
+    } else {
+        app.run(count(out.to_string())).unwrap();
+    }
+}
+
+/// The counting closure as a processor of one task.
+struct PerTask<F>(F);
+
+impl<F> kstate::Processor for PerTask<F>
+where
+    F: FnMut(&mut kstate::ProcessorContext<'_>, &kstate::Record<'_>) -> Result<(), Error> + Send,
+{
+    fn process(&mut self, ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
+        (self.0)(ctx, rec).map_err(Into::into)
+    }
 }
 
 /// Every output record, read `read_committed`: (key, partition, offset, count).
@@ -195,15 +214,24 @@ fn spawn_with(name: &str, app: &str, input: &str, out: &str, state: &Path, guara
 
 #[test]
 fn under_exactly_once_a_crash_loop_leaves_stores_and_outputs_exact() {
-    const ROUNDS: usize = 8;
-    let (Fixture { input, app, state }, out_topic) = with_output("eos-crash");
+    crash_loop("eos-crash", "eos", 8);
+}
+
+/// The same with two processing threads for the three tasks.
+#[test]
+fn under_exactly_once_with_two_processing_threads_a_crash_loop_leaves_stores_and_outputs_exact() {
+    crash_loop("eos-threads", "eos+threads", 5);
+}
+
+fn crash_loop(name: &str, mode: &str, rounds: usize) {
+    let (Fixture { input, app, state }, out_topic) = with_output(name);
     let records = input_records(9000);
     produce(&input, &records);
     let log = state.path().join("child.log");
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut mid_stream = 0;
-    for round in 0..ROUNDS {
-        let child = spawn("eos", &app, &input, &out_topic, state.path(), "eos", &log);
+    for round in 0..rounds {
+        let child = spawn("eos", &app, &input, &out_topic, state.path(), mode, &log);
         std::thread::sleep(Duration::from_millis(rng.random_range(1500..3500)));
         child.kill(); // SIGKILL, mid-commit or mid-processing
         // Its open transaction, if any, is aborted by the brokers after the
@@ -215,9 +243,9 @@ fn under_exactly_once_a_crash_loop_leaves_stores_and_outputs_exact() {
             mid_stream += 1;
         }
     }
-    assert!(mid_stream >= ROUNDS / 2, "only {mid_stream} of {ROUNDS} kills landed before the input was done");
+    assert!(mid_stream >= rounds / 2, "only {mid_stream} of {rounds} kills landed before the input was done");
     let before = std::fs::read_to_string(&log).unwrap_or_default().len();
-    let last = spawn("eos", &app, &input, &out_topic, state.path(), "eos", &log);
+    let last = spawn("eos", &app, &input, &out_topic, state.path(), mode, &log);
     wait_all_committed_at(&bootstrap(), &app, &input, PARTITIONS, Duration::from_secs(120));
     // Every task restored and running (the input may have been committed
     // in full before this run), so the local stores are complete.

@@ -117,6 +117,18 @@ enum Command {
     Nudge,
 }
 
+/// Tells the membership that processing goes on (see [`Membership::polled`]);
+/// shared by the processing threads.
+#[derive(Clone, Copy)]
+pub(crate) struct PollSignal<'a>(&'a SessionClock);
+
+impl PollSignal<'_> {
+    /// See [`Membership::polled`].
+    pub(crate) fn polled(&self) {
+        self.0.confirmed();
+    }
+}
+
 /// The runtime's handle on the membership thread.
 pub(crate) struct Membership {
     commands: Sender<Command>,
@@ -199,6 +211,11 @@ impl Membership {
     /// rejoins.
     pub(crate) fn polled(&self) {
         self.poll.confirmed();
+    }
+
+    /// [`Membership::polled`] for other processing threads.
+    pub(crate) fn poll_signal(&self) -> PollSignal<'_> {
+        PollSignal(&self.poll)
     }
 
     /// The runtime applied the last [`GroupEvent`].

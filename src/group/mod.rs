@@ -36,7 +36,7 @@ mod warmups;
 pub(crate) use coordinator::Brokers;
 pub(crate) use end_offsets::start_offsets;
 pub(crate) use failure::{CommitFailure, RetryRun};
-pub(crate) use member::{GroupEvent, GroupSettings, Membership};
+pub(crate) use member::{GroupEvent, GroupSettings, Membership, PollSignal};
 pub(crate) use session::{Generation, SessionClock};
 pub(crate) use payload::HostTasks;
 pub(crate) use offsets::{fetch_stable, CommitError, Committer, StableOffsets};

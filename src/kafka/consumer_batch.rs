@@ -176,11 +176,23 @@ impl<'q> PolledBatch<'q> {
         }
     }
 
+    /// Whether the last poll returned nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
     /// The messages of the last poll, in queue order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = PolledMessage<'_>> {
         // SAFETY: every pointer came from rd_kafka_consume_batch_queue and
         // stays valid until `clear`, which needs `&mut self`.
         self.messages.iter().map(|&m| PolledMessage { m: unsafe { &*m } })
+    }
+
+    /// The messages of the last poll, to be read on another thread (the
+    /// poll thread keeps the batch). Borrows the batch mutably: while the
+    /// returned value lives, no other reference reads its messages.
+    pub(crate) fn lend(&mut self) -> LentMessages<'_> {
+        LentMessages { messages: &self.messages }
     }
 
     /// Destroys the messages of the last poll.
@@ -195,6 +207,27 @@ impl<'q> PolledBatch<'q> {
 impl Drop for PolledBatch<'_> {
     fn drop(&mut self) {
         self.clear();
+    }
+}
+
+/// The messages of a [`PolledBatch`] lent to one thread ([`PolledBatch::lend`]).
+pub(crate) struct LentMessages<'b> {
+    messages: &'b [*mut rdsys::rd_kafka_message_t],
+}
+
+// SAFETY: librdkafka messages are not tied to a thread, and only this
+// value reads them while it lives (it holds the batch's only borrow, and
+// it is not `Sync` or `Clone`: one thread at a time). Reading a message
+// parses its headers on first access, which is why two threads must
+// never read the same batch.
+unsafe impl Send for LentMessages<'_> {}
+
+impl LentMessages<'_> {
+    /// The messages, in queue order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = PolledMessage<'_>> {
+        // SAFETY: as for `PolledBatch::iter`: valid until the batch is
+        // cleared, which needs the borrow this value holds.
+        self.messages.iter().map(|&m| PolledMessage { m: unsafe { &*m } })
     }
 }
 

@@ -31,6 +31,14 @@ pub(crate) trait ProcessorSet {
     /// Takes out the processor of task `partition` in its `incarnation`,
     /// if one was built (to close it).
     fn take(&mut self, partition: i32, incarnation: u64) -> Option<Self::P>;
+    /// Several processing threads: the processors of the tasks `wanted`
+    /// (partition, incarnation), built where missing, each with whether it
+    /// was just built; `None` if they cannot go to other threads (one
+    /// closure for every task).
+    fn split(&mut self, wanted: &[(i32, u64)]) -> Option<Vec<(i32, &mut (dyn Processor + Send), bool)>> {
+        let _ = wanted;
+        None
+    }
 }
 
 /// One processor per task, built by the user's factory.
@@ -45,7 +53,7 @@ impl<F, P> PerTask<F, P> {
     }
 }
 
-impl<F: FnMut(i32) -> P, P: Processor> ProcessorSet for PerTask<F, P> {
+impl<F: FnMut(i32) -> P, P: Processor + Send> ProcessorSet for PerTask<F, P> {
     type P = P;
     const CALLBACKS: bool = true;
 
@@ -66,6 +74,18 @@ impl<F: FnMut(i32) -> P, P: Processor> ProcessorSet for PerTask<F, P> {
             Some((i, p)) if i == incarnation => Some(p),
             _ => None,
         }
+    }
+
+    fn split(&mut self, wanted: &[(i32, u64)]) -> Option<Vec<(i32, &mut (dyn Processor + Send), bool)>> {
+        let mut fresh = Vec::new();
+        for &(partition, incarnation) in wanted {
+            if !matches!(self.live.get(&partition), Some((i, _)) if *i == incarnation) {
+                self.live.insert(partition, (incarnation, (self.factory)(partition)));
+                fresh.push(partition);
+            }
+        }
+        let wanted = |p: &i32| wanted.iter().any(|w| w.0 == *p);
+        Some(self.live.iter_mut().filter(|(p, _)| wanted(p)).map(|(p, (_, processor))| (*p, processor as &mut (dyn Processor + Send), fresh.contains(p))).collect())
     }
 }
 
@@ -163,32 +183,62 @@ impl Dispatch<'_> {
     /// [`Callbacks::record`]); a record of a task that is not running
     /// (fetched before its pause took effect) is read again once it runs.
     pub(super) fn process_one<S: ProcessorSet>(&self, tasks: &mut TaskManager, record: &Record<'_>, set: &mut S) -> Result<()> {
-        let (topic, partition, offset) = (record.topic, record.partition, record.offset);
         let outputs = &tasks.outputs;
-        let Some(task) = tasks.tasks.get_mut(&partition) else {
+        let Some(task) = tasks.tasks.get_mut(&record.partition) else {
             return Ok(()); // revoked while the record was in flight
         };
-        if task.state != TaskState::Running || !task.topics.contains(topic) {
-            // Fetched before the pause took effect: replay it once the task runs.
-            let r = task.rewind.entry(topic.to_string()).or_insert(offset);
-            *r = (*r).min(offset);
+        if set_aside_unless_running(task, record) {
             return Ok(());
         }
-        let (processor, fresh) = set.get(partition, task.incarnation());
-        let handled = self.callbacks.record(&mut parts(task), outputs, record, processor, (fresh, S::CALLBACKS))?;
-        if handled.processed {
-            mark_processed(task, topic, offset);
-        } else if handled.fault.is_some() {
-            // Not processed: read it again after the re-initialisation,
-            // also when nothing of its topic was committed or processed yet.
-            let r = task.rewind.entry(topic.to_string()).or_insert(offset);
-            *r = (*r).min(offset);
-        }
-        match handled.fault {
+        let (processor, fresh) = set.get(record.partition, task.incarnation());
+        match self.callbacks.handle(task, outputs, record, processor, (fresh, S::CALLBACKS))? {
             None => Ok(()),
             // Re-initialised: processing restarts from the committed offset.
             Some(TaskFault(partition, e)) => tasks.reinitialise_task(self.consumer, partition, e),
         }
+    }
+}
+
+/// A record of a task that is not running (fetched before its pause took
+/// effect), or of an input topic it no longer has, is set aside: read
+/// again once the task runs. `true` if it was.
+pub(super) fn set_aside_unless_running(task: &mut Task, record: &Record<'_>) -> bool {
+    if task.state == TaskState::Running && task.topics.contains(record.topic) {
+        return false;
+    }
+    set_aside(task, record.topic, record.offset);
+    true
+}
+
+/// Has task's input `topic` read again from `offset` when the task
+/// (re-)starts, unless it is to start lower.
+pub(super) fn set_aside(task: &mut Task, topic: &str, offset: i64) {
+    let r = task.rewind.entry(topic.to_string()).or_insert(offset);
+    *r = (*r).min(offset);
+}
+
+impl Callbacks<'_> {
+    /// Hands a record to its running task's processor (see
+    /// [`Callbacks::record`]) and moves the task's offset past it; a
+    /// record the task faulted on is set aside. Returns the fault, for the
+    /// task manager to re-initialise the task.
+    pub(super) fn handle<P: Processor + ?Sized>(
+        &self,
+        task: &mut Task,
+        outputs: &crate::kafka::OutputSink,
+        record: &Record<'_>,
+        processor: &mut P,
+        fresh: (bool, bool),
+    ) -> Result<Option<TaskFault>> {
+        let handled = self.record(&mut parts(task), outputs, record, processor, fresh)?;
+        if handled.processed {
+            mark_processed(task, record.topic, record.offset);
+        } else if handled.fault.is_some() {
+            // Not processed: read it again after the re-initialisation,
+            // also when nothing of its topic was committed or processed yet.
+            set_aside(task, record.topic, record.offset);
+        }
+        Ok(handled.fault)
     }
 }
 

@@ -7,11 +7,11 @@ use rdkafka::TopicPartitionList;
 use crate::store::published::{Hosts, RunState};
 use crate::assignment::AssignmentEvent;
 use crate::config::AppConfig;
-use crate::kafka::consumer_batch::QueueHandle;
 use crate::error::{Error, Result};
 use crate::group::{GroupEvent, Membership};
 use crate::task::TaskManager;
 
+use super::queues::RecordQueues;
 use super::RuntimeContext;
 
 /// Input partitions of `tasks`: partition `p` of every input topic.
@@ -35,7 +35,7 @@ fn tpl_of(tps: &[(String, i32)]) -> TopicPartitionList {
 pub(super) fn apply_group_events(
     membership: &Membership,
     consumer: &BaseConsumer<RuntimeContext>,
-    records: &QueueHandle,
+    records: &RecordQueues,
     tasks: &mut TaskManager,
     config: &AppConfig,
     before_revoke: &mut dyn FnMut(&mut TaskManager, &[i32]),
@@ -71,6 +71,7 @@ pub(super) fn apply_group_events(
                 if !revoked.is_empty() {
                     // The processors' close, before the closing commit takes its writes.
                     before_revoke(tasks, &revoked);
+                    records.forget(revoked.iter().copied());
                     let tps = input_partitions_of(topics, revoked);
                     let committed = tasks.on_event(consumer, AssignmentEvent::Revoked(tps.clone()));
                     if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
@@ -108,6 +109,7 @@ pub(super) fn apply_group_events(
                 tracing::warn!(%reason, partitions = ?tps, "tasks lost; closing them without commit");
                 tasks.set_generation(None);
                 config.published.set_hosts(Hosts::default());
+                records.forget(tasks.partitions());
                 let closed = tasks.on_event(consumer, AssignmentEvent::Lost(tps.clone()));
                 if let Err(e) = consumer.incremental_unassign(&tpl_of(&tps)) {
                     tracing::warn!(error = %e, "unassigning lost partitions failed");

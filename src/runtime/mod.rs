@@ -20,7 +20,9 @@ mod dispatch;
 mod events;
 pub(crate) mod merge;
 mod poll_loop;
+mod queues;
 mod startup;
+mod threads;
 
 pub(crate) use dispatch::{Closure, PerTask, ProcessorSet};
 pub(crate) use startup::PROCESS_ID_FILE;
@@ -38,7 +40,6 @@ use rdkafka::ClientContext;
 use crate::store::published::{Published, RunState};
 use crate::shutdown::ShutdownHandle;
 use crate::kafka::{self, ChangelogProducer, ChangelogSpec};
-use crate::kafka::consumer_batch::QueueHandle;
 use crate::config::{AppConfig, ProcessingGuarantee};
 use crate::store::engine::EngineResources;
 use crate::error::{Error, Result};
@@ -108,6 +109,12 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         }
     }
     let _stopped = Stopped(&config.published);
+    if config.num_stream_threads > 1 && processors.split(&[]).is_none() {
+        return Err(Error::Config(format!(
+            "num_stream_threads is {}, but App::run's one closure serves every task and cannot run on several threads; use App::run_processor (one processor per task)",
+            config.num_stream_threads
+        )));
+    }
     let base = client_config(&config);
     // TLS and SASL failures are typed errors at once, not a startup timeout.
     let security = crate::group::Security::from_kafka_config(&config.kafka_overrides)?;
@@ -298,7 +305,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             .map_err(|e| Error::io("kstate-fetch-wake thread", e))?;
         // SAFETY: `records` is declared after the consumer and dropped
         // before it on every path.
-        let records = unsafe { QueueHandle::new(&consumer) };
+        let records = unsafe { queues::RecordQueues::new(&consumer, config.num_stream_threads) };
         // Removed again on every path out of this scope.
         let _installed = WakerInstalled::install(&shared, waker);
         // The global tables' followers stop when this scope ends, on every path.

@@ -10,7 +10,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Message, Offset};
 
 use crate::shutdown::ShutdownHandle;
-use crate::kafka::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
+use crate::kafka::consumer_batch::{pending_events, serve_consumer_queue, PolledBatch, PolledMessage, POLL_BATCH};
 use crate::config::AppConfig;
 use crate::error::{Error, Result};
 use crate::group::Membership;
@@ -20,6 +20,8 @@ use crate::record::{Headers, Record, TimestampType};
 use super::callbacks::Callbacks;
 use super::dispatch::{Dispatch, ProcessorSet};
 use super::merge::InputMerge;
+use super::queues::RecordQueues;
+use super::threads::{process_batches, PassParts};
 use super::disk_gauges::DiskGauges;
 use super::events::apply_group_events;
 use super::{RuntimeContext, Shared};
@@ -28,14 +30,17 @@ use super::{RuntimeContext, Shared};
 const IDLE_WAIT: Duration = Duration::from_millis(10);
 /// Records processed between checks of the commit deadline and shutdown
 /// inside a polled batch (a clock read per record would cost ~2% at 1M/s).
-const DEADLINE_CHECK_EVERY: usize = 32;
+pub(super) const DEADLINE_CHECK_EVERY: usize = 32;
+/// Several threads: how long an idle loop waits on one queue before it
+/// looks at the next (a record's added latency when all were idle).
+const WAIT_SLICE: Duration = Duration::from_millis(1);
 
 /// What the processing loop works with.
 pub(super) struct LoopParts<'a> {
     pub(super) config: &'a AppConfig,
     pub(super) shutdown: &'a ShutdownHandle,
     pub(super) consumer: &'a BaseConsumer<RuntimeContext>,
-    pub(super) records: &'a QueueHandle,
+    pub(super) records: &'a RecordQueues,
     pub(super) membership: &'a Membership,
     pub(super) shared: &'a Shared,
     pub(super) store_index: &'a HashMap<String, usize>,
@@ -45,7 +50,10 @@ pub(super) struct LoopParts<'a> {
 pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &mut S) -> Result<()> {
     let LoopParts { config, shutdown, consumer, records, membership, shared, store_index, globals } = parts;
     let dispatch = Dispatch { callbacks: Callbacks { config, store_index, globals: Some(globals) }, consumer };
-    let mut polled = PolledBatch::new(records, POLL_BATCH);
+    // One batch per processing thread's queue, and its error log.
+    let mut polled: Vec<PolledBatch<'_>> = records.queues().iter().map(|q| PolledBatch::new(q, POLL_BATCH)).collect();
+    let mut errors: Vec<ErrorLog> = polled.iter().map(|_| ErrorLog::default()).collect();
+    let mut next_wait = 0;
     let mut consumer_errors = ErrorLog::default();
     let mut last_commit = Instant::now();
     // Several input topics: each task's records merged in timestamp order.
@@ -121,66 +129,36 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
             std::thread::sleep(IDLE_WAIT);
             continue;
         }
-        // The record queue, in batches. Waiting here delays events, task
+        // The record queues, in batches. Waiting here delays events, task
         // openings and restored tasks: only briefly, and not at all when
         // an event is already waiting.
         let wait = if pending_events(consumer) > 0 { Duration::ZERO } else { IDLE_WAIT };
-        if polled.poll(wait) > 0 {
+        let filled = poll_queues(&mut polled, wait, &mut next_wait);
+        if filled > 0 {
             let mut tasks = shared.tasks.lock().expect("task lock");
-            let mut seek_back = Vec::new();
-            for (i, msg) in polled.iter().enumerate() {
-                // A batch of a slow processor can take seconds: keep to the
-                // commit interval and stop promptly on shutdown inside it
-                // (records not processed are not committed).
-                if i > 0 && i % DEADLINE_CHECK_EVERY == 0 {
-                    if shutdown.is_shutdown() {
-                        break;
-                    }
-                    membership.polled();
-                    if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
-                        last_commit = Instant::now();
-                    }
-                    if tasks.is_parked() {
-                        // Exactly-once: a commit waits for the group's new
-                        // generation; the rest of the batch must not add
-                        // outputs to its transaction. Read it again later.
-                        seek_back.extend(polled.iter().skip(i).filter_map(|m| {
-                            Some((std::str::from_utf8(m.topic()).ok()?.to_string(), m.partition(), m.offset()))
-                        }));
-                        break;
-                    }
-                }
-                let (partition, offset) = (msg.partition(), msg.offset());
-                let Ok(topic) = std::str::from_utf8(msg.topic()) else { continue }; // names are ASCII
-                if let Some(e) = msg.error() {
-                    consumer_errors.warn_at(&e, topic, partition, offset);
-                    // A batch poll moves the position past an error too, but
-                    // its offset is the next record not yet delivered: seek
-                    // back so no record is skipped.
-                    if offset >= 0 {
-                        seek_back.push((topic.to_string(), partition, offset));
-                    }
-                    continue;
-                }
-                if !seek_back.is_empty() {
-                    // Delivered after all: no need to seek back for it.
-                    seek_back.retain(|(t, p, o)| !(*p == partition && t == topic && offset >= *o));
-                }
-                let record = Record {
-                    topic,
-                    partition,
-                    offset,
-                    timestamp: msg.timestamp(),
-                    timestamp_type: msg.timestamp_type(),
-                    key: msg.key(),
-                    value: msg.payload(),
-                    headers: msg.headers(),
+            let mut parallel = false;
+            if filled > 1 && merge.is_none() {
+                let parts = PassParts {
+                    callbacks: &dispatch.callbacks,
+                    consumer,
+                    polled: membership.poll_signal(),
+                    shutdown,
+                    // Overdue already (a commit in flight kept the next
+                    // from starting): a whole interval, not 32 records.
+                    commit_due: match last_commit + config.commit_interval {
+                        due if due > Instant::now() => due,
+                        _ => Instant::now() + config.commit_interval,
+                    },
                 };
-                if !merge.as_ref().is_some_and(|m| m.hold(config, &mut tasks, &record)) {
-                    dispatch.process_one(&mut tasks, &record, processors)?;
+                let mut batches: Vec<_> = polled.iter_mut().zip(errors.iter_mut()).filter(|(b, _)| !b.is_empty()).collect();
+                parallel = process_batches(&parts, &mut batches, &mut tasks, processors)?;
+            }
+            if !parallel {
+                for (batch, errors) in polled.iter_mut().zip(errors.iter_mut()).filter(|(b, _)| !b.is_empty()) {
+                    let parts = PassEnv { dispatch: &dispatch, config, consumer, membership, shutdown, merge: merge.as_ref() };
+                    process_polled(&parts, batch, errors, &mut tasks, processors, &mut last_commit)?;
                 }
             }
-            seek_back_to(consumer, seek_back);
             if tasks.uncommitted_bytes() >= config.max_uncommitted_bytes && tasks.commit_pipelined(consumer)? {
                 last_commit = Instant::now();
             }
@@ -195,6 +173,110 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
         }
     }
     Ok(())
+}
+
+/// What processing a polled batch on the poll thread needs besides it.
+struct PassEnv<'a, 'd> {
+    dispatch: &'a Dispatch<'d>,
+    config: &'a AppConfig,
+    consumer: &'a BaseConsumer<RuntimeContext>,
+    membership: &'a Membership,
+    shutdown: &'a ShutdownHandle,
+    merge: Option<&'a InputMerge>,
+}
+
+/// Processes a polled batch on the poll thread, record by record, keeping
+/// to the commit interval inside it.
+fn process_polled<S: ProcessorSet>(
+    parts: &PassEnv<'_, '_>,
+    polled: &mut PolledBatch<'_>,
+    consumer_errors: &mut ErrorLog,
+    tasks: &mut crate::task::TaskManager,
+    processors: &mut S,
+    last_commit: &mut Instant,
+) -> Result<()> {
+    let PassEnv { dispatch, config, consumer, membership, shutdown, merge } = *parts;
+    let mut seek_back = Vec::new();
+    for (i, msg) in polled.iter().enumerate() {
+        // A batch of a slow processor can take seconds: keep to the
+        // commit interval and stop promptly on shutdown inside it
+        // (records not processed are not committed).
+        if i % DEADLINE_CHECK_EVERY == 0 {
+            if i > 0 && shutdown.is_shutdown() {
+                break;
+            }
+            if i > 0 {
+                membership.polled();
+                if last_commit.elapsed() >= config.commit_interval && tasks.commit_pipelined(consumer)? {
+                    *last_commit = Instant::now();
+                }
+            }
+            if tasks.is_parked() {
+                // Exactly-once: a commit waits for the group's new
+                // generation; the rest of the batch must not add
+                // outputs to its transaction. Read it again later.
+                seek_back.extend(polled.iter().skip(i).filter_map(|m| {
+                    Some((std::str::from_utf8(m.topic()).ok()?.to_string(), m.partition(), m.offset()))
+                }));
+                break;
+            }
+        }
+        let Some(record) = record_of(&msg, consumer_errors, &mut seek_back) else { continue };
+        if !merge.is_some_and(|m| m.hold(config, tasks, &record)) {
+            dispatch.process_one(tasks, &record, processors)?;
+        }
+    }
+    seek_back_to(consumer, seek_back);
+    Ok(())
+}
+
+/// The record a polled message holds; `None` for a consumer error (logged,
+/// and its partition read again from there: a batch poll moves the
+/// position past an error too, but its offset is the next record not yet
+/// delivered).
+pub(super) fn record_of<'b>(msg: &PolledMessage<'b>, errors: &mut ErrorLog, seek_back: &mut Vec<(String, i32, i64)>) -> Option<Record<'b>> {
+    let (partition, offset) = (msg.partition(), msg.offset());
+    let topic = std::str::from_utf8(msg.topic()).ok()?; // names are ASCII
+    if let Some(e) = msg.error() {
+        errors.warn_at(&e, topic, partition, offset);
+        if offset >= 0 {
+            seek_back.push((topic.to_string(), partition, offset));
+        }
+        return None;
+    }
+    if !seek_back.is_empty() {
+        // Delivered after all: no need to seek back for it.
+        seek_back.retain(|(t, p, o)| !(*p == partition && t == topic && offset >= *o));
+    }
+    Some(Record {
+        topic,
+        partition,
+        offset,
+        timestamp: msg.timestamp(),
+        timestamp_type: msg.timestamp_type(),
+        key: msg.key(),
+        value: msg.payload(),
+        headers: msg.headers(),
+    })
+}
+
+/// Polls every thread's queue once: all at once, or with none queued,
+/// waits up to `wait` for one of them (in slices of [`WAIT_SLICE`] per
+/// queue, starting with the one after `next_wait`'s last). Returns how
+/// many batches hold records.
+fn poll_queues(batches: &mut [PolledBatch<'_>], wait: Duration, next_wait: &mut usize) -> usize {
+    if let [batch] = batches {
+        return usize::from(batch.poll(wait) > 0);
+    }
+    let mut filled = batches.iter_mut().filter_map(|b| (b.poll(Duration::ZERO) > 0).then_some(())).count();
+    let until = Instant::now() + wait;
+    while filled == 0 && Instant::now() < until {
+        *next_wait = (*next_wait + 1) % batches.len();
+        if batches[*next_wait].poll(WAIT_SLICE) > 0 {
+            filled = 1 + batches.iter_mut().enumerate().filter_map(|(i, b)| (i != *next_wait && b.poll(Duration::ZERO) > 0).then_some(())).count();
+        }
+    }
+    filled
 }
 
 /// What processing held records needs besides them and the tasks.
@@ -256,13 +338,14 @@ fn drain_merged<S: ProcessorSet>(
 /// Seeks each partition among `records` (topic, partition, offset) back to
 /// the lowest of its offsets, so that no record that was not processed is
 /// skipped. Negative offsets (none known) are ignored.
-fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i32, i64)>) {
+pub(super) fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i32, i64)>) {
     let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
     for (topic, partition, offset) in records.into_iter().filter(|r| r.2 >= 0) {
         let o = lowest.entry((topic, partition)).or_insert(offset);
         *o = (*o).min(offset);
     }
     for ((topic, partition), offset) in lowest {
+        tracing::debug!(%topic, partition, offset, "seeking back to records not processed");
         if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
             tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
         }
@@ -274,7 +357,7 @@ fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i
 /// second. Each distinct message is logged once per [`ERROR_LOG_EVERY`],
 /// with the number of repeats held back.
 #[derive(Default)]
-struct ErrorLog {
+pub(super) struct ErrorLog {
     seen: HashMap<String, (Instant, u64)>,
 }
 

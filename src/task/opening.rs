@@ -337,6 +337,7 @@ impl TaskManager {
             task.state = TaskState::Running;
             for topic in &task.topics {
                 if let Some(offset) = task.rewind.remove(topic) {
+                    tracing::debug!(%topic, offset, "reading again the records set aside while the task did not run");
                     consumer.seek(topic, task.partition, Offset::Offset(offset), Duration::from_secs(10))?;
                 }
             }

@@ -10,6 +10,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only window [--records N]  # hopping-window counts and their restore
     python3 testing/bench/run.py --only snapshot [--records N]  # restore from a snapshot in S3 (MinIO)
     python3 testing/bench/run.py --only processor [--records N]  # the Processor trait vs the closure
+    python3 testing/bench/run.py --only threads [--records N] [--work R]  # 1, 2 and 4 processing threads
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -625,6 +626,36 @@ class Suite:
             print(f"processor rep {rep}: trait / closure = {rps['trait'] / rps['closure']:.3f} "
                   f"({rps['trait']:,.0f} vs {rps['closure']:,.0f} records/s)")
 
+    # ---- processing threads ----------------------------------------------
+
+    THREAD_COUNTS = [1, 2, 4]
+
+    def threads(self):
+        """kstate-write as a Processor per task with CPU work per record (a
+        read-modify-write mixing the value --work times), on 8 input
+        partitions, with 1, 2 and 4 processing threads in turn within each
+        rep (the order rotated every rep); prints each rep's ratios to one
+        thread. The machine's cores are printed: the broker runs on them too."""
+        inp = f"{self.run_id}-th-input"
+        n = self.a.records
+        log(f"generating {n} input records into {inp} (8 partitions); {os.cpu_count()} cores")
+        self.gen(inp, n, compact=False, partitions=8)
+        for rep in range(self.a.reps):
+            counts = self.THREAD_COUNTS[rep % 3:] + self.THREAD_COUNTS[:rep % 3]
+            rps = {}
+            for t in counts:
+                app = f"{self.run_id}-th{rep}-{t}"
+                state = os.path.join(self.tmp, f"th{rep}-{t}")
+                r = run_json([self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
+                              "--records", str(n), "--state-dir", state, "--processor", "trait",
+                              "--threads", str(t), "--work", str(self.a.work)])
+                rps[t] = r["records_per_sec"]
+                self.record("threads", f"kstate-{t}-threads", r)
+                self.delete_topics(f"{app}-")
+                shutil.rmtree(state, ignore_errors=True)
+            print(f"threads rep {rep}: 2 / 1 = {rps[2] / rps[1]:.3f}, 4 / 1 = {rps[4] / rps[1]:.3f} "
+                  f"({rps[1]:,.0f} / {rps[2]:,.0f} / {rps[4]:,.0f} records/s)")
+
     # ---- failover --------------------------------------------------------
 
     # kstate-1-peers: one standby and failure detection among the
@@ -1177,7 +1208,7 @@ class Suite:
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
                      "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams",
-                     "processor": "closure"}
+                     "processor": "closure", "threads": "kstate-1-threads"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -1230,8 +1261,10 @@ def main():
     p.add_argument("--records", type=int, default=None)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--work", type=int, default=20,
+                   help="threads scenario: rounds of CPU work per record (a read-modify-write mixing the value)")
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor"], default=None,
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads"], default=None,
                    help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1283,6 +1316,8 @@ def main():
             suite.snapshot()
         if a.only == "processor":
             suite.processor()
+        if a.only == "threads":
+            suite.threads()
         suite.report()
     finally:
         if suite is not None:

@@ -306,7 +306,7 @@ impl Running {
     /// [`Running::start`] with a [`kstate::Processor`] per task.
     pub fn start_processor<P, F>(builder: AppBuilder, factory: F) -> Running
     where
-        P: kstate::Processor,
+        P: kstate::Processor + Send,
         F: FnMut(i32) -> P + Send + 'static,
     {
         let app: App = builder.build().expect("valid config");

@@ -21,6 +21,9 @@ pub(crate) struct Transactions {
     /// The producer's `transactional.id`.
     pub(crate) id: String,
     open: std::sync::atomic::AtomicBool,
+    /// Held while a transaction begins: with several processing threads
+    /// two first sends of a transaction may race to begin it.
+    beginning: std::sync::Mutex<()>,
     /// A send of the open transaction was refused in a way that dooms the
     /// transaction (see [`dooms_transaction_only`]): it must be aborted.
     pub(super) broken: std::sync::atomic::AtomicBool,
@@ -129,7 +132,7 @@ impl ChangelogProducer {
         config_for_changelogs(&mut config, message_max_bytes)
             .set("transactional.id", &transactional_id)
             .set("transaction.timeout.ms", transaction_timeout.as_millis().to_string());
-        let txn = Transactions { id: transactional_id, open: Default::default(), broken: Default::default() };
+        let txn = Transactions { id: transactional_id, open: Default::default(), beginning: Default::default(), broken: Default::default() };
         let producer = Self::create(&mut config, queue_timeout, Some(txn))?;
         let started = Instant::now();
         loop {
@@ -180,6 +183,10 @@ impl ChangelogProducer {
         let Some(txn) = &self.txn else { return Ok(()) };
         if txn.open.load(Ordering::Acquire) {
             return Ok(());
+        }
+        let _beginning = txn.beginning.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if txn.open.load(Ordering::Acquire) {
+            return Ok(()); // another thread began it meanwhile
         }
         // SAFETY: a live producer handle.
         match unsafe { TxnError::take("begin", rdsys::rd_kafka_begin_transaction(self.native())) } {

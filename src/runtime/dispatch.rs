@@ -230,6 +230,17 @@ impl Callbacks<'_> {
         processor: &mut P,
         fresh: (bool, bool),
     ) -> Result<Option<TaskFault>> {
+        if task.processed_to.get(record.topic).is_some_and(|next| record.offset < *next) {
+            // Processed by this incarnation already: librdkafka fetched it
+            // again (its offset lookup of a partition with no committed
+            // offset can restart the fetch after a seek; §15). Once more
+            // would apply it twice.
+            if !std::mem::replace(&mut task.redelivery_logged, true) {
+                tracing::warn!(partition = task.partition, topic = record.topic, offset = record.offset, next = task.processed_to[record.topic],
+                    "the consumer delivered records this task had processed already; skipping them (logged once per task)");
+            }
+            return Ok(None);
+        }
         let handled = self.record(&mut parts(task), outputs, record, processor, fresh)?;
         if handled.processed {
             mark_processed(task, record.topic, record.offset);
@@ -245,6 +256,12 @@ impl Callbacks<'_> {
 /// Counts the record and moves the task's next offset to commit past it.
 fn mark_processed(task: &mut Task, topic: &str, offset: i64) {
     task.processed.increment(1);
+    match task.processed_to.get_mut(topic) {
+        Some(next) => *next = offset + 1,
+        None => {
+            task.processed_to.insert(topic.to_string(), offset + 1);
+        }
+    }
     // No String allocation per record: the topic's entry exists after its first record.
     match task.offsets.get_mut(topic) {
         Some(next) => *next = offset + 1,

@@ -49,6 +49,9 @@ struct Outcome {
     /// Records not processed: (topic, partition, offset), to seek back to.
     seek_back: Vec<(String, i32, i64)>,
     error: Option<Error>,
+    /// Tasks whose processor was built for this pass but got no record
+    /// (its `init` has not run): dropped, to be built again.
+    not_initialised: Vec<(i32, u64)>,
 }
 
 /// Processes the polled `batches` (each of one thread's queue) in
@@ -101,7 +104,7 @@ pub(super) fn process_batches<S: ProcessorSet>(
             let (abort, outputs) = (&abort, outputs);
             let spawned = std::thread::Builder::new()
                 .name(format!("kstate-stream-{}", i + 1))
-                .spawn_scoped(scope, move || process_share(parts, messages, share, outputs, errors, abort, callbacks));
+                .spawn_scoped(scope, move || guarded(abort, || process_share(parts, messages, share, outputs, errors, abort, callbacks)));
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(e) => {
@@ -114,17 +117,27 @@ pub(super) fn process_batches<S: ProcessorSet>(
             }
         }
         let mut outcomes: Vec<Outcome> = failed.into_iter().collect();
+        let mut panicked = None;
         if let Some(((messages, share), errors)) = first {
-            outcomes.push(process_share(parts, messages, share, outputs, errors, &abort, callbacks));
+            match guarded(&abort, || process_share(parts, messages, share, outputs, errors, &abort, callbacks)) {
+                Ok(o) => outcomes.push(o),
+                Err(panic) => panicked = Some(panic),
+            }
         }
         for h in handles {
             match h.join() {
-                Ok(o) => outcomes.push(o),
-                Err(panic) => std::panic::resume_unwind(panic),
+                Ok(Ok(o)) => outcomes.push(o),
+                Ok(Err(panic)) | Err(panic) => panicked = panicked.or(Some(panic)),
             }
+        }
+        if let Some(panic) = panicked {
+            std::panic::resume_unwind(panic);
         }
         outcomes
     });
+    for (partition, incarnation) in outcomes.iter().flat_map(|o| o.not_initialised.iter()) {
+        drop(set.take(*partition, *incarnation));
+    }
     // Seek back first: a re-initialised task then restarts where it must,
     // whatever a seek here said.
     seek_back_to(parts.consumer, outcomes.iter().flat_map(|o| o.seek_back.iter().cloned()).collect());
@@ -185,7 +198,8 @@ fn process_share(
         }
         let Some((processor, fresh)) = slot.processor.as_mut() else { continue };
         let first = std::mem::take(fresh);
-        match parts.callbacks.handle(slot.task, outputs, &record, &mut **processor, (first, callbacks)) {
+        let handled = parts.callbacks.handle(slot.task, outputs, &record, &mut **processor, (first, callbacks));
+        match handled {
             Ok(None) => {}
             Ok(Some(fault)) => {
                 faulted.push(record.partition);
@@ -198,5 +212,17 @@ fn process_share(
             }
         }
     }
+    outcome.not_initialised =
+        share.values().filter(|s| s.processor.as_ref().is_some_and(|(_, fresh)| *fresh)).map(|s| (s.task.partition, s.task.incarnation())).collect();
     outcome
+}
+
+/// Runs a thread's share; a panic (kstate's own: a processor's is caught
+/// as its error) stops the other threads before it is passed on.
+fn guarded(abort: &AtomicBool, share: impl FnOnce() -> Outcome) -> std::thread::Result<Outcome> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(share));
+    if result.is_err() {
+        abort.store(true, Ordering::Release);
+    }
+    result
 }

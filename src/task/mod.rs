@@ -92,6 +92,12 @@ pub(crate) struct Task {
     /// First offset of records that arrived before the task ran and were
     /// dropped; the consumer seeks back here when the task starts running.
     pub(crate) rewind: HashMap<String, i64>,
+    /// Per input topic, the offset after the last record processed by this
+    /// incarnation (never drained): a record below it was delivered again
+    /// (architecture.md §15) and is skipped.
+    pub(crate) processed_to: HashMap<String, i64>,
+    /// Whether such a record was logged already.
+    pub(crate) redelivery_logged: bool,
     /// Per input topic, where processing restarts if the task is
     /// re-initialised: the last committed offset, or the first record
     /// processed since the task started.
@@ -138,6 +144,8 @@ impl Task {
             topics,
             stores: Vec::new(),
             offsets: HashMap::new(),
+            processed_to: HashMap::new(),
+            redelivery_logged: false,
             restart_from: rewind.clone(),
             rewind,
             incarnation,

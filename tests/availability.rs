@@ -7,6 +7,8 @@
 //! `KSTATE_CHILD`.
 
 mod common;
+#[path = "common/recorded.rs"]
+mod recorded;
 
 use std::io::Read;
 use std::path::Path;
@@ -16,6 +18,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
+use recorded::metrics;
 use kstate::{Error, ProcessingDecision, StoreDefinition};
 
 /// The tests of this file run one at a time: they measure pauses, which
@@ -26,29 +29,9 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The process-wide metrics recorder of this test binary (installed once).
-fn metrics() -> &'static metrics_util::debugging::Snapshotter {
-    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = metrics_util::debugging::DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this test binary");
-        snapshotter
-    })
-}
-
 /// The value of counter `name` with exactly these labels, if recorded.
 fn counter(name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-    metrics().snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
-        let key = key.key();
-        let same = key.name() == name
-            && key.labels().count() == labels.len()
-            && key.labels().all(|l| labels.contains(&(l.key(), l.value())));
-        match value {
-            metrics_util::debugging::DebugValue::Counter(n) if same => Some(n),
-            _ => None,
-        }
-    })
+    recorded::metric(name, labels).map(|n| n as u64)
 }
 
 /// A child instance: runs the application until its stdin closes, then

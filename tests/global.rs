@@ -5,36 +5,15 @@
 //! missing topic refused at startup.
 
 mod common;
+#[path = "common/recorded.rs"]
+mod recorded;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::*;
+use recorded::{metric, metrics};
 use kstate::{Error, Output};
-
-/// The test binary's metrics recorder.
-fn metrics() -> &'static metrics_util::debugging::Snapshotter {
-    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = metrics_util::debugging::DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this test binary");
-        snapshotter
-    })
-}
-
-/// The value of the counter or gauge `name` with exactly these labels, if recorded.
-fn metric(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    metrics().snapshot().into_vec().into_iter().find_map(|(key, _, _, value)| {
-        let key = key.key();
-        let same = key.name() == name && key.labels().count() == labels.len() && key.labels().all(|l| labels.contains(&(l.key(), l.value())));
-        match value {
-            metrics_util::debugging::DebugValue::Counter(n) if same => Some(n as f64),
-            metrics_util::debugging::DebugValue::Gauge(g) if same => Some(g.into_inner()),
-            _ => None,
-        }
-    })
-}
 
 /// Looks up each input record's key in the global table `countries` and
 /// sends `<key> = <value or "missing">` to `out`.

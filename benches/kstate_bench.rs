@@ -13,7 +13,7 @@
 //!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record)
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record)
 //!   — kstate putting every input record; with `--output`, also sending it unchanged to T
 //!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
@@ -134,6 +134,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             (
                 opt(args, "--threads").map_or(Ok(1), str::parse)?,
                 opt(args, "--work").map_or(Ok(0), str::parse)?,
+                opt(args, "--max-state-memory-mib").ok().map(str::parse).transpose()?,
             ),
         ),
         "kstate-time" => kstate_time(
@@ -688,14 +689,17 @@ fn kstate_write(
     output: Option<&str>,
     guarantee: ProcessingGuarantee,
     as_trait: bool,
-    (threads, work): (usize, u32),
+    (threads, work, memory): (usize, u32, Option<usize>),
 ) -> Result<String, BoxError> {
-    let app = bench_app(bootstrap, app, input, state)
+    let mut app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new("kv"))
         .commit_interval(Duration::from_millis(100))
         .processing_guarantee(guarantee)
-        .num_stream_threads(threads)
-        .build()?;
+        .num_stream_threads(threads);
+    if let Some(mib) = memory {
+        app = app.max_state_memory(mib << 20);
+    }
+    let app = app.build()?;
     let body = WriteBody {
         out_topic: output.map(str::to_string),
         records,

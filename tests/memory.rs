@@ -42,10 +42,13 @@ fn memory_child() {
         builder = builder.store(StoreDefinition::new(format!("s{s}")));
     }
     // Keep what is not RocksDB small, so that the stores' memory shows:
-    // uncommitted writes and the consumers' prefetch.
+    // uncommitted writes and the consumers' prefetch, which librdkafka
+    // bounds per partition (the record queues are partition queues): 256
+    // KiB x 64 input partitions. At 2 MiB each it held ~20 MiB more while
+    // memtable flushes held processing back.
     builder = builder
         .max_uncommitted_bytes(2 << 20)
-        .kafka_config("queued.max.messages.kbytes", "2048")
+        .kafka_config("queued.max.messages.kbytes", "256")
         .kafka_config("fetch.max.bytes", "1048576");
     if bounded == "1" {
         builder = builder.max_state_memory(BOUND);
@@ -101,15 +104,15 @@ fn hundreds_of_store_partitions_stay_within_max_state_memory() {
     eprintln!("peak RSS: {} MiB without a bound, {} MiB with max_state_memory {} MiB ({} store partitions, {} MiB written per store)",
         unbounded / 1024, bounded / 1024, BOUND >> 20, PARTITIONS as usize * STORES, (PARTITIONS as usize * PER_PARTITION * VALUE_BYTES) >> 20);
     // Without a bound every store partition keeps its 2 MiB in a memtable
-    // (512 MiB in all); with it the memtables stay within half the bound.
-    // The margin over the idle instance covers the bound itself, the
-    // uncommitted writes (2 MiB), flushes in progress and what RocksDB keeps
-    // per open SST file and database (measured: 242 MiB over idle at 64 MiB).
-    const MARGIN_KB: u64 = 256 << 10;
+    // (512 MiB in all); with it the memtables stay within half the bound,
+    // and what the instance holds beyond an idle one stays within 1.25x the
+    // bound: the bound itself, the uncommitted writes (2 MiB), flushes in
+    // progress, and memory freed but kept by the allocator (glibc's mmap
+    // threshold is fixed for that: src/store/memory.rs).
     assert!(bounded < unbounded * 6 / 10, "the bound saved too little: {bounded} KiB vs {unbounded} KiB unbounded");
     assert!(
-        bounded.saturating_sub(idle) < (BOUND as u64 >> 10) + MARGIN_KB,
-        "{bounded} KiB peak with a {} MiB bound, idle {idle} KiB",
+        bounded.saturating_sub(idle) <= (BOUND as u64 >> 10) * 5 / 4,
+        "{bounded} KiB peak with a {} MiB bound, idle {idle} KiB: more than 1.25x the bound over idle",
         BOUND >> 20
     );
 }

@@ -165,7 +165,10 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     restore_config.set("group.id", format!("{}-kstate-restore", config.application_id));
     let listener = config.restore_listener.clone().unwrap_or_else(|| Arc::new(NoopListener));
     let resources = match config.max_state_memory {
-        Some(total) => EngineResources::bounded(total, config.write_buffer_bytes),
+        Some(total) => {
+            crate::store::memory::return_freed_memory();
+            EngineResources::bounded(total, config.write_buffer_bytes)
+        }
         None => EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes),
     };
     // Global tables are current before this instance joins the group (a

@@ -9,6 +9,7 @@
 
 pub(crate) mod engine;
 pub(crate) mod lock;
+pub(crate) mod memory;
 pub(crate) mod overlay;
 pub(crate) mod published;
 pub(crate) mod schema;

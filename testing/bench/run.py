@@ -618,7 +618,8 @@ class Suite:
                 out = self.fresh_topic(f"{app}-out")
                 state = os.path.join(self.tmp, f"pr{rep}-{variant}")
                 r = run_json([self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
-                              "--records", str(n), "--state-dir", state, "--output", out, "--processor", variant])
+                              "--records", str(n), "--state-dir", state, "--output", out, "--processor", variant]
+                             + (["--max-state-memory-mib", str(self.a.max_state_memory_mib)] if self.a.max_state_memory_mib else []))
                 rps[variant] = r["records_per_sec"]
                 self.record("processor", variant, r)
                 self.delete_topics(f"{app}-")
@@ -1261,6 +1262,8 @@ def main():
     p.add_argument("--records", type=int, default=None)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--max-state-memory-mib", type=int, default=None,
+                   help="processor scenario: run kstate with max_state_memory of this many MiB")
     p.add_argument("--work", type=int, default=20,
                    help="threads scenario: rounds of CPU work per record (a read-modify-write mixing the value)")
     p.add_argument("--java-heap", default="1g")

@@ -15,10 +15,11 @@ use crate::config::AppConfig;
 use crate::error::{Error, Result};
 use crate::group::Membership;
 use crate::record::{Headers, Record, TimestampType};
+use crate::task::{TaskManager, TaskState};
 
 
 use super::callbacks::Callbacks;
-use super::dispatch::{Dispatch, ProcessorSet};
+use super::dispatch::{set_aside, Dispatch, ProcessorSet};
 use super::merge::InputMerge;
 use super::queues::RecordQueues;
 use super::threads::{process_batches, PassParts};
@@ -121,7 +122,7 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
             }
             Ok(())
         })?;
-        seek_back_to(consumer, not_processed);
+        seek_back_to(consumer, &mut shared.tasks.lock().expect("task lock"), not_processed)?;
         // At the bound on uncommitted writes, with a commit still being
         // written (brokers slow or away): take no records until it lands,
         // but keep serving the group (rebalances, heartbeats, max.poll.interval).
@@ -191,7 +192,7 @@ fn process_polled<S: ProcessorSet>(
     parts: &PassEnv<'_, '_>,
     polled: &mut PolledBatch<'_>,
     consumer_errors: &mut ErrorLog,
-    tasks: &mut crate::task::TaskManager,
+    tasks: &mut TaskManager,
     processors: &mut S,
     last_commit: &mut Instant,
 ) -> Result<()> {
@@ -226,8 +227,7 @@ fn process_polled<S: ProcessorSet>(
             dispatch.process_one(tasks, &record, processors)?;
         }
     }
-    seek_back_to(consumer, seek_back);
-    Ok(())
+    seek_back_to(consumer, tasks, seek_back)
 }
 
 /// The record a polled message holds; `None` for a consumer error (logged,
@@ -293,7 +293,7 @@ struct DrainParts<'a, 'd> {
 fn drain_merged<S: ProcessorSet>(
     merge: &InputMerge,
     parts: DrainParts<'_, '_>,
-    tasks: &mut crate::task::TaskManager,
+    tasks: &mut TaskManager,
     processors: &mut S,
     last_commit: &mut Instant,
 ) -> Result<()> {
@@ -337,8 +337,11 @@ fn drain_merged<S: ProcessorSet>(
 
 /// Seeks each partition among `records` (topic, partition, offset) back to
 /// the lowest of its offsets, so that no record that was not processed is
-/// skipped. Negative offsets (none known) are ignored.
-pub(super) fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec<(String, i32, i64)>) {
+/// skipped. Negative offsets (none known) are ignored. A seek that fails
+/// would leave the position past those records: a running task is
+/// re-initialised (it restarts from its committed offsets), another one
+/// reads them again when it runs.
+pub(super) fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, tasks: &mut TaskManager, records: Vec<(String, i32, i64)>) -> Result<()> {
     let mut lowest: HashMap<(String, i32), i64> = HashMap::new();
     for (topic, partition, offset) in records.into_iter().filter(|r| r.2 >= 0) {
         let o = lowest.entry((topic, partition)).or_insert(offset);
@@ -346,10 +349,15 @@ pub(super) fn seek_back_to(consumer: &BaseConsumer<RuntimeContext>, records: Vec
     }
     for ((topic, partition), offset) in lowest {
         tracing::debug!(%topic, partition, offset, "seeking back to records not processed");
-        if let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
-            tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed");
+        let Err(e) = consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(10)) else { continue };
+        tracing::warn!(error = %e, %topic, partition, offset, "seeking back to records not processed failed; the task reads them again");
+        match tasks.tasks.get_mut(&partition) {
+            Some(task) if task.state == TaskState::Running => tasks.reinitialise_task(consumer, partition, Error::from(e))?,
+            Some(task) => set_aside(task, &topic, offset),
+            None => {} // revoked: its next owner starts from the committed offset
         }
     }
+    Ok(())
 }
 
 /// Logs consumer errors without flooding: while brokers are down librdkafka

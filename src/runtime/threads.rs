@@ -140,7 +140,7 @@ pub(super) fn process_batches<S: ProcessorSet>(
     }
     // Seek back first: a re-initialised task then restarts where it must,
     // whatever a seek here said.
-    seek_back_to(parts.consumer, outcomes.iter().flat_map(|o| o.seek_back.iter().cloned()).collect());
+    seek_back_to(parts.consumer, tasks, outcomes.iter().flat_map(|o| o.seek_back.iter().cloned()).collect())?;
     let mut error = None;
     for outcome in outcomes {
         if error.is_none() {

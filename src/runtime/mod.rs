@@ -10,6 +10,8 @@
 //! - `startup.rs`: what `run` needs before it starts (process id, local
 //!   tasks, client config, input partitions, truncated changelog check);
 //! - `poll_loop.rs`: the processing loop, record by record, with commits;
+//! - `queues.rs`: one record queue per processing thread, tasks placed on them;
+//! - `threads.rs`: the batches of several threads' queues processed in parallel;
 //! - `events.rs`: where an assignment (or its loss) is applied to the task
 //!   manager and the consumer;
 //! - `disk_gauges.rs`: the thread that measures the state dir.

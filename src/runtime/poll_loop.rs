@@ -122,7 +122,9 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
             }
             Ok(())
         })?;
-        seek_back_to(consumer, &mut shared.tasks.lock().expect("task lock"), not_processed)?;
+        if !not_processed.is_empty() {
+            seek_back_to(consumer, &mut shared.tasks.lock().expect("task lock"), not_processed)?;
+        }
         // At the bound on uncommitted writes, with a commit still being
         // written (brokers slow or away): take no records until it lands,
         // but keep serving the group (rebalances, heartbeats, max.poll.interval).
@@ -155,8 +157,8 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
                 parallel = process_batches(&parts, &mut batches, &mut tasks, processors)?;
             }
             if !parallel {
+                let parts = PassEnv { dispatch: &dispatch, config, consumer, membership, shutdown, merge: merge.as_ref() };
                 for (batch, errors) in polled.iter_mut().zip(errors.iter_mut()).filter(|(b, _)| !b.is_empty()) {
-                    let parts = PassEnv { dispatch: &dispatch, config, consumer, membership, shutdown, merge: merge.as_ref() };
                     process_polled(&parts, batch, errors, &mut tasks, processors, &mut last_commit)?;
                 }
             }

@@ -93,7 +93,7 @@ pub(super) fn process_batches<S: ProcessorSet>(
         }
     }
     let abort = AtomicBool::new(false);
-    let work: Vec<_> = batches.iter_mut().map(|(b, e)| (b.lend(), &mut **e)).zip(shares).map(|((m, e), s)| ((m, s), e)).collect();
+    let work: Vec<_> = batches.iter_mut().zip(shares).map(|((b, e), s)| ((b.lend(), s), &mut **e)).collect();
     let callbacks = S::CALLBACKS;
     let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
         let mut work = work.into_iter();

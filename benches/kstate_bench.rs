@@ -13,7 +13,7 @@
 //!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record)
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M] [--block-every K]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record; `--block-every`: a 1 ms sleep every K records, processing that waits on I/O)
 //!   — kstate putting every input record; with `--output`, also sending it unchanged to T
 //!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
@@ -135,6 +135,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
                 opt(args, "--threads").map_or(Ok(1), str::parse)?,
                 opt(args, "--work").map_or(Ok(0), str::parse)?,
                 opt(args, "--max-state-memory-mib").ok().map(str::parse).transpose()?,
+                opt(args, "--block-every").map_or(Ok(0), str::parse)?,
             ),
         ),
         "kstate-time" => kstate_time(
@@ -631,6 +632,9 @@ struct WriteBody {
     /// value mixed with the key's stored value that many times, the result
     /// stored instead of the value (a read-modify-write).
     work: u32,
+    /// A 1 ms sleep every this many records (0: never): processing that
+    /// waits on something else (a lookup, a disk) with the CPU idle.
+    block_every: u64,
 }
 
 impl WriteBody {
@@ -665,7 +669,11 @@ impl WriteBody {
             }
             ctx.send(out)?;
         }
-        if self.seen.fetch_add(1, Ordering::Relaxed) + 1 == self.records {
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.block_every > 0 && seen % self.block_every == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if seen == self.records {
             *self.last.lock().unwrap() = Some(Instant::now());
             self.stop.shutdown();
         }
@@ -689,7 +697,7 @@ fn kstate_write(
     output: Option<&str>,
     guarantee: ProcessingGuarantee,
     as_trait: bool,
-    (threads, work, memory): (usize, u32, Option<usize>),
+    (threads, work, memory, block_every): (usize, u32, Option<usize>, u64),
 ) -> Result<String, BoxError> {
     let mut app = bench_app(bootstrap, app, input, state)
         .store(StoreDefinition::new("kv"))
@@ -708,6 +716,7 @@ fn kstate_write(
         last: Arc::new(Mutex::new(None)),
         stop: app.shutdown_handle(),
         work,
+        block_every,
     };
     let (first, last) = (body.first.clone(), body.last.clone());
     let runner = std::thread::spawn(move || {
@@ -729,7 +738,7 @@ fn kstate_write(
     let output = output.map_or("null".to_string(), |t| format!("{t:?}"));
     let processor = if as_trait { "trait" } else { "closure" };
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work}}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every}}}",
         records as f64 / secs
     ))
 }

@@ -37,9 +37,9 @@ fn count_builder(app: &str, input: &str, state: &Path, guarantee: ProcessingGuar
 
 fn count(out_topic: String) -> impl FnMut(&mut kstate::ProcessorContext<'_>, &kstate::Record<'_>) -> Result<(), Error> + Send + 'static {
     move |ctx, rec| {
-        if rec.offset % 4 == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        // Slow enough that the kills land mid-stream (commits do not
+        // stop processing).
+        std::thread::sleep(Duration::from_millis(1));
         let key = rec.key.unwrap();
         let n = ctx.store("counts")?.get(key)?.map_or(0, |v| String::from_utf8(v).unwrap().parse::<u64>().unwrap()) + 1;
         ctx.store("counts")?.put(key, n.to_string().as_bytes())?;

@@ -2,7 +2,9 @@
 //! the delivery tracker of the outputs sent since the last commit (or a
 //! test driver's topics in memory).
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::{ChangelogProducer, DeliveryTracker, MemoryTopics};
 use crate::error::Result;
@@ -13,7 +15,7 @@ use crate::output::Output;
 /// outputs ([`OutputSink::rotate`]) and waits for exactly those records:
 /// the producer's own count mixes them with outputs sent meanwhile.
 pub(crate) enum OutputSink {
-    Producer { producer: Arc<ChangelogProducer>, current: Arc<DeliveryTracker> },
+    Producer { producer: Arc<ChangelogProducer>, current: Arc<DeliveryTracker>, held: Held },
     /// A test driver's: outputs are kept in memory.
     Memory(Arc<MemoryTopics>),
 }
@@ -21,13 +23,23 @@ pub(crate) enum OutputSink {
 impl OutputSink {
     pub(crate) fn new(producer: Arc<ChangelogProducer>) -> Self {
         let current = producer.tracker(OUTPUTS.into(), -1);
-        OutputSink::Producer { producer, current }
+        OutputSink::Producer { producer, current, held: Held::default() }
     }
 
-    /// Queues `output` (timestamp `default_timestamp` unless it has one).
+    /// Queues `output` (timestamp `default_timestamp` unless it has one),
+    /// or holds it while the previous transaction commits ([`OutputSink::hold`]).
     pub(crate) fn send(&self, output: &Output<'_>, default_timestamp: Option<i64>) -> Result<()> {
         match self {
-            OutputSink::Producer { producer, current } => producer.send_output(current, output, default_timestamp),
+            OutputSink::Producer { producer, current, held } => {
+                if held.holding.load(Ordering::Acquire) {
+                    let mut buffer = held.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Some(buffer) = buffer.as_mut() {
+                        buffer.push(output, default_timestamp);
+                        return Ok(());
+                    }
+                }
+                producer.send_output(current, output, default_timestamp)
+            }
             OutputSink::Memory(topics) => {
                 topics.send_output(output, default_timestamp);
                 Ok(())
@@ -39,7 +51,7 @@ impl OutputSink {
     /// else their tracker, and later outputs go to a fresh one. The commit
     /// settles the tracker, then releases its slot on the producer.
     pub(crate) fn rotate(&mut self) -> Option<Arc<DeliveryTracker>> {
-        let OutputSink::Producer { producer, current } = self else { return None };
+        let OutputSink::Producer { producer, current, .. } = self else { return None };
         if !current.used() {
             return None;
         }
@@ -51,11 +63,120 @@ impl OutputSink {
     /// so that the aborted outputs' failures (purged from the queue) do
     /// not fail the next commit. The old tracker's slot is freed once its
     /// deliveries are all reported (else it stays registered: they need it).
+    /// Held outputs are dropped too.
     pub(crate) fn reset(&mut self) {
-        let OutputSink::Producer { producer, current } = self else { return };
+        let OutputSink::Producer { producer, current, held } = self else { return };
+        let dropped = held.take().map_or(0, |b| b.records.len());
+        if dropped > 0 {
+            tracing::debug!(outputs = dropped, "outputs held for the next transaction dropped");
+        }
         let fresh = producer.tracker(OUTPUTS.into(), -1);
         let old = std::mem::replace(current, fresh);
         producer.release(&old);
+    }
+
+    /// Exactly-once, as a transaction starts committing off the processing
+    /// thread: later outputs are copied into memory instead of sent, since
+    /// they belong to the next transaction, which cannot begin before this
+    /// one ends (docs/architecture.md, "Under exactly-once", 3a).
+    /// [`OutputSink::release`] sends them.
+    pub(crate) fn hold(&self) {
+        let OutputSink::Producer { held, .. } = self else { return };
+        let mut buffer = held.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        buffer.get_or_insert_with(HeldOutputs::default);
+        held.holding.store(true, Ordering::Release);
+    }
+
+    /// Whether outputs are held, and how many bytes they take.
+    pub(crate) fn held(&self) -> Option<usize> {
+        let OutputSink::Producer { held, .. } = self else { return None };
+        if !held.holding.load(Ordering::Acquire) {
+            return None;
+        }
+        let buffer = held.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        buffer.as_ref().map(|b| b.bytes.len() + b.records.len() * std::mem::size_of::<HeldRecord>())
+    }
+
+    /// Sends the held outputs, in the order they were sent, into the
+    /// transaction that begins with them; later outputs are sent at once.
+    /// A refused one fails the next commit, as a refused output does (the
+    /// processor, long past it, is not told).
+    pub(crate) fn release(&self) {
+        let OutputSink::Producer { producer, current, held } = self else { return };
+        let mut buffer = held.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.holding.store(false, Ordering::Release);
+        let Some(held) = buffer.take() else { return };
+        for record in &held.records {
+            let slice = |r: &Range<usize>| &held.bytes[r.clone()];
+            let output = Output {
+                topic: &held.topics[record.topic],
+                key: record.key.as_ref().map(slice),
+                value: record.value.as_ref().map(slice),
+                partition: record.partition,
+                timestamp: record.timestamp,
+                headers: record.headers.iter().map(|(n, v)| (n.as_str(), v.as_ref().map(slice))).collect(),
+            };
+            if let Err(e) = producer.send_output(current, &output, None) {
+                tracing::warn!(topic = %output.topic, error = %e, "a held output was refused; the next commit fails");
+            }
+        }
+    }
+}
+
+/// See [`OutputSink::hold`]. `holding` is only ever changed by the thread
+/// that commits, between processing passes; the buffer's lock serves
+/// several processing threads.
+#[derive(Default)]
+pub(crate) struct Held {
+    holding: AtomicBool,
+    buffer: Mutex<Option<HeldOutputs>>,
+}
+
+impl Held {
+    fn take(&self) -> Option<HeldOutputs> {
+        self.holding.store(false, Ordering::Release);
+        self.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+}
+
+/// Outputs copied into one buffer, in the order they were sent.
+#[derive(Default)]
+struct HeldOutputs {
+    bytes: Vec<u8>,
+    records: Vec<HeldRecord>,
+    /// The topics named so far (an application writes to a few).
+    topics: Vec<String>,
+}
+
+struct HeldRecord {
+    topic: usize,
+    key: Option<Range<usize>>,
+    value: Option<Range<usize>>,
+    partition: Option<i32>,
+    /// Resolved when held: the default is the time of what was processed.
+    timestamp: Option<i64>,
+    headers: Vec<(String, Option<Range<usize>>)>,
+}
+
+impl HeldOutputs {
+    fn push(&mut self, output: &Output<'_>, default_timestamp: Option<i64>) {
+        let topic = match self.topics.iter().position(|t| t == output.topic) {
+            Some(i) => i,
+            None => {
+                self.topics.push(output.topic.to_string());
+                self.topics.len() - 1
+            }
+        };
+        let mut copy = |b: &[u8]| {
+            let start = self.bytes.len();
+            self.bytes.extend_from_slice(b);
+            start..self.bytes.len()
+        };
+        let key = output.key.map(&mut copy);
+        let value = output.value.map(&mut copy);
+        let headers = output.headers.iter().map(|(n, v)| (n.to_string(), v.map(&mut copy))).collect();
+        let record = HeldRecord { topic, key, value, partition: output.partition, timestamp: output.timestamp.or(default_timestamp), headers };
+        self.records.push(record);
     }
 }
 

@@ -53,9 +53,6 @@ pub(super) struct InFlightCommit {
     /// What landed, and the landing to end once its offsets are published.
     pub(super) writer: std::thread::JoinHandle<(Result<FailedTasks>, Option<Landing>)>,
     pub(super) info: CommitInfo,
-    /// Exactly-once: its transaction (with the input offsets) committed
-    /// already; only its RocksDB writes are in flight.
-    pub(super) transactional: bool,
 }
 
 /// Sends sealed commits to their changelogs, waits for every
@@ -167,6 +164,8 @@ pub(super) fn on_cores<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
 #[derive(Default)]
 pub(super) struct CommitPipeline {
     pub(super) inflight: Option<InFlightCommit>,
+    /// Exactly-once: the transaction committing in flight, if any.
+    pub(super) transaction: Option<super::transaction::InFlightTransaction>,
     /// The landing of the last commit written, until its input offsets
     /// are published.
     pub(super) landing: Option<Landing>,
@@ -187,13 +186,14 @@ impl TaskManager {
     /// and the next call retries; the runtime stops taking records once
     /// `max_uncommitted_bytes` is reached (see [`TaskManager::backpressure`]).
     ///
-    /// Exactly-once: the commit is one transaction, written on this thread
-    /// (see [`TaskManager::commit_transaction`]).
+    /// Exactly-once: the commit is one transaction, committing in flight
+    /// the same way (see [`TaskManager::commit_transaction`]).
     pub(crate) fn commit_pipelined<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<bool> {
-        if self.commit.inflight.as_ref().is_some_and(|c| !c.writer.is_finished()) || !self.session_alive() {
+        if self.commit_in_flight() || !self.session_alive() {
             return Ok(false);
         }
         if self.exactly_once() {
+            self.settle_transaction(consumer)?;
             if self.eos.parked.is_some() || self.session.as_ref().is_some_and(|s| !s.generation_settled()) {
                 return Ok(false); // once the group's new assignment is applied
             }
@@ -224,7 +224,7 @@ impl TaskManager {
                 }
             })
             .map_err(|e| Error::io("kstate-commit thread", e))?;
-        self.commit.inflight = Some(InFlightCommit { writer, info, transactional: false });
+        self.commit.inflight = Some(InFlightCommit { writer, info });
         Ok(true)
     }
 
@@ -245,7 +245,7 @@ impl TaskManager {
                 return self.commit_transaction(consumer, true);
             }
             tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
-            if self.producer.in_transaction() {
+            if self.transaction_open() {
                 let cause = Error::GroupMembership { group: self.config.application_id.clone(), detail: "session expired".into() };
                 return self.abort_and_reinitialise(consumer, &cause, false);
             }
@@ -334,10 +334,21 @@ impl TaskManager {
         }
     }
 
-    /// Completes the pipelined commit in flight if its writes have landed.
+    /// Whether a commit (or exactly-once, a transaction) is still being
+    /// written on its thread.
+    pub(super) fn commit_in_flight(&self) -> bool {
+        self.commit.inflight.as_ref().is_some_and(|c| !c.writer.is_finished())
+            || self.commit.transaction.as_ref().is_some_and(|t| !t.committer.is_finished())
+    }
+
+    /// Completes the pipelined commit (or transaction) in flight if it has
+    /// landed.
     pub(crate) fn poll_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
         if self.commit.inflight.as_ref().is_some_and(|c| c.writer.is_finished()) {
             self.land_inflight(consumer, Offsets::Commit)?;
+        }
+        if self.commit.transaction.as_ref().is_some_and(|t| t.committer.is_finished()) {
+            self.settle_transaction(consumer)?;
         }
         Ok(())
     }
@@ -346,11 +357,7 @@ impl TaskManager {
     /// deals with its input offsets as `offsets` says and re-initialises
     /// the tasks whose part of it failed.
     pub(super) fn land_inflight<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, offsets: Offsets) -> Result<()> {
-        let transactional = self.commit.inflight.as_ref().is_some_and(|c| c.transactional);
         let Some((info, written)) = self.join_inflight() else { return Ok(()) };
-        if transactional {
-            return self.transaction_landed(consumer, info, written?);
-        }
         self.finish_commit(consumer, info, written?, offsets, "pipelined commit landed")
     }
 
@@ -371,6 +378,7 @@ impl TaskManager {
     /// Lets the writes in flight land (without committing offsets), so no
     /// store closes under the background writer.
     pub(super) fn wait_inflight(&mut self) {
+        self.wait_transaction();
         let joined = self.join_inflight();
         // Writes that landed without their offsets: a savepoint must not
         // cut these tasks until they are opened again.

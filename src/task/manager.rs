@@ -226,10 +226,11 @@ impl TaskManager {
             self.relieve_memtables(excess);
             return true;
         }
-        let no_commit_now = self.commit.inflight.as_ref().is_some_and(|c| !c.writer.is_finished())
+        let no_commit_now = self.commit_in_flight()
             || !self.session_alive()
             || (self.exactly_once() && self.session.as_ref().is_some_and(|s| !s.generation_settled()));
-        no_commit_now && self.uncommitted_bytes() >= self.config.max_uncommitted_bytes
+        // Exactly-once: outputs held for the next transaction count too.
+        no_commit_now && self.uncommitted_bytes() + self.outputs.held().unwrap_or(0) >= self.config.max_uncommitted_bytes
     }
 
     /// Over `max_state_memory`'s memtable share: schedules flushes of the

@@ -8,7 +8,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
 use crate::error::{Error, Result};
 
-use super::commit::Offsets;
 use super::{Task, TaskManager, TaskState};
 
 /// A task that failed this many times in a row, over at least
@@ -45,7 +44,7 @@ impl TaskManager {
 
     pub(super) fn reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
         let running = self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Running);
-        if running && self.producer.in_transaction() {
+        if running && self.transaction_open() {
             return self.abort_and_reinitialise(consumer, &cause, false);
         }
         self.reinitialise_one(consumer, partition, cause)
@@ -63,10 +62,13 @@ impl TaskManager {
             tracing::error!(partition, error = %cause, "a store's changelog holds values this code cannot read; stopping");
             return Err(cause);
         }
-        if self.commit.inflight.as_ref().is_some_and(|c| c.transactional) {
-            // Its offsets are committed: the task must restart after them,
-            // or it would apply them again on top of the restored records.
-            self.land_inflight(consumer, Offsets::Commit)?;
+        // A transaction in flight may commit offsets of this task: it must
+        // restart after them, or it would apply them again on top of the
+        // restored records. Should it fail instead, its abort re-initialised
+        // every running task, this one too.
+        let running = self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Running);
+        if self.settle_transaction(consumer)? && running {
+            return Ok(());
         }
         let Some(mut task) = self.tasks.remove(&partition) else { return Ok(()) };
         let span = task.span.clone();

@@ -11,9 +11,10 @@ use crate::error::{Error, Result};
 use crate::group::{Generation, SessionClock};
 use crate::kafka::OutputSink;
 use crate::kafka::{ChangelogProducer, DeliveryTracker};
+use crate::store::published::Landing;
 use crate::store::SealedCommit;
 
-use super::commit::{await_acknowledgements, land_stores, CommitInfo, FailedTasks, InFlightCommit};
+use super::commit::{await_acknowledgements, land_stores, CommitInfo, FailedTasks};
 use super::offsets::offsets_of;
 use super::standby::Standby;
 use super::{TaskManager, TaskState};
@@ -168,21 +169,44 @@ impl ExactlyOnce {
     }
 }
 
+/// Exactly-once: a transaction committing on a thread of its own while
+/// processing goes on (docs/architecture.md, "Under exactly-once"): its changelog sends and
+/// acknowledgements, the input offsets, the commit, then its stores'
+/// landing. Outputs sent meanwhile are held for the next transaction
+/// ([`OutputSink::hold`]); the next commit waits for this one.
+pub(super) struct InFlightTransaction {
+    pub(super) committer: std::thread::JoinHandle<TxnOutcome>,
+    pub(super) info: CommitInfo,
+}
+
+/// How a transaction in flight ended.
+pub(super) enum TxnOutcome {
+    /// Committed, and its stores landed except the failed ones'.
+    Committed(FailedTasks, Landing),
+    /// It must be aborted; the landing (if begun) ends once its tasks are
+    /// re-initialised.
+    Failed(TxnFailure, Option<Landing>),
+    /// The group moved to a new generation before the offsets went out:
+    /// every record was acknowledged; it is parked.
+    NotSettled(Vec<SealedCommit>),
+}
+
 impl TaskManager {
     /// The exactly-once commit, one transaction: seals every running task's
     /// writes, sends them to the changelogs inside the open transaction
     /// (the outputs went there as they were sent), waits for every
     /// acknowledgement, adds the input offsets under the member's
     /// generation, commits the transaction, and only then lands each
-    /// store's writes and checkpoint in RocksDB. On this thread: the next
-    /// period's outputs belong to the next transaction. A failure aborts
-    /// the transaction and re-initialises the running tasks; failures that
-    /// no retry mends (an output or changelog record refused) also end `run`.
+    /// store's writes and checkpoint in RocksDB. A failure aborts the
+    /// transaction and re-initialises the running tasks; failures that no
+    /// retry mends (an output or changelog record refused) also end `run`.
     ///
     /// A commit `closing` tasks (a revoke while the new generation is
-    /// applied, or shutdown) completes at once; any other waits (is parked)
-    /// while the group moves to a new generation.
+    /// applied, or shutdown) completes here, at once. Any other commits
+    /// in flight ([`InFlightTransaction`]) while processing goes on, and is
+    /// parked if the group moves to a new generation meanwhile.
     pub(super) fn commit_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, closing: bool) -> Result<()> {
+        self.settle_transaction(consumer)?;
         if self.eos.parked.is_some() {
             // Still no new generation to complete it under (shutdown while
             // rebalancing): its input is processed again by whoever owns it.
@@ -197,12 +221,127 @@ impl TaskManager {
         if sealed.is_empty() && info.offsets.count() == 0 && !self.producer.in_transaction() {
             return Ok(());
         }
-        let sent = send_transaction(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout);
-        let items = match sent {
-            Ok(items) => items,
-            Err(failure) => return self.transaction_failed(consumer, failure),
+        if closing {
+            let sent = send_transaction(sealed, &self.producer, outputs, self.config.commit_timeout, self.config.task_timeout);
+            return match sent {
+                Ok(items) => self.complete_transaction(consumer, info, items, false),
+                Err(failure) => self.transaction_failed(consumer, failure),
+            };
+        }
+        let Some(generation) = self.generation.clone() else {
+            let cause = Error::GroupMembership {
+                group: self.config.application_id.clone(),
+                detail: "no current generation to commit under".into(),
+            };
+            return self.abort_and_reinitialise(consumer, &cause, false);
         };
-        self.complete_transaction(consumer, info, items, (!closing, !closing))
+        let committer = std::thread::Builder::new()
+            .name("kstate-commit".into())
+            .spawn({
+                let producer = self.producer.clone();
+                let group = self.config.application_id.clone();
+                let offsets = offsets_of(&info.offsets);
+                let session = self.session.clone();
+                let (timeout, patience) = (self.config.commit_timeout, self.config.task_timeout);
+                let gate = self.config.published.landing.clone();
+                let retired = std::mem::take(&mut self.commit.retired);
+                move || {
+                    let items = match send_transaction(sealed, &producer, outputs, timeout, patience) {
+                        Ok(items) => items,
+                        Err(failure) => return TxnOutcome::Failed(failure, None),
+                    };
+                    // Begun before the offsets commit with the transaction: a
+                    // savepoint cut must not pair them with the state before
+                    // this commit lands.
+                    let landing = gate.begin();
+                    match finish_transaction(&producer, (&group, &generation, &offsets), (session.as_ref(), true), timeout, patience) {
+                        Err(failure) => TxnOutcome::Failed(failure, Some(landing)),
+                        Ok(Finished::NotSettled) => {
+                            landing.done();
+                            TxnOutcome::NotSettled(items)
+                        }
+                        Ok(Finished::Committed) => {
+                            let (failed, landing) = land_stores(items, landing);
+                            drop(retired);
+                            TxnOutcome::Committed(failed, landing)
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::io("kstate-commit thread", e))?;
+        // Only this thread sends outputs, and not before this returns.
+        self.outputs.hold();
+        self.commit.transaction = Some(InFlightTransaction { committer, info });
+        Ok(())
+    }
+
+    /// Exactly-once: waits for the transaction in flight, if any, and
+    /// applies how it ended: committed (its offsets become the tasks'
+    /// restart points, failed stores re-initialise, held outputs go into
+    /// the next transaction), failed (aborted, every running task
+    /// re-initialised: then `true`), or caught by a rebalance (parked).
+    pub(super) fn settle_transaction<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<bool> {
+        let Some(InFlightTransaction { committer, info }) = self.commit.transaction.take() else { return Ok(false) };
+        match join_committer(committer, self.producer.transactional_id()) {
+            TxnOutcome::Committed(failed, landing) => {
+                self.eos.fenced_in_a_row = 0;
+                self.commit.landing = Some(landing);
+                self.mark_landed(&info.partitions, &failed);
+                // A failed task's held outputs abort the next transaction here.
+                self.transaction_landed(consumer, info, failed)?;
+                self.outputs.release();
+                Ok(false)
+            }
+            TxnOutcome::Failed(failure, landing) => {
+                // Its tasks are re-initialised (restoring) before the cut may look.
+                let failed = self.transaction_failed(consumer, failure);
+                if let Some(landing) = landing {
+                    landing.done();
+                }
+                failed.map(|()| true)
+            }
+            TxnOutcome::NotSettled(items) => {
+                // Offsets under the old generation could be refused and the
+                // whole transaction aborted: complete it under the new one.
+                tracing::info!("the group is rebalancing; the commit completes under the new generation");
+                self.eos.parked = Some(ParkedCommit { info, items });
+                Ok(false)
+            }
+        }
+    }
+
+    /// Exactly-once: waits for the transaction in flight, if any, for tasks
+    /// that all close without a commit (lost, shutdown after a failure):
+    /// what committed landed; anything else is aborted.
+    pub(super) fn wait_transaction(&mut self) {
+        let Some(InFlightTransaction { committer, info }) = self.commit.transaction.take() else { return };
+        match join_committer(committer, self.producer.transactional_id()) {
+            TxnOutcome::Committed(failed, landing) => {
+                self.eos.fenced_in_a_row = 0;
+                self.commit.landing = Some(landing);
+                self.mark_landed(&info.partitions, &failed);
+                self.committed(&info.offsets);
+                self.publish_input(&info.offsets, &failed);
+                self.end_landing();
+            }
+            TxnOutcome::Failed(failure, landing) => {
+                tracing::warn!(error = %failure.error, "the last transaction failed; aborting it");
+                self.abort_now();
+                if let Some(landing) = landing {
+                    landing.done();
+                }
+            }
+            TxnOutcome::NotSettled(_) => {
+                tracing::info!("the last transaction was caught by a rebalance; aborting it");
+                self.abort_now();
+            }
+        }
+    }
+
+    /// Exactly-once: whether anything was sent (or is held, or is
+    /// committing) since the last transaction ended.
+    pub(super) fn transaction_open(&self) -> bool {
+        self.producer.in_transaction() || self.commit.transaction.is_some() || self.outputs.held().is_some()
     }
 
     /// Exactly-once: whether a commit is parked (see [`TaskManager::parked`]).
@@ -215,24 +354,27 @@ impl TaskManager {
     /// applies it, before any task is revoked: no other member has
     /// processed these tasks' input since).
     pub(crate) fn complete_parked<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        self.settle_transaction(consumer)?;
         match self.eos.parked.take() {
-            Some(ParkedCommit { info, items }) => self.complete_transaction(consumer, info, items, (false, false)),
+            Some(ParkedCommit { info, items }) => {
+                self.complete_transaction(consumer, info, items, false)?;
+                self.outputs.release();
+                Ok(())
+            }
             None => Ok(()),
         }
     }
 
-    /// Exactly-once, after every record of the commit was acknowledged:
-    /// sends its offsets under the current generation, commits the
-    /// transaction, then lands the stores.
-    /// With `background`, the RocksDB writes land on a thread of their own
-    /// (see [`TaskManager::poll_inflight`]). A commit that `may_park` is
+    /// Exactly-once, after every record of the commit was acknowledged, on
+    /// this thread: sends its offsets under the current generation, commits
+    /// the transaction, then lands the stores. A commit that `may_park` is
     /// parked if the group is moving to a new generation.
     pub(super) fn complete_transaction<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
         info: CommitInfo,
         items: Vec<SealedCommit>,
-        (background, may_park): (bool, bool),
+        may_park: bool,
     ) -> Result<()> {
         let Some(generation) = self.generation.clone() else {
             let cause = Error::GroupMembership {
@@ -262,8 +404,6 @@ impl TaskManager {
             }
             Ok(Finished::NotSettled) => {
                 landing.done();
-                // Offsets under the old generation could be refused and the
-                // whole transaction aborted: complete it under the new one.
                 tracing::info!("the group is rebalancing; the commit completes under the new generation");
                 self.eos.parked = Some(ParkedCommit { info, items });
                 return Ok(());
@@ -271,22 +411,6 @@ impl TaskManager {
             Ok(Finished::Committed) => {}
         }
         self.eos.fenced_in_a_row = 0;
-        if background {
-            // Committed: landing the stores overlaps the next period's
-            // processing (reads see the sealed writes meanwhile); the next
-            // commit waits for it.
-            let retired = std::mem::take(&mut self.commit.retired);
-            let writer = std::thread::Builder::new()
-                .name("kstate-commit".into())
-                .spawn(move || {
-                    let (landed, landing) = land_stores(items, landing);
-                    drop(retired);
-                    (Ok(landed), Some(landing))
-                })
-                .map_err(|e| Error::io("kstate-commit thread", e))?;
-            self.commit.inflight = Some(InFlightCommit { writer, info, transactional: true });
-            return Ok(());
-        }
         let (failed, landing) = land_stores(items, landing);
         self.commit.landing = Some(landing);
         self.mark_landed(&info.partitions, &failed);
@@ -330,6 +454,9 @@ impl TaskManager {
     /// `fatal` failure (the producer was fenced) replaces the producer
     /// first; every task and standby is then reopened on the new one.
     pub(super) fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool) -> Result<()> {
+        if self.settle_transaction(consumer)? {
+            return Ok(()); // aborted, and every running task re-initialised
+        }
         self.eos.parked = None;
         if fatal {
             metrics::counter!(crate::metrics::TRANSACTIONS_ABORTED).increment(1);
@@ -377,8 +504,9 @@ impl TaskManager {
     /// Exactly-once: aborts the open transaction, if any, for tasks that
     /// are all being closed without commit (lost, or at a failed shutdown).
     pub(super) fn abort_open_transaction(&mut self) {
+        self.wait_transaction();
         self.eos.parked = None;
-        if self.producer.in_transaction() && self.abort_now() {
+        if self.transaction_open() && self.abort_now() {
             tracing::info!("open transaction aborted");
         }
     }
@@ -397,4 +525,13 @@ impl TaskManager {
             }
         }
     }
+}
+
+/// The committer thread's outcome; a panic there is a failed transaction
+/// that ends `run`.
+fn join_committer(committer: std::thread::JoinHandle<TxnOutcome>, transactional_id: &str) -> TxnOutcome {
+    committer.join().unwrap_or_else(|_| {
+        let error = Error::Transaction { transactional_id: transactional_id.to_string(), operation: "commit", detail: "the commit thread panicked".into() };
+        TxnOutcome::Failed(TxnFailure { error: Box::new(error), fatal: false, ends_run: true }, None)
+    })
 }

@@ -670,7 +670,7 @@ impl WriteBody {
             ctx.send(out)?;
         }
         let seen = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.block_every > 0 && seen % self.block_every == 0 {
+        if self.block_every > 0 && seen.is_multiple_of(self.block_every) {
             std::thread::sleep(Duration::from_millis(1));
         }
         if seen == self.records {

@@ -680,10 +680,15 @@ impl Member {
             self.session.joining.store(true, Ordering::SeqCst);
         }
         let sent = self.send_group_request(&join);
+        // A new generation: between generations before no longer joining,
+        // or a commit could find the generation settled in between.
+        if matches!(&sent, Ok(Some(r)) if ResponseError::try_from_code(r.error_code).is_none()) {
+            self.session.between_generations.store(true, Ordering::SeqCst);
+        }
         self.session.joining.store(false, Ordering::SeqCst);
         let Some(response) = sent? else { return Ok(None) };
         match ResponseError::try_from_code(response.error_code) {
-            None => self.session.between_generations.store(true, Ordering::SeqCst),
+            None => {}
             Some(ResponseError::MemberIdRequired) => {
                 // Kafka 2.2+: the first JoinGroup only hands out the member id.
                 self.member_id = response.member_id.to_string();

@@ -65,11 +65,8 @@ impl OutputSink {
     /// deliveries are all reported (else it stays registered: they need it).
     /// Held outputs are dropped too.
     pub(crate) fn reset(&mut self) {
-        let OutputSink::Producer { producer, current, held } = self else { return };
-        let dropped = held.take().map_or(0, |b| b.records.len());
-        if dropped > 0 {
-            tracing::debug!(outputs = dropped, "outputs held for the next transaction dropped");
-        }
+        self.drop_held();
+        let OutputSink::Producer { producer, current, .. } = self else { return };
         let fresh = producer.tracker(OUTPUTS.into(), -1);
         let old = std::mem::replace(current, fresh);
         producer.release(&old);
@@ -87,14 +84,23 @@ impl OutputSink {
         held.holding.store(true, Ordering::Release);
     }
 
-    /// Whether outputs are held, and how many bytes they take.
+    /// The bytes of the outputs held, if any are.
     pub(crate) fn held(&self) -> Option<usize> {
         let OutputSink::Producer { held, .. } = self else { return None };
         if !held.holding.load(Ordering::Acquire) {
             return None;
         }
         let buffer = held.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        buffer.as_ref().map(|b| b.bytes.len() + b.records.len() * std::mem::size_of::<HeldRecord>())
+        buffer.as_ref().filter(|b| !b.records.is_empty()).map(|b| b.bytes.len() + b.records.len() * std::mem::size_of::<HeldRecord>())
+    }
+
+    /// Drops the held outputs (their records are processed again: every
+    /// running task is being re-initialised) and stops holding.
+    pub(crate) fn drop_held(&self) {
+        let OutputSink::Producer { held, .. } = self else { return };
+        if let Some(dropped) = held.take().map(|b| b.records.len()).filter(|&n| n > 0) {
+            tracing::debug!(outputs = dropped, "outputs held for the next transaction dropped");
+        }
     }
 
     /// Sends the held outputs, in the order they were sent, into the

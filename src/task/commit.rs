@@ -245,6 +245,9 @@ impl TaskManager {
                 return self.commit_transaction(consumer, true);
             }
             tracing::warn!("the group has not confirmed this member for a session timeout; closing without commit");
+            if self.settle_transaction(consumer)? {
+                return Ok(()); // it failed: aborted, every running task re-initialised
+            }
             if self.transaction_open() {
                 let cause = Error::GroupMembership { group: self.config.application_id.clone(), detail: "session expired".into() };
                 return self.abort_and_reinitialise(consumer, &cause, false);

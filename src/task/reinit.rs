@@ -44,8 +44,13 @@ impl TaskManager {
 
     pub(super) fn reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error) -> Result<()> {
         let running = self.tasks.get(&partition).is_some_and(|t| t.state == TaskState::Running);
+        // What the transaction in flight committed, first (should it fail,
+        // every running task is re-initialised by its abort).
+        if self.settle_transaction(consumer)? && running {
+            return Ok(());
+        }
         if running && self.transaction_open() {
-            return self.abort_and_reinitialise(consumer, &cause, false);
+            return self.abort_counting(consumer, &cause, false, Some(partition));
         }
         self.reinitialise_one(consumer, partition, cause)
     }

@@ -453,7 +453,15 @@ impl TaskManager {
     /// checkpoints and process again from their committed offsets). A
     /// `fatal` failure (the producer was fenced) replaces the producer
     /// first; every task and standby is then reopened on the new one.
-    pub(super) fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool) -> Result<()> {
+    pub(super) fn abort_and_reinitialise<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, fatal: bool) -> Result<()> {
+        self.abort_counting(consumer, cause, fatal, None)
+    }
+
+    /// [`TaskManager::abort_and_reinitialise`] for a fault of task `counted`
+    /// (if any), whose re-initialisation counts toward its failures in a row.
+    pub(super) fn abort_counting<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, cause: &Error, mut fatal: bool, counted: Option<i32>) -> Result<()> {
+        // Every running task processes again: what it sent meanwhile goes.
+        self.outputs.drop_held();
         if self.settle_transaction(consumer)? {
             return Ok(()); // aborted, and every running task re-initialised
         }
@@ -496,7 +504,8 @@ impl TaskManager {
         // Not counted as the tasks' own failures (a run of aborts from a long
         // rebalance or a broker restart must not end `run` with TaskFailed).
         for p in partitions {
-            self.reinitialise_counted(consumer, p, Error::Transaction { transactional_id: id.clone(), operation: "commit", detail: cause.to_string() }, false)?;
+            let error = Error::Transaction { transactional_id: id.clone(), operation: "commit", detail: cause.to_string() };
+            self.reinitialise_counted(consumer, p, error, counted == Some(p))?;
         }
         Ok(())
     }
@@ -504,6 +513,7 @@ impl TaskManager {
     /// Exactly-once: aborts the open transaction, if any, for tasks that
     /// are all being closed without commit (lost, or at a failed shutdown).
     pub(super) fn abort_open_transaction(&mut self) {
+        self.outputs.drop_held();
         self.wait_transaction();
         self.eos.parked = None;
         if self.transaction_open() && self.abort_now() {

@@ -112,20 +112,11 @@ impl OutputSink {
         let mut buffer = held.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         held.holding.store(false, Ordering::Release);
         let Some(held) = buffer.take() else { return };
-        for record in &held.records {
-            let slice = |r: &Range<usize>| &held.bytes[r.clone()];
-            let output = Output {
-                topic: &held.topics[record.topic],
-                key: record.key.as_ref().map(slice),
-                value: record.value.as_ref().map(slice),
-                partition: record.partition,
-                timestamp: record.timestamp,
-                headers: record.headers.iter().map(|(n, v)| (n.as_str(), v.as_ref().map(slice))).collect(),
-            };
-            if let Err(e) = producer.send_output(current, &output, None) {
+        held.for_each(|output| {
+            if let Err(e) = producer.send_output(current, output, None) {
                 tracing::warn!(topic = %output.topic, error = %e, "a held output was refused; the next commit fails");
             }
-        }
+        });
     }
 }
 
@@ -184,7 +175,81 @@ impl HeldOutputs {
         let record = HeldRecord { topic, key, value, partition: output.partition, timestamp: output.timestamp.or(default_timestamp), headers };
         self.records.push(record);
     }
+
+    /// Each output held, in the order held.
+    fn for_each(&self, mut f: impl FnMut(&Output<'_>)) {
+        let slice = |r: &Range<usize>| &self.bytes[r.clone()];
+        for record in &self.records {
+            f(&Output {
+                topic: &self.topics[record.topic],
+                key: record.key.as_ref().map(slice),
+                value: record.value.as_ref().map(slice),
+                partition: record.partition,
+                timestamp: record.timestamp,
+                headers: record.headers.iter().map(|(n, v)| (n.as_str(), v.as_ref().map(slice))).collect(),
+            });
+        }
+    }
 }
 
 /// The outputs' trackers' name in logs.
 const OUTPUTS: &str = "(output records)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::SentRecord;
+
+    fn sink() -> OutputSink {
+        let mut config = rdkafka::config::ClientConfig::new();
+        config.set("bootstrap.servers", "127.0.0.1:1"); // never reached: what is sent stays queued
+        OutputSink::new(Arc::new(ChangelogProducer::new(config, 1_000_000, std::time::Duration::from_secs(1)).unwrap()))
+    }
+
+    /// Outputs handed to the producer through the current tracker.
+    fn sent(sink: &OutputSink) -> u64 {
+        let OutputSink::Producer { current, .. } = sink else { unreachable!() };
+        current.sent.0.load(Ordering::Acquire)
+    }
+
+    #[test]
+    fn held_outputs_come_back_as_they_were_sent_in_order() {
+        let mut held = HeldOutputs::default();
+        let outputs = [
+            Output::to("a").key(b"k1").value(b"v1"),
+            Output::to("b").value(b"v2").partition(3).timestamp(7).header("h", b"x").null_header("n"),
+            Output::to("a").key(b"k3"),
+        ];
+        for o in &outputs {
+            held.push(o, Some(5));
+        }
+        let mut back = Vec::new();
+        held.for_each(|o| back.push(SentRecord::of_output(o, None)));
+        let want: Vec<SentRecord> = outputs.iter().map(|o| SentRecord::of_output(o, Some(5))).collect();
+        assert_eq!(back, want);
+    }
+
+    #[test]
+    fn held_outputs_wait_for_the_release_and_an_abort_drops_them() {
+        let mut sink = sink();
+        sink.send(&Output::to("t").key(b"k").value(b"1"), Some(1)).unwrap();
+        assert_eq!(sent(&sink), 1);
+        sink.hold();
+        assert_eq!(sink.held(), None, "nothing held yet");
+        sink.send(&Output::to("t").key(b"k").value(b"2"), Some(2)).unwrap();
+        sink.send(&Output::to("u").value(b"3").partition(0), None).unwrap();
+        assert_eq!(sent(&sink), 1, "held, not sent");
+        assert!(sink.held().is_some_and(|bytes| bytes >= 4));
+        sink.release();
+        assert_eq!((sent(&sink), sink.held()), (3, None));
+        sink.send(&Output::to("t").value(b"4"), None).unwrap();
+        assert_eq!(sent(&sink), 4, "sent at once after the release");
+        // An abort while holding: the held outputs go with the transaction.
+        sink.hold();
+        sink.send(&Output::to("t").value(b"5"), None).unwrap();
+        sink.reset();
+        assert_eq!(sink.held(), None);
+        sink.release();
+        assert_eq!(sent(&sink), 0, "nothing of the aborted transaction is sent later");
+    }
+}

@@ -255,6 +255,80 @@ fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
     drop(broker);
 }
 
+#[test]
+fn under_exactly_once_a_broker_restart_under_load_loses_and_duplicates_nothing() {
+    let _serial = serial();
+    if std::process::Command::new("java").arg("-version").output().is_err() {
+        eprintln!("skipped: no java to run a broker of the test's own");
+        return;
+    }
+    init_tracing();
+    let broker = OwnBroker::start(19092);
+    let bootstrap = "127.0.0.1:19092".to_string();
+    let (input, app, out) = (unique("eos-restart-in"), unique("eos-restart"), unique("eos-restart-out"));
+    create_topic_at(&bootstrap, &input, 2, &[]);
+    create_topic_at(&bootstrap, &out, 2, &[]);
+    let state = tempfile::tempdir().unwrap();
+    let times = ProcessedTimes::default();
+    // An output per input, named by the input's position: the transaction
+    // a commit has in flight when the broker goes holds outputs sent since
+    // (held for the next one), and it fails.
+    let builder = builder(&app, &input, state.path())
+        .bootstrap_servers(&bootstrap)
+        .store(StoreDefinition::new("s"))
+        .processing_guarantee(kstate::ProcessingGuarantee::ExactlyOnce)
+        // The transaction in flight fails while the broker is away (its
+        // records time out), and aborts once it is back (or, should the
+        // abort fail too, the producer is replaced).
+        .kafka_config("message.timeout.ms", "3000")
+        // Longer than the outage: the coordinator does not end it (which
+        // would fence the producer).
+        .transaction_timeout(Duration::from_secs(60));
+    let running = Running::start(builder, {
+        let (times, out) = (times.clone(), out.clone());
+        move |ctx, rec| {
+            // Slower than the feeder: a backlog is fetched when the broker
+            // goes, and processed while the transaction in flight fails.
+            std::thread::sleep(Duration::from_millis(1));
+            apply_record(ctx, rec)?;
+            let position = format!("{}:{}", rec.partition, rec.offset);
+            ctx.send(kstate::Output::to(&out).key(rec.key.unwrap()).value(position.as_bytes()))?;
+            times.record(rec.partition);
+            Ok(())
+        }
+    });
+    let feeder = Feeder::start(&bootstrap, &input, 2, 64, 2_000, 16_000);
+    wait_until("a backlog", TIMEOUT, || {
+        assert!(!running.is_finished(), "the application stopped before the outage");
+        times.count(0) > 800 && times.count(1) > 800
+    });
+    broker.script("stop");
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(!running.is_finished(), "the application stopped while the broker was down");
+    broker.script("restart");
+    let sent = feeder.join(false);
+    wait_all_committed_at(&bootstrap, &app, &input, 2, Duration::from_secs(120));
+    assert!(!running.is_finished(), "the application stopped after the broker returned");
+    running.stop().expect("a clean stop after the outage");
+    // Every input exactly once among the committed outputs, and the
+    // changelogs equal to the model of the input.
+    let mut seen = std::collections::BTreeMap::new();
+    for p in 0..2 {
+        for (_, _, v) in read_partition_at(&bootstrap, &out, p) {
+            let position = String::from_utf8(v.unwrap()).unwrap();
+            *seen.entry(position).or_insert(0) += 1;
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).take(5).collect();
+    assert!(twice.is_empty(), "inputs with more than one committed output: {twice:?}");
+    let counts: Vec<i64> = (0..2).map(|p| committed_offset_at(&bootstrap, &app, &input, p).unwrap_or(0)).collect();
+    assert_eq!(seen.len() as i64, counts.iter().sum::<i64>(), "one committed output per committed input (committed {counts:?})");
+    assert_eq!(counts.iter().sum::<i64>(), sent.len() as i64, "all input committed");
+    let state_after = changelog_state_at(&bootstrap, &app, "s", 2);
+    assert_same_state(&state_after, &model_of(&sent), "the changelogs after a broker restart");
+    drop(broker);
+}
+
 /// The processor of these tests: applies [`record_writes`] to store `s`.
 fn apply_record(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), Error> {
     let s = ctx.store("s")?;

@@ -193,16 +193,21 @@ impl Drop for OwnBroker {
     }
 }
 
+/// A broker of the test's own on port 19092 and its address (`None`,
+/// reported as skipped, without java to run one).
+fn own_broker() -> Option<(OwnBroker, String)> {
+    if std::process::Command::new("java").arg("-version").output().is_err() {
+        eprintln!("skipped: no java to run a broker of the test's own");
+        return None;
+    }
+    init_tracing();
+    Some((OwnBroker::start(19092), "127.0.0.1:19092".to_string()))
+}
+
 #[test]
 fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
     let _serial = serial();
-    if std::process::Command::new("java").arg("-version").output().is_err() {
-        eprintln!("skipped: no java to run a broker of the test's own");
-        return;
-    }
-    init_tracing();
-    let broker = OwnBroker::start(19092);
-    let bootstrap = "127.0.0.1:19092".to_string();
+    let Some((broker, bootstrap)) = own_broker() else { return };
     let (input, app) = (unique("restart-in"), unique("restart"));
     create_topic_at(&bootstrap, &input, 2, &[]);
     let state = tempfile::tempdir().unwrap();
@@ -258,13 +263,7 @@ fn a_broker_restart_under_load_stops_nothing_and_loses_nothing() {
 #[test]
 fn under_exactly_once_a_broker_restart_under_load_loses_and_duplicates_nothing() {
     let _serial = serial();
-    if std::process::Command::new("java").arg("-version").output().is_err() {
-        eprintln!("skipped: no java to run a broker of the test's own");
-        return;
-    }
-    init_tracing();
-    let broker = OwnBroker::start(19092);
-    let bootstrap = "127.0.0.1:19092".to_string();
+    let Some((broker, bootstrap)) = own_broker() else { return };
     let (input, app, out) = (unique("eos-restart-in"), unique("eos-restart"), unique("eos-restart-out"));
     create_topic_at(&bootstrap, &input, 2, &[]);
     create_topic_at(&bootstrap, &out, 2, &[]);

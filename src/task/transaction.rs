@@ -229,11 +229,7 @@ impl TaskManager {
             };
         }
         let Some(generation) = self.generation.clone() else {
-            let cause = Error::GroupMembership {
-                group: self.config.application_id.clone(),
-                detail: "no current generation to commit under".into(),
-            };
-            return self.abort_and_reinitialise(consumer, &cause, false);
+            return self.abort_without_generation(consumer);
         };
         let committer = std::thread::Builder::new()
             .name("kstate-commit".into())
@@ -284,9 +280,7 @@ impl TaskManager {
         let Some(InFlightTransaction { committer, info }) = self.commit.transaction.take() else { return Ok(false) };
         match join_committer(committer, self.producer.transactional_id()) {
             TxnOutcome::Committed(failed, landing) => {
-                self.eos.fenced_in_a_row = 0;
-                self.commit.landing = Some(landing);
-                self.mark_landed(&info.partitions, &failed);
+                self.committed_and_landed(&info, &failed, landing);
                 // A failed task's held outputs abort the next transaction here.
                 self.transaction_landed(consumer, info, failed)?;
                 self.outputs.release();
@@ -317,9 +311,7 @@ impl TaskManager {
         let Some(InFlightTransaction { committer, info }) = self.commit.transaction.take() else { return };
         match join_committer(committer, self.producer.transactional_id()) {
             TxnOutcome::Committed(failed, landing) => {
-                self.eos.fenced_in_a_row = 0;
-                self.commit.landing = Some(landing);
-                self.mark_landed(&info.partitions, &failed);
+                self.committed_and_landed(&info, &failed, landing);
                 self.committed(&info.offsets);
                 self.publish_input(&info.offsets, &failed);
                 self.end_landing();
@@ -377,11 +369,7 @@ impl TaskManager {
         may_park: bool,
     ) -> Result<()> {
         let Some(generation) = self.generation.clone() else {
-            let cause = Error::GroupMembership {
-                group: self.config.application_id.clone(),
-                detail: "no current generation to commit under".into(),
-            };
-            return self.abort_and_reinitialise(consumer, &cause, false);
+            return self.abort_without_generation(consumer);
         };
         let session = self.session.clone();
         // The landing begins before the offsets commit with the
@@ -410,11 +398,26 @@ impl TaskManager {
             }
             Ok(Finished::Committed) => {}
         }
-        self.eos.fenced_in_a_row = 0;
         let (failed, landing) = land_stores(items, landing);
-        self.commit.landing = Some(landing);
-        self.mark_landed(&info.partitions, &failed);
+        self.committed_and_landed(&info, &failed, landing);
         self.transaction_landed(consumer, info, failed)
+    }
+
+    /// A transaction committed and its stores landed (except the `failed`
+    /// ones): no fence in a row any more, the landed stores stop reading
+    /// their sealed writes, and the landing ends once the offsets are
+    /// published.
+    fn committed_and_landed(&mut self, info: &CommitInfo, failed: &FailedTasks, landing: Landing) {
+        self.eos.fenced_in_a_row = 0;
+        self.commit.landing = Some(landing);
+        self.mark_landed(&info.partitions, failed);
+    }
+
+    /// No generation to commit under (the member left the group): the
+    /// open transaction is aborted and the running tasks re-initialised.
+    fn abort_without_generation<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<()> {
+        let cause = Error::GroupMembership { group: self.config.application_id.clone(), detail: "no current generation to commit under".into() };
+        self.abort_and_reinitialise(consumer, &cause, false)
     }
 
     /// Exactly-once: a committed transaction's stores landed (except the

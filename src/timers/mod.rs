@@ -9,6 +9,8 @@
 //! | file | what |
 //! |---|---|
 //! | `queue.rs` | one clock's timers: segments of timers per commit and page, the watermark of fired ones, the loaded pages |
+//! | `keys.rs` | timer keys in one buffer, their order inline |
+//! | `loaded.rs` | the timers of the loaded pages in memory, grouped by time |
 //! | `punctuation.rs` | punctuation schedules and when each runs next |
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -19,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::store::{KeyValueStore, NO_TIME};
 use crate::time::{Punctuation, PunctuationId, TimeDomain, Timer};
 
+mod keys;
+mod loaded;
 mod punctuation;
 mod queue;
 

@@ -23,8 +23,9 @@
 //! | `\x00count-d` | pending timers, an estimate for the metric (8 bytes) |
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
+use super::keys::Keys;
+use super::loaded::Loaded;
 use crate::error::{Error, Result};
 use crate::store::KeyValueStore;
 use crate::time::TimeDomain;
@@ -132,29 +133,26 @@ pub(crate) fn segment_page(k: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(k.get(1..9)?.try_into().ok()?)).filter(|_| k.len() == 17)
 }
 
-/// A timer key, shared by the sets that hold it.
-type Tk = Arc<[u8]>;
-
 /// One clock's timers of one task.
 #[derive(Debug)]
 pub(crate) struct TimerQueue {
     d: u8,
     /// The live timers of every page below `loaded_until` (stored,
     /// pending, not fired, not deleted).
-    loaded: BTreeSet<Tk>,
+    loaded: Loaded,
     /// Pages below it are in `loaded`; `None`: every page is.
     loaded_until: Option<u64>,
     /// Timers registered since the last commit, by page: the next segments
     /// (unsorted; the ones fired meanwhile are dropped when written).
-    pending: BTreeMap<u64, Vec<Tk>>,
+    pending: BTreeMap<u64, Keys>,
     /// Timers registered at or below the watermark, each stored on its own.
     late: BTreeSet<Vec<u8>>,
     /// Deleted timers that may sit in a stored segment.
     /// (With whether the deletion was taken off `count` already.)
     markers: BTreeMap<Vec<u8>, bool>,
     /// Every segment timer up to it has fired.
-    fired: Option<Tk>,
-    persisted_fired: Option<Tk>,
+    fired: Option<Vec<u8>>,
+    persisted_fired: Option<Vec<u8>>,
     /// The stored segments of loaded pages, by their largest timer key:
     /// deleted once the watermark passes it.
     segments: BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
@@ -165,6 +163,8 @@ pub(crate) struct TimerQueue {
     /// memory (counted twice until every page is in memory).
     count: i64,
     persisted_count: i64,
+    /// A buffer for the timer key being registered.
+    scratch: Vec<u8>,
 }
 
 impl TimerQueue {
@@ -172,7 +172,7 @@ impl TimerQueue {
     pub(crate) fn new(domain: TimeDomain) -> Self {
         TimerQueue {
             d: domain_byte(domain),
-            loaded: BTreeSet::new(),
+            loaded: Loaded::default(),
             loaded_until: Some(0),
             pending: BTreeMap::new(),
             late: BTreeSet::new(),
@@ -184,6 +184,7 @@ impl TimerQueue {
             persisted_seq: 0,
             count: 0,
             persisted_count: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -198,7 +199,7 @@ impl TimerQueue {
         *self = TimerQueue::new(if self.d == 1 { TimeDomain::StreamTime } else { TimeDomain::WallClock });
         self.fired = match store.get(&watermark_key(self.d))? {
             Some(w) if w.len() < 8 => return Err(damaged("a watermark", &w)),
-            w => w.map(Tk::from),
+            w => w,
         };
         self.persisted_fired = self.fired.clone();
         if let Some(v) = store.get(&seq_key(self.d))? {
@@ -232,8 +233,8 @@ impl TimerQueue {
 
     /// A time no pending timer fires before (`i64::MAX`: none pending).
     pub(crate) fn next_due(&self) -> i64 {
-        let loaded = match (self.loaded.first(), self.loaded_until) {
-            (Some(tk), _) => split_timer_key(tk).0,
+        let loaded = match (self.loaded.first_time(), self.loaded_until) {
+            (Some(t), _) => unflip(t),
             (None, Some(page)) => page_start(page),
             (None, None) => i64::MAX,
         };
@@ -254,21 +255,30 @@ impl TimerQueue {
                 limit: store.max_record_bytes(),
             });
         }
-        // One allocation, shared by `loaded` and `pending`.
-        let tk: Tk = flip(timestamp).to_be_bytes().iter().chain(key).copied().collect();
-        if self.passed(&tk) {
-            store.put(&prefixed(self.d + 2, &tk), &[])?;
+        // Built in a buffer kept for it: no allocation per timer.
+        let mut tk = std::mem::take(&mut self.scratch);
+        tk.clear();
+        tk.extend_from_slice(&flip(timestamp).to_be_bytes());
+        tk.extend_from_slice(key);
+        let registered = self.register_key(store, &tk);
+        self.scratch = tk;
+        registered
+    }
+
+    fn register_key(&mut self, store: &mut KeyValueStore, tk: &[u8]) -> Result<()> {
+        if self.passed(tk) {
+            store.put(&prefixed(self.d + 2, tk), &[])?;
             if self.late.insert(tk.to_vec()) {
                 self.count += 1;
             }
             return Ok(());
         }
-        if !self.markers.is_empty() && self.markers.remove(&tk[..]).is_some() {
-            store.delete(&prefixed(self.d + 4, &tk))?;
+        if !self.markers.is_empty() && self.markers.remove(tk).is_some() {
+            store.delete(&prefixed(self.d + 4, tk))?;
         }
-        let page = page_of(&tk);
+        let page = page_of(tk);
         if self.loaded_until.is_none_or(|until| page < until) {
-            if self.loaded.insert(tk.clone()) {
+            if self.loaded.insert(tk) {
                 self.count += 1;
             }
         } else {
@@ -293,7 +303,7 @@ impl TimerQueue {
         let mut was_pending = false;
         if let Some(timers) = self.pending.get_mut(&page) {
             let before = timers.len();
-            timers.retain(|t| **t != *tk);
+            timers.retain(|t| t != tk);
             was_pending = timers.len() < before;
         }
         if was_loaded || was_pending {
@@ -325,10 +335,10 @@ impl TimerQueue {
                     }
                 }
             }
-            let segment = self.loaded.first().map(|tk| split_timer_key(tk).0);
+            let segment = self.loaded.first_time().map(unflip);
             // (A late timer is at or below the watermark, every loaded one above it.)
             let take_late = match (self.late.first(), self.loaded.first()) {
-                (Some(l), Some(s)) => l.as_slice() < &s[..],
+                (Some(l), Some(s)) => l.as_slice() < s,
                 (Some(_), None) => true,
                 _ => false,
             };
@@ -346,7 +356,9 @@ impl TimerQueue {
                 Some(ts) if ts <= now => {}
                 _ => return Ok(None),
             }
-            let tk = self.loaded.pop_first().expect("checked");
+            // The watermark's buffer takes the timer.
+            let mut tk = self.fired.take().unwrap_or_default();
+            self.loaded.pop_first_into(&mut tk);
             let (ts, key) = split_timer_key(&tk);
             let fired = (ts, key.to_vec());
             self.count -= 1;
@@ -388,7 +400,7 @@ impl TimerQueue {
         let dead_marker = self.markers.keys().rev().find(|k| below(k)).cloned();
         let Some(last) = dead_segment.max(dead_marker) else { return Ok(()) };
         if self.fired.as_deref().is_none_or(|w| last.as_slice() > w) {
-            self.fired = Some(Tk::from(last));
+            self.fired = Some(last);
         }
         if self.loaded_until.is_none() {
             // Every page is in memory: the count is exact again.
@@ -399,9 +411,9 @@ impl TimerQueue {
 
     /// The pending timers of `page` still to be written: sorted, once
     /// each, above the watermark.
-    fn live_pending(&mut self, page: u64) -> &[Tk] {
+    fn live_pending(&mut self, page: u64) -> &Keys {
         let timers = self.pending.entry(page).or_default();
-        settle(timers, self.fired.as_ref());
+        timers.settle(self.fired.as_deref());
         timers
     }
 
@@ -454,7 +466,7 @@ impl TimerQueue {
                     }
                     match self.markers.get_mut(&tk) {
                         None => {
-                            self.loaded.insert(Tk::from(tk));
+                            self.loaded.insert(&tk);
                         }
                         Some(counted) => {
                             // Deleted while its page was not in memory: off the count now, once.
@@ -468,14 +480,16 @@ impl TimerQueue {
                 }
             }
         }
-        let pending: Vec<Tk> = self.live_pending(page).to_vec();
-        self.loaded.extend(pending);
+        self.live_pending(page);
+        for tk in self.pending.get(&page).into_iter().flat_map(Keys::iter) {
+            self.loaded.insert(tk);
+        }
         self.loaded_until = Some(page + 1);
         Ok(())
     }
 
     /// Writes one segment of `page` whose largest timer is `last`.
-    fn write_segment(&mut self, store: &mut KeyValueStore, page: u64, value: &[u8], last: &Tk) -> Result<()> {
+    fn write_segment(&mut self, store: &mut KeyValueStore, page: u64, value: &[u8], last: &[u8]) -> Result<()> {
         let k = segment_key(self.d, page, self.next_seq);
         self.next_seq += 1;
         store.put(&k, value)?;
@@ -491,10 +505,10 @@ impl TimerQueue {
     pub(crate) fn persist(&mut self, store: &mut KeyValueStore) -> Result<()> {
         let cap = segment_cap(store);
         for (page, mut timers) in std::mem::take(&mut self.pending) {
-            settle(&mut timers, self.fired.as_ref());
+            timers.settle(self.fired.as_deref());
             let mut value = Vec::new();
-            let mut last: Option<&Tk> = None;
-            for tk in &timers {
+            let mut last: Option<&[u8]> = None;
+            for tk in timers.iter() {
                 if !value.is_empty() && value.len() + 4 + tk.len() > cap {
                     self.write_segment(store, page, &value, last.expect("written one"))?;
                     value.clear();
@@ -524,17 +538,6 @@ impl TimerQueue {
         }
         Ok(())
     }
-}
-
-/// Pending timers as they are written: sorted, once each, above the
-/// watermark `fired` (those fired since they were registered dropped).
-fn settle(timers: &mut Vec<Tk>, fired: Option<&Tk>) {
-    // Those fired first: fewer to sort.
-    if let Some(w) = fired {
-        timers.retain(|t| t > w);
-    }
-    timers.sort_unstable();
-    timers.dedup();
 }
 
 /// Every live timer of one clock in a time store's entries (in key order),

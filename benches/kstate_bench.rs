@@ -18,7 +18,11 @@
 //!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
 //!   partition, as a `read_committed` consumer sees them with the flag (the write-eos check);
-//! * `delete-topics --prefix P` — deletes every topic whose name starts with P (a full run writes GBs).
+//! * `delete-topics --prefix P` — deletes every topic whose name starts with P (a full run writes GBs);
+//! * `store-load --mode batch|sst --dir D --records N` — no Kafka: N generated records (16-byte keys,
+//!   100-byte values) loaded into an empty RocksDB the way a restore does (`batch`: sorted
+//!   20,000-record WriteBatches into a vector memtable, then a flush) or through SST files written
+//!   with `SstFileWriter` and ingested (`sst`, 16 MiB each); wall and CPU seconds of the process.
 
 #[path = "parts/query.rs"]
 mod query;
@@ -95,6 +99,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
     match cmd {
         "consume" => consume(&b, opt(args, "--topic")?, None),
         "rocksdb-raw" => consume(&b, opt(args, "--topic")?, Some(opt(args, "--dir")?)),
+        "store-load" => store_load(opt(args, "--mode")?, opt(args, "--dir")?, opt(args, "--records")?.parse()?),
         "consume-batch" => consume_batch(&b, opt(args, "--topic")?),
         "pipe" => pipe(&b, opt(args, "--input")?, opt(args, "--output")?),
         "kstate-restore" => kstate_restore(
@@ -971,4 +976,92 @@ fn count(bootstrap: &str, topic: &str, read_committed: bool) -> Result<String, B
     Ok(format!(
         "{{\"topic\":{topic:?},\"isolation_level\":\"{isolation}\",\"records\":{records},\"tombstones\":{tombstones},\"offset_span\":{span},\"seconds\":{secs:.4}}}"
     ))
+}
+
+/// CPU seconds (user and system) of the whole process so far.
+fn cpu_secs() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let secs = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// `store-load`: what loading sorted data into an empty store costs with
+/// WriteBatches (kstate's restore) and with SST files ingested (issue 27).
+fn store_load(mode: &str, dir: &str, records: usize) -> Result<String, BoxError> {
+    use rocksdb::{BlockBasedOptions, IngestExternalFileOptions, MemtableFactory, Options, SstFileWriter, WriteBatch, WriteOptions, DB};
+    let _ = std::fs::remove_dir_all(dir);
+    // SplitMix64: the same data every run.
+    let mut state: u64 = 42;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let data: Vec<(Vec<u8>, Vec<u8>)> = (0..records)
+        .map(|_| {
+            let key = [next().to_be_bytes(), next().to_be_bytes()].concat();
+            let value: Vec<u8> = (0..13).flat_map(|_| next().to_be_bytes()).take(100).collect();
+            (key, value)
+        })
+        .collect();
+    // The restore's tuning (store/engine.rs): bloom filters, no
+    // compression, no auto-compaction, 16 MiB memtables.
+    let mut table = BlockBasedOptions::default();
+    table.set_bloom_filter(10.0, false);
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.set_block_based_table_factory(&table);
+    options.set_write_buffer_size(16 << 20);
+    options.set_compression_type(rocksdb::DBCompressionType::None);
+    options.set_disable_auto_compactions(true);
+    options.set_max_background_jobs(2);
+    if mode == "batch" {
+        options.set_memtable_factory(MemtableFactory::Vector);
+    }
+    let db = DB::open(&options, dir)?;
+    let sorted = |chunk: &[(Vec<u8>, Vec<u8>)]| {
+        let mut order: Vec<usize> = (0..chunk.len()).collect();
+        order.sort_unstable_by(|a, b| chunk[*a].0.cmp(&chunk[*b].0));
+        order
+    };
+    let (cpu0, started) = (cpu_secs(), Instant::now());
+    match mode {
+        "batch" => {
+            let mut no_wal = WriteOptions::default();
+            no_wal.disable_wal(true);
+            for chunk in data.chunks(20_000) {
+                let mut batch = WriteBatch::default();
+                for i in sorted(chunk) {
+                    batch.put(&chunk[i].0, &chunk[i].1);
+                }
+                db.write_opt(batch, &no_wal)?;
+            }
+            db.flush()?;
+        }
+        "sst" => {
+            let mut moved = IngestExternalFileOptions::default();
+            moved.set_move_files(true);
+            for (n, chunk) in data.chunks((16 << 20) / 116).enumerate() {
+                let path = format!("{dir}/load-{n}.sst");
+                let mut writer = SstFileWriter::create(&options);
+                writer.open(&path)?;
+                for i in sorted(chunk) {
+                    writer.put(&chunk[i].0, &chunk[i].1)?;
+                }
+                writer.finish()?;
+                db.ingest_external_file_opts(&moved, vec![path])?;
+            }
+        }
+        m => return Err(format!("--mode: expected batch or sst, got `{m}`").into()),
+    }
+    let (cpu, wall) = (cpu_secs() - cpu0, started.elapsed().as_secs_f64());
+    let l0 = db.property_int_value("rocksdb.num-files-at-level0")?.unwrap_or(0);
+    Ok(format!("{{\"contender\":\"store-load\",\"mode\":\"{mode}\",\"records\":{records},\"seconds\":{wall:.3},\"cpu_seconds\":{cpu:.3},\"l0_files\":{l0}}}"))
 }

@@ -30,7 +30,15 @@ fn order_of(tk: &[u8]) -> (u64, u64) {
 pub(super) struct Keys {
     bytes: Vec<u8>,
     slots: Vec<Slot>,
+    /// Bytes of the keys held; the rest of `bytes` is keys removed.
+    live: usize,
 }
+
+/// Removed keys' bytes are dropped (the buffer rewritten) once they are
+/// more than half of a buffer at least this large, so that a group that
+/// never empties (timers registered and deleted at one time, over and
+/// over) does not grow without bound.
+const RECLAIM_FROM: usize = 4096;
 
 impl Keys {
     pub(super) fn len(&self) -> usize {
@@ -49,6 +57,7 @@ impl Keys {
         let (time, prefix) = order_of(tk);
         let at = self.bytes.len();
         self.bytes.extend_from_slice(tk);
+        self.live += tk.len();
         Slot { time, prefix, at, len: tk.len() }
     }
 
@@ -67,10 +76,30 @@ impl Keys {
         self.slots.iter().map(|s| self.slice(s))
     }
 
-    /// Keeps the keys `keep` says yes to (their bytes stay until `clear`).
+    /// Keeps the keys `keep` says yes to.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
         let bytes = &self.bytes;
         self.slots.retain(|s| keep(&bytes[s.at..s.at + s.len]));
+        self.recount();
+    }
+
+    fn recount(&mut self) {
+        self.live = self.slots.iter().map(|s| s.len).sum();
+        self.reclaim();
+    }
+
+    /// Rewrites the buffer without removed keys' bytes once they are most of it.
+    fn reclaim(&mut self) {
+        if self.bytes.len() < RECLAIM_FROM || self.bytes.len() <= 2 * self.live {
+            return;
+        }
+        let mut bytes = Vec::with_capacity(self.live);
+        for s in self.slots.iter_mut() {
+            let at = bytes.len();
+            bytes.extend_from_slice(&self.bytes[s.at..s.at + s.len]);
+            s.at = at;
+        }
+        self.bytes = bytes;
     }
 
     /// Drops the keys at or below `above`, sorts the rest ascending and
@@ -83,12 +112,14 @@ impl Keys {
         let slice = |s: &Slot| &bytes[s.at..s.at + s.len];
         self.slots.sort_unstable_by(|a, b| (a.time, a.prefix).cmp(&(b.time, b.prefix)).then_with(|| slice(a).cmp(slice(b))));
         self.slots.dedup_by(|a, b| (a.time, a.prefix) == (b.time, b.prefix) && slice(a) == slice(b));
+        self.recount();
     }
 
     /// Empties it, keeping its memory.
     pub(super) fn clear(&mut self) {
         self.bytes.clear();
         self.slots.clear();
+        self.live = 0;
     }
 
     /// Where `tk` is (`Ok`) or goes (`Err`) in keys sorted descending.
@@ -103,7 +134,8 @@ impl Keys {
     }
 
     pub(super) fn remove(&mut self, i: usize) {
-        self.slots.remove(i);
+        self.live -= self.slots.remove(i).len;
+        self.reclaim();
     }
 
     pub(super) fn last(&self) -> Option<&[u8]> {
@@ -115,6 +147,8 @@ impl Keys {
         let Some(s) = self.slots.pop() else { return false };
         out.clear();
         out.extend_from_slice(&self.bytes[s.at..s.at + s.len]);
+        self.live -= s.len;
+        self.reclaim();
         true
     }
 }
@@ -137,5 +171,22 @@ mod tests {
         keys.settle(Some(&tk(1, b"")));
         let got: Vec<Vec<u8>> = keys.iter().map(<[u8]>::to_vec).collect();
         assert_eq!(got, vec![tk(2, b"zzzzzzzza"), tk(2, b"zzzzzzzzz"), tk(5, b"a"), tk(5, b"b"), tk(9, b"a")]);
+    }
+
+    #[test]
+    fn keys_inserted_and_removed_over_and_over_do_not_grow_the_buffer() {
+        let mut keys = Keys::default();
+        keys.insert(0, &tk(1, b"stays"));
+        for i in 0..100_000u32 {
+            let k = tk(1, &i.to_be_bytes());
+            let Err(at) = keys.search_descending(&k) else { panic!("{i} is there already") };
+            keys.insert(at, &k);
+            let Ok(at) = keys.search_descending(&k) else { panic!("{i} is not there") };
+            keys.remove(at);
+        }
+        assert!(keys.bytes.len() < 2 * RECLAIM_FROM, "{} bytes for one key", keys.bytes.len());
+        assert_eq!(keys.iter().collect::<Vec<_>>(), vec![&tk(1, b"stays")[..]]);
+        let mut out = Vec::new();
+        assert!(keys.pop_into(&mut out) && out == tk(1, b"stays") && keys.is_empty());
     }
 }

@@ -279,6 +279,8 @@ pub(crate) struct AppConfig {
     pub(crate) write_buffer_bytes: usize,
     /// One bound for RocksDB's memory (cache + memtables), if set.
     pub(crate) max_state_memory: Option<usize>,
+    /// RocksDB statistics per store partition (`AppBuilder::rocksdb_statistics`).
+    pub(crate) rocksdb_statistics: bool,
     pub(crate) kafka_overrides: Vec<(String, String)>,
     pub(crate) assignment: AssignmentStrategy,
     pub(crate) restore_listener: Option<Arc<dyn RestoreListener>>,

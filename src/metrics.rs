@@ -13,9 +13,9 @@
 //! | `kstate_store_logical_bytes` | gauge | key + value bytes of an active store partition, from RocksDB's table properties plus its memtables (an estimate from above: overwritten and deleted entries count until compaction drops them; 0 once the task closed here) |
 //! | `kstate_store_physical_bytes` | gauge | SST files + memtables of an active store partition (0 once the task closed here) |
 //! | `kstate_rocksdb_write_stalls_total` | counter | times RocksDB entered a write stall condition, delaying or stopping writes (`rocksdb.cf-write-stall-stats` total delays + stops) |
-//! | `kstate_rocksdb_write_stall_micros_total` | counter | microseconds writes spent stalled (RocksDB ticker `rocksdb.stall.micros`) |
-//! | `kstate_rocksdb_block_cache_hits_total` | counter | block-cache hits of the store partition's reads; hit rate = hits / (hits + misses) |
-//! | `kstate_rocksdb_block_cache_misses_total` | counter | block-cache misses |
+//! | `kstate_rocksdb_write_stall_micros_total` | counter | microseconds writes spent stalled (RocksDB ticker `rocksdb.stall.micros`; 0 unless `AppBuilder::rocksdb_statistics(true)`) |
+//! | `kstate_rocksdb_block_cache_hits_total` | counter | block-cache hits of the store partition's reads; hit rate = hits / (hits + misses) (0 unless `AppBuilder::rocksdb_statistics(true)`) |
+//! | `kstate_rocksdb_block_cache_misses_total` | counter | block-cache misses (0 unless `AppBuilder::rocksdb_statistics(true)`) |
 //! | `kstate_state_dir_used_bytes` | gauge | bytes of every file under `state_dir/<application_id>` (no store labels) |
 //! | `kstate_state_dir_free_bytes` | gauge | bytes available to this process on the file system holding the state dir (no store labels) |
 //! | `kstate_records_processed_total` | counter | input records handed to the processor, label `partition` only (per task) |

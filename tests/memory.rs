@@ -110,6 +110,15 @@ fn hundreds_of_store_partitions_stay_within_max_state_memory() {
     // progress, and memory freed but kept by the allocator (glibc's mmap
     // threshold is fixed for that: src/store/memory.rs).
     assert!(bounded < unbounded * 6 / 10, "the bound saved too little: {bounded} KiB vs {unbounded} KiB unbounded");
+    // An idle instance's own cost per store partition stays small: RocksDB
+    // statistics (per CPU, at least 8 copies of ~70 KiB per database) once
+    // made it 240 MiB here, against ~115 MiB without them
+    // (docs/architecture.md §16). At most 64 MiB plus 0.5 MiB per store partition.
+    let store_partitions = PARTITIONS as u64 * STORES as u64;
+    assert!(
+        idle <= (64 << 10) + store_partitions * 512,
+        "an idle instance with {store_partitions} store partitions takes {idle} KiB: more than 64 MiB + 0.5 MiB each"
+    );
     assert!(
         bounded.saturating_sub(idle) <= (BOUND as u64 >> 10) * 5 / 4,
         "{bounded} KiB peak with a {} MiB bound, idle {idle} KiB: more than 1.25x the bound over idle",

@@ -92,7 +92,10 @@ fn operational_metrics_follow_the_input_and_the_disk() {
     // the gauges refresh every 10 s.
     let slow = Arc::new(AtomicBool::new(true));
     let slow_in = slow.clone();
-    let builder = builder(&app, &input, state.path()).store(StoreDefinition::new("m")).commit_interval(Duration::from_millis(200));
+    let builder = builder(&app, &input, state.path())
+        .store(StoreDefinition::new("m"))
+        .commit_interval(Duration::from_millis(200))
+        .rocksdb_statistics(true);
     let running = Running::start(builder, move |ctx, rec| {
         if slow_in.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(1));

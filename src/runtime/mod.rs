@@ -172,7 +172,8 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             EngineResources::bounded(total, config.write_buffer_bytes)
         }
         None => EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes),
-    };
+    }
+    .with_statistics(config.rocksdb_statistics);
     // Global tables are current before this instance joins the group (a
     // task's first record may join with them).
     let (globals, followers) = crate::global::bootstrap(&config, &base, &resources, &*listener)?;

@@ -118,11 +118,26 @@ pub(crate) struct EngineResources {
     /// file is read or written, and no state dir file beside a database
     /// either.
     memory: Option<rocksdb::Env>,
+    /// Whether each database keeps RocksDB statistics (the block-cache
+    /// and stall tickers): they cost about 70 KiB per CPU (at least 8) per
+    /// store partition, allocated and zeroed when it opens (docs/architecture.md §16).
+    pub(crate) statistics: bool,
 }
 
 impl EngineResources {
     pub(crate) fn new(block_cache_bytes: usize, write_buffer_bytes: usize) -> Self {
-        EngineResources { block_cache: Cache::new_lru_cache(block_cache_bytes), write_buffer_bytes, write_buffer_manager: None, memory: None }
+        EngineResources {
+            block_cache: Cache::new_lru_cache(block_cache_bytes),
+            write_buffer_bytes,
+            write_buffer_manager: None,
+            memory: None,
+            statistics: false,
+        }
+    }
+
+    /// With `on`: each database keeps RocksDB's tickers (see `statistics`).
+    pub(crate) fn with_statistics(self, on: bool) -> Self {
+        EngineResources { statistics: on, ..self }
     }
 
     /// Databases in one in-memory environment of their own: paths name
@@ -170,6 +185,7 @@ impl EngineResources {
             write_buffer_bytes: write_buffer_bytes.min(total / 4),
             write_buffer_manager: Some(manager),
             memory: None,
+            statistics: false,
         }
     }
 }
@@ -204,12 +220,15 @@ pub(crate) struct Tickers {
 }
 
 impl Tickers {
-    fn of(options: &Options, db: &DB) -> Tickers {
+    /// `statistics`: whether the database keeps RocksDB's tickers (else
+    /// only the write stalls, a property, are counted).
+    fn of(options: &Options, db: &DB, statistics: bool) -> Tickers {
         use rocksdb::statistics::Ticker;
+        let ticker = |t| if statistics { options.get_ticker_count(t) } else { 0 };
         Tickers {
-            block_cache_hits: options.get_ticker_count(Ticker::BlockCacheHit),
-            block_cache_misses: options.get_ticker_count(Ticker::BlockCacheMiss),
-            stall_micros: options.get_ticker_count(Ticker::StallMicros),
+            block_cache_hits: ticker(Ticker::BlockCacheHit),
+            block_cache_misses: ticker(Ticker::BlockCacheMiss),
+            stall_micros: ticker(Ticker::StallMicros),
             write_stalls: write_stalls(db),
         }
     }
@@ -308,9 +327,12 @@ impl Engine {
         db_opts.set_atomic_flush(true);
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(2);
-        // Tickers only (block-cache hits, stall time): no timers, no histograms.
-        db_opts.enable_statistics();
-        db_opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
+        if res.statistics {
+            // Tickers only (block-cache hits, stall time): no timers, no
+            // histograms (whose memory is allocated all the same).
+            db_opts.enable_statistics();
+            db_opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
+        }
         if let Some(manager) = &res.write_buffer_manager {
             db_opts.set_write_buffer_manager(manager);
         }
@@ -619,7 +641,7 @@ impl Engine {
 
     /// Block-cache and stall tickers since the engine was opened.
     pub(crate) fn tickers(&self) -> Tickers {
-        self.carried.plus(Tickers::of(&self.options, self.db()))
+        self.carried.plus(Tickers::of(&self.options, self.db(), self.resources.statistics))
     }
 
     /// Sizes and compaction state of the data (RocksDB properties, no scan).
@@ -971,7 +993,7 @@ mod tests {
     #[test]
     fn tickers_count_block_cache_reads_and_survive_a_bulk_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let mut e = Engine::open(dir.path(), &res()).unwrap();
+        let mut e = Engine::open(dir.path(), &res().with_statistics(true)).unwrap();
         let mut b = Engine::batch();
         for i in 0..1000u32 {
             b.put(format!("k{i:04}"), [7u8; 100]);
@@ -992,6 +1014,18 @@ mod tests {
         assert_eq!(fresh.since(after).block_cache_hits, 3);
         let stats = e.data_stats();
         assert!(stats.keys >= 900 && stats.logical_bytes >= 1000 * 105 && stats.physical_bytes > 0, "{stats:?}");
+    }
+
+    #[test]
+    fn without_statistics_the_tickers_stay_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(dir.path(), &res()).unwrap();
+        let mut b = Engine::batch();
+        b.put("k", [7u8; 100]);
+        e.commit(b, 0).unwrap();
+        e.flush().unwrap();
+        assert!(e.get(b"k").unwrap().is_some());
+        assert_eq!(e.tickers(), Tickers::default());
     }
 
     #[test]

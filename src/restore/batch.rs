@@ -9,6 +9,8 @@
 
 use rocksdb::WriteBatch;
 
+use crate::store::key_prefix;
+
 /// Where one record's key and value sit in the arena.
 struct Entry {
     key: (u32, u32),
@@ -62,7 +64,7 @@ impl SortedBatch {
         // same order as the bytes) held inline, then the whole key, then the
         // push order: most comparisons never touch the arena.
         let key_of = |i: u32| self.slice(self.entries[i as usize].key);
-        let mut order: Vec<(u64, u32)> = (0..self.entries.len() as u32).map(|i| (prefix(key_of(i)), i)).collect();
+        let mut order: Vec<(u64, u32)> = (0..self.entries.len() as u32).map(|i| (key_prefix(key_of(i)), i)).collect();
         order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| key_of(a.1).cmp(key_of(b.1))).then(a.1.cmp(&b.1)));
         let mut batch = WriteBatch::default();
         for (i, &(_, idx)) in order.iter().enumerate() {
@@ -83,15 +85,6 @@ impl SortedBatch {
         self.entries.clear();
         batch
     }
-}
-
-/// A key's first 8 bytes, zero-padded, as a big-endian number: ordered as
-/// the keys are wherever they differ there.
-fn prefix(key: &[u8]) -> u64 {
-    let mut p = [0u8; 8];
-    let n = key.len().min(8);
-    p[..n].copy_from_slice(&key[..n]);
-    u64::from_be_bytes(p)
 }
 
 #[cfg(test)]

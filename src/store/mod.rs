@@ -787,6 +787,17 @@ fn layout_problem(engine: &Engine, checkpoint: &Checkpoint, wanted: Option<(Shap
     })
 }
 
+/// A key's first 8 bytes, zero-padded, as a big-endian number: ordered as
+/// the keys are wherever they differ there (padding sorts before every
+/// byte), so that most key comparisons can be one integer compare (the
+/// overlay, restore batches, timers in memory).
+pub(crate) fn key_prefix(key: &[u8]) -> u64 {
+    let mut p = [0u8; 8];
+    let n = key.len().min(8);
+    p[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(p)
+}
+
 /// The smallest key greater than every key starting with `prefix`, if any.
 pub(crate) fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();

@@ -75,11 +75,8 @@ struct Key {
 impl Key {
     /// A key over `bytes`, valid while they are.
     fn over(bytes: &[u8]) -> Key {
-        let mut head = [0u8; 8];
-        let n = bytes.len().min(8);
-        head[..n].copy_from_slice(&bytes[..n]);
         Key {
-            prefix: u64::from_be_bytes(head),
+            prefix: super::key_prefix(bytes),
             ptr: NonNull::from(bytes).cast(),
             len: u32::try_from(bytes.len()).expect("record sizes are checked against max.message.bytes"),
         }

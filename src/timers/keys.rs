@@ -16,12 +16,7 @@ struct Slot {
 /// A timer key's time and its key's first 8 bytes (zero-padded), both as
 /// big-endian numbers: ordered as the keys are wherever they differ there.
 fn order_of(tk: &[u8]) -> (u64, u64) {
-    let time = u64::from_be_bytes(tk[..8].try_into().expect("a timer key has 8 bytes of time"));
-    let key = &tk[8..];
-    let mut p = [0u8; 8];
-    let n = key.len().min(8);
-    p[..n].copy_from_slice(&key[..n]);
-    (time, u64::from_be_bytes(p))
+    (super::loaded::time_of(tk), crate::store::key_prefix(&tk[8..]))
 }
 
 /// Timer keys, in the order the user of it keeps (pushed order until

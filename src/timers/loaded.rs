@@ -98,7 +98,7 @@ pub(crate) struct Loaded {
 }
 
 /// A timer key's time, as it sorts (its first 8 bytes, big-endian).
-fn time_of(tk: &[u8]) -> u64 {
+pub(super) fn time_of(tk: &[u8]) -> u64 {
     u64::from_be_bytes(tk[..8].try_into().expect("a timer key has 8 bytes of time"))
 }
 

@@ -16,7 +16,7 @@ struct Slot {
 /// A timer key's time and its key's first 8 bytes (zero-padded), both as
 /// big-endian numbers: ordered as the keys are wherever they differ there.
 fn order_of(tk: &[u8]) -> (u64, u64) {
-    (super::loaded::time_of(tk), crate::store::key_prefix(&tk[8..]))
+    (super::queue::time_of(tk), crate::store::key_prefix(&tk[8..]))
 }
 
 /// Timer keys, in the order the user of it keeps (pushed order until

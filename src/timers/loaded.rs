@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::keys::Keys;
+use super::queue::time_of;
 
 /// A group larger than this is kept as a tree: inserting into a sorted
 /// vector moves its tail, which is cheap only while the vector is small
@@ -95,11 +96,6 @@ pub(crate) struct Loaded {
     by_time: BTreeMap<u64, Group>,
     len: usize,
     spare: Vec<Keys>,
-}
-
-/// A timer key's time, as it sorts (its first 8 bytes, big-endian).
-pub(super) fn time_of(tk: &[u8]) -> u64 {
-    u64::from_be_bytes(tk[..8].try_into().expect("a timer key has 8 bytes of time"))
 }
 
 impl Loaded {

@@ -59,13 +59,19 @@ pub(crate) fn timer_key(timestamp: i64, key: &[u8]) -> Vec<u8> {
     k
 }
 
+/// A timer key's time as it sorts (its first 8 bytes, big-endian, sign
+/// bit flipped).
+pub(super) fn time_of(tk: &[u8]) -> u64 {
+    u64::from_be_bytes(tk[..8].try_into().expect("a timer key has 8 bytes of time"))
+}
+
 /// The time and key of a timer key.
 pub(crate) fn split_timer_key(tk: &[u8]) -> (i64, &[u8]) {
-    (unflip(u64::from_be_bytes(tk[..8].try_into().expect("8 bytes"))), &tk[8..])
+    (unflip(time_of(tk)), &tk[8..])
 }
 
 fn page_of(tk: &[u8]) -> u64 {
-    u64::from_be_bytes(tk[..8].try_into().expect("8 bytes")) / PAGE_MS
+    time_of(tk) / PAGE_MS
 }
 
 /// The earliest time of a page.

@@ -83,6 +83,20 @@ kstate_stop_broker() {
     fi
 }
 
+# True if something accepts TCP connections on 127.0.0.1:$1.
+kstate_port_taken() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# Prints N distinct TCP ports on 127.0.0.1 that are free now (the kernel
+# picks them: each bound to port 0, all held until every one is chosen).
+kstate_free_ports() {
+    python3 -c 'import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))' "$1"
+}
+
 kstate_start_broker() {
     if [[ -n ${KSTATE_BOOTSTRAP:-} ]]; then
         kstate_log "using the broker at KSTATE_BOOTSTRAP=$KSTATE_BOOTSTRAP"
@@ -94,6 +108,17 @@ kstate_start_broker() {
         KSTATE_BOOTSTRAP=$(bash "$KSTATE_KAFKA_SH" start | tail -n 1)
         kstate_log "reusing the test broker already running at $KSTATE_BOOTSTRAP (left running)"
     else
+        # The default ports (9092-9095) taken by something else: a broker of
+        # our own on ports that are free (kept in the environment, so the
+        # exit trap's `stop` finds it).
+        if [[ -z ${KSTATE_KAFKA_PORT:-} ]] && { kstate_port_taken 9092 || kstate_port_taken 9093 ||
+            kstate_port_taken 9094 || kstate_port_taken 9095; }; then
+            local -a ports
+            read -r -a ports <<<"$(kstate_free_ports 4)"
+            export KSTATE_KAFKA_PORT=${ports[0]} KSTATE_KAFKA_CONTROLLER_PORT=${ports[1]}
+            export KSTATE_KAFKA_SSL_PORT=${ports[2]} KSTATE_KAFKA_SASL_PORT=${ports[3]}
+            kstate_log "ports 9092-9095 are taken: the test broker uses ${ports[*]}"
+        fi
         KSTATE_STARTED_BROKER=1
         KSTATE_BOOTSTRAP=$(bash "$KSTATE_KAFKA_SH" start | tail -n 1)
     fi
@@ -121,6 +146,16 @@ kstate_start_minio() {
     if bash "$KSTATE_MINIO_SH" status >/dev/null 2>&1; then
         kstate_log "reusing the MinIO server already running (left running)"
     else
+        # MinIO's default ports (9000, console 9001) taken: a free pair.
+        if [[ -z ${KSTATE_MINIO_PORT:-} ]] && { kstate_port_taken 9000 || kstate_port_taken 9001; }; then
+            local port
+            for _ in 1 2 3 4 5 6 7 8; do
+                port=$(kstate_free_ports 1)
+                kstate_port_taken $((port + 1)) || break
+            done
+            export KSTATE_MINIO_PORT=$port
+            kstate_log "ports 9000-9001 are taken: MinIO uses $port and $((port + 1))"
+        fi
         bash "$KSTATE_MINIO_SH" start >/dev/null
         KSTATE_STARTED_MINIO=1
     fi

@@ -170,17 +170,24 @@ impl OwnBroker {
         }
     }
 
-    fn start(port: u16) -> OwnBroker {
+    /// Starts a broker on four ports that are free now (client, controller,
+    /// SSL, SASL: `testing/kafka.sh` opens all four), returning it and its
+    /// bootstrap address.
+    fn start() -> (OwnBroker, String) {
+        let [port, controller, ssl, sasl] = free_ports::<4>();
         let data = std::env::temp_dir().join(format!("kstate-kafka-{port}-{}", std::process::id()));
         let broker = OwnBroker {
             env: vec![
                 ("KSTATE_KAFKA_PORT".into(), port.to_string()),
+                ("KSTATE_KAFKA_CONTROLLER_PORT".into(), controller.to_string()),
+                ("KSTATE_KAFKA_SSL_PORT".into(), ssl.to_string()),
+                ("KSTATE_KAFKA_SASL_PORT".into(), sasl.to_string()),
                 ("KSTATE_KAFKA_DATA".into(), data.display().to_string()),
                 ("KSTATE_KAFKA_HEAP".into(), "384m".into()),
             ],
         };
         broker.script("start");
-        broker
+        (broker, format!("127.0.0.1:{port}"))
     }
 }
 
@@ -193,15 +200,23 @@ impl Drop for OwnBroker {
     }
 }
 
-/// A broker of the test's own on port 19092 and its address (`None`,
-/// reported as skipped, without java to run one).
+/// `N` distinct TCP ports on 127.0.0.1 that are free now: each bound to
+/// port 0 (the kernel picks), all held until every one is chosen, then
+/// released for the broker to take.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port")).collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("a bound port").port())
+}
+
+/// A broker of the test's own on ports that are free and its address
+/// (`None`, reported as skipped, without java to run one).
 fn own_broker() -> Option<(OwnBroker, String)> {
     if std::process::Command::new("java").arg("-version").output().is_err() {
         eprintln!("skipped: no java to run a broker of the test's own");
         return None;
     }
     init_tracing();
-    Some((OwnBroker::start(19092), "127.0.0.1:19092".to_string()))
+    Some(OwnBroker::start())
 }
 
 #[test]

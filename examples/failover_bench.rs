@@ -244,8 +244,7 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
     };
     let app = app.build()?;
     let stop = app.shutdown_handle();
-    let on_term = stop.clone();
-    on_signal(move || on_term.shutdown());
+    stop.stop_on_signals();
     on_stdin_close(move || stop.shutdown());
 
     // partition -> (last offset, when processed (ms), record timestamp (ms))

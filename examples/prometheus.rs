@@ -40,7 +40,6 @@
 //! instances). Disk gauges are set at start and every 10 s; RocksDB gauges
 //! every 10 s while the app runs, so they appear a little after it starts.
 
-mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,7 +54,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use common::on_signal;
 
 const TOPIC: &str = "kstate-example-metrics-words";
 const WORDS: [&str; 12] =
@@ -97,8 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = app.shutdown_handle();
 
     // Ctrl-C or SIGTERM stops the app cleanly (a final commit, stores closed).
-    let on_term = stop.clone();
-    on_signal(move || on_term.shutdown());
+    stop.stop_on_signals();
     if let Some(run_for) = run_for {
         let on_timer = stop.clone();
         std::thread::spawn(move || {

@@ -117,8 +117,7 @@ fn app(bootstrap: &str, app_id: &str, state: &Path) -> kstate::AppBuilder {
 fn child(bootstrap: &str, app_id: &str, state: &Path, total: u64) -> Result<(), BoxError> {
     let seen = AtomicU64::new(0);
     let app = app(bootstrap, app_id, state).build()?;
-    let stop = app.shutdown_handle();
-    on_signal(move || stop.shutdown());
+    app.shutdown_handle().stop_on_signals();
     app.run(move |ctx, rec| {
         ctx.store("latest")?.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())?;
         let n = seen.fetch_add(1, Ordering::Relaxed) + 1;

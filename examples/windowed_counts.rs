@@ -8,35 +8,31 @@
 //! cargo run --example windowed_counts
 //! ```
 //!
-//! How: each click updates its windows in a window store and registers a
-//! stream-time timer at each window's closing time (end + grace; the same
-//! window's timer registered again is one timer). When stream time reaches
-//! it, `on_timer` reads the window's final count and sends it. Any later
-//! record for that window is late and dropped by the store, so the count
-//! cannot change after it was sent; the timer's removal and the output are
-//! in the same commit, one transaction under exactly-once: a crash before
-//! the commit sends it again from the restored state, and `read_committed`
-//! readers see each final result once. The example produces its clicks,
-//! then a last record far ahead in event time that closes every window,
-//! and stops once every final result is out (or on Ctrl-C or SIGTERM).
+//! How: the window store is declared with `emit_final_results()`; each
+//! click updates its windows, and when stream time passes a window's end
+//! plus grace kstate calls `on_window_close` once with the user, the
+//! window and its final count. Any later record for that window is late
+//! and dropped by the store, so the count cannot change after it was sent;
+//! the window's closing and the output are in the same commit, one
+//! transaction under exactly-once: a crash before the commit sends it
+//! again from the restored state, and `read_committed` readers see each
+//! final result once. The example produces its clicks, then a last record
+//! far ahead in event time that closes every window, and stops once every
+//! final result is out (or on Ctrl-C or SIGTERM).
 //!
 //! Its unit tests (`cargo test --example windowed_counts`, no broker) run
 //! the same processor and configuration in kstate's `TestDriver`.
-
-mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kstate::codec::{U64Be, Utf8};
-use kstate::{App, AppBuilder, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, StoreDefinition, TimeDomain, Timer, Windows};
+use kstate::{App, AppBuilder, ClosedWindow, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, StoreDefinition, Windows};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-use common::on_signal;
 
 const INPUT: &str = "kstate-example-clicks";
 const OUTPUT: &str = "kstate-example-click-counts";
@@ -52,35 +48,21 @@ struct FinalCounts {
     sent: Arc<AtomicUsize>,
 }
 
-/// A window's timer key: its start (8 bytes) then the user.
-fn timer_key(start: i64, user: &str) -> Vec<u8> {
-    [&start.to_be_bytes()[..], user.as_bytes()].concat()
-}
-
 impl Processor for FinalCounts {
     fn process(&mut self, ctx: &mut ProcessorContext<'_>, record: &Record<'_>) -> Result<(), ProcessorError> {
         let Some(user) = record.key_str().filter(|u| !u.is_empty()).map(str::to_string) else {
             return Ok(()); // the closing tick: it only moves stream time
         };
         let now = ctx.timestamp().unwrap_or_default();
-        let w = windows();
         ctx.window_store::<Utf8, U64Be>(STORE)?.update(&user, now, |_, n| n.unwrap_or(0) + 1)?;
-        for start in w.windows_for(now) {
-            if !w.is_closed(start, ctx.stream_time().unwrap_or(now)) {
-                ctx.register_timer(TimeDomain::StreamTime, &timer_key(start, &user), start + w.size_ms() + w.grace_ms())?;
-            }
-        }
         Ok(())
     }
 
-    fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
-        let start = i64::from_be_bytes(timer.key[..8].try_into()?);
-        let user = std::str::from_utf8(&timer.key[8..])?.to_string();
-        // Timers run before the record that reached their time: the window is there.
-        let count = ctx.window_store::<Utf8, U64Be>(STORE)?.get(&user, start)?.ok_or("a closing window has a count")?;
-        let key = format!("{user}@{start}");
+    fn on_window_close(&mut self, ctx: &mut ProcessorContext<'_>, closed: &ClosedWindow<'_>) -> Result<(), ProcessorError> {
+        let (user, count) = (closed.key_as::<Utf8>()?, closed.value_as::<U64Be>()?);
+        let key = format!("{user}@{}", closed.start());
         ctx.send(Output::to(OUTPUT).key(key.as_bytes()).value(count.to_string().as_bytes()))?;
-        println!("{user:>6} [{:>3} s, {:>3} s) = {count}", start / 1000, (start + windows().size_ms()) / 1000);
+        println!("{user:>6} [{:>3} s, {:>3} s) = {count}", closed.start() / 1000, closed.end() / 1000);
         self.sent.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -90,7 +72,7 @@ impl Processor for FinalCounts {
 fn application() -> AppBuilder {
     App::builder()
         .input_topic(INPUT)
-        .store(StoreDefinition::window(STORE, windows()))
+        .store(StoreDefinition::window(STORE, windows()).emit_final_results())
         .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
 }
 
@@ -127,8 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let sent = Arc::new(AtomicUsize::new(0));
     let stop = app.shutdown_handle();
-    let on_term = stop.clone();
-    on_signal(move || on_term.shutdown());
+    stop.stop_on_signals();
     let (watch, want) = (sent.clone(), expected.len());
     std::thread::spawn(move || {
         while watch.load(Ordering::Relaxed) < want {

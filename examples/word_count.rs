@@ -9,7 +9,6 @@
 //! by itself once this run's lines are counted, or cleanly on Ctrl-C or
 //! SIGTERM.
 
-mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,7 +21,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use common::on_signal;
 
 const TOPIC: &str = "kstate-example-words";
 
@@ -56,8 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Stop once this run's lines were counted (a real service runs until told to stop).
     let seen = Arc::new(AtomicUsize::new(0));
     let stop = app.shutdown_handle();
-    let on_term = stop.clone();
-    on_signal(move || on_term.shutdown());
+    stop.stop_on_signals();
     let seen_in = seen.clone();
     app.run(move |ctx, record| {
         let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;

@@ -79,13 +79,15 @@ impl App {
     /// calling thread. `processor` sees every input record after the stores
     /// of its partition are restored. On return every store was committed
     /// (or, on error, left at its last checkpoint) and closed.
-    /// One closure serves every task; it has no timer or punctuation
-    /// callbacks (see [`App::run_processor`]).
+    /// One closure serves every task; it has no timer, punctuation or
+    /// final-result callbacks (see [`App::run_processor`]): a store that
+    /// emits final results is an [`Error::Config`](crate::Error::Config) here.
     pub fn run<F, E>(self, processor: F) -> Result<()>
     where
         F: FnMut(&mut ProcessorContext<'_>, &Record<'_>) -> std::result::Result<(), E>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        self.config.check_closure()?;
         crate::runtime::run(self.config, self.shutdown, Closure::new(processor))
     }
 
@@ -144,13 +146,45 @@ impl App {
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let handle = self.shutdown.clone();
-        let mut task = tokio::task::spawn_blocking(move || self.run(processor));
-        // If the future is dropped, stop the runtime instead of leaking it.
-        let guard = ShutdownOnDrop(handle);
-        let result = (&mut task).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-        std::mem::forget(guard);
-        result
+        on_blocking_thread(handle, move || self.run(processor)).await
     }
+
+    /// [`App::run_processor`] on a blocking thread of the current tokio
+    /// runtime, for applications that already have one (an HTTP server
+    /// beside the processing, say). Dropping the future shuts the
+    /// application down.
+    ///
+    /// ```no_run
+    /// # use kstate::{App, Processor, ProcessorContext, ProcessorError, Record};
+    /// # struct Count;
+    /// # impl Processor for Count {
+    /// #     fn process(&mut self, _: &mut ProcessorContext<'_>, _: &Record<'_>) -> Result<(), ProcessorError> { Ok(()) }
+    /// # }
+    /// # async fn serve(app: App) -> kstate::Result<()> {
+    /// app.shutdown_handle().stop_on_signals();
+    /// let queries = app.queries();
+    /// tokio::spawn(async move { /* answer HTTP requests with queries.get_async(...) */ drop(queries) });
+    /// app.run_processor_async(|_partition| Count).await
+    /// # }
+    /// ```
+    pub async fn run_processor_async<P, F>(self, factory: F) -> Result<()>
+    where
+        P: Processor + Send,
+        F: FnMut(i32) -> P + Send + 'static,
+    {
+        let handle = self.shutdown.clone();
+        on_blocking_thread(handle, move || self.run_processor(factory)).await
+    }
+}
+
+/// Runs `run` on a blocking thread of the current tokio runtime; if the
+/// future is dropped, shuts the application down instead of leaking it.
+async fn on_blocking_thread(handle: ShutdownHandle, run: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+    let mut task = tokio::task::spawn_blocking(run);
+    let guard = ShutdownOnDrop(handle);
+    let result = (&mut task).await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    std::mem::forget(guard);
+    result
 }
 
 struct ShutdownOnDrop(ShutdownHandle);
@@ -207,7 +241,7 @@ impl Default for AppBuilder {
                 timestamp_extractor: None,
                 invalid_timestamp: InvalidTimestamp::Fail,
                 published: Default::default(),
-                query_partitioner: None,
+                partitioner: Default::default(),
                 snapshots: None,
                 snapshot_handle: Default::default(),
             },
@@ -606,17 +640,30 @@ impl AppBuilder {
         self
     }
 
-    /// How [`Queries`](crate::Queries) find the partition of a store key
-    /// (bytes, as its key codec encodes them) among `partitions`: the same
-    /// function that partitions the input topic, for stores keyed like
-    /// their input. Default: murmur2, as the Java clients' and librdkafka's
-    /// `murmur2_random` partitioners.
-    pub fn query_partitioner<F>(mut self, partitioner: F) -> Self
+    /// The partitioner the producers of the input topics use (default
+    /// [`Partitioner::Murmur2`](crate::Partitioner::Murmur2), the Java
+    /// clients' default; librdkafka-based producers, Rust's among them,
+    /// default to [`Partitioner::Crc32`](crate::Partitioner::Crc32)
+    /// unless configured with `partitioner=murmur2_random`).
+    /// [`Queries`](crate::Queries) find a store key's partition with it
+    /// (the key's bytes as its codec encodes them: stores keyed like their
+    /// input), the test driver places keyed inputs with it, and every keyed
+    /// input record is checked against it: one in another partition is
+    /// counted in `kstate_input_partition_mismatches_total{topic}` and
+    /// logged (once a minute per topic) with the setting to change.
+    pub fn partitioner(mut self, partitioner: crate::Partitioner) -> Self {
+        self.config.partitioner = partitioner;
+        self
+    }
+
+    /// [`AppBuilder::partitioner`] with a function of your own
+    /// (`Partitioner::custom(f)`); kept for applications written before
+    /// `partitioner`.
+    pub fn query_partitioner<F>(self, partitioner: F) -> Self
     where
         F: Fn(&[u8], i32) -> i32 + Send + Sync + 'static,
     {
-        self.config.query_partitioner = Some(Arc::new(partitioner));
-        self
+        self.partitioner(crate::Partitioner::custom(partitioner))
     }
 
     /// Snapshots of the stores in object storage: each active store

@@ -1,8 +1,8 @@
 //! Codecs turn typed keys and values into the bytes a store keeps.
 //!
 //! A store holds bytes; a [`TypedStore`](crate::TypedStore) puts a codec for
-//! the key and one for the value in front of it. Five codecs come with the
-//! crate: [`RawBytes`], [`Utf8`], [`U64Be`], [`Json`] and [`Prost`]. Write your own by
+//! the key and one for the value in front of it. Six codecs come with the
+//! crate: [`RawBytes`], [`Utf8`], [`U64Be`], [`I64`], [`Json`] and [`Prost`]. Write your own by
 //! implementing [`Codec`].
 //!
 //! ```
@@ -118,6 +118,30 @@ impl Codec for U64Be {
     }
 }
 
+/// `i64` in 8 bytes that sort in numeric order: big-endian with the sign
+/// bit flipped, so -1 sorts before 0 and 0 before 1 (timestamps, signed
+/// counters, and keys of range scans over them).
+///
+/// ```
+/// use kstate::codec::{Codec, I64};
+/// let (neg, zero, big) = (I64::encode(&-5).unwrap(), I64::encode(&0).unwrap(), I64::encode(&1 << 40).unwrap());
+/// assert!(neg < zero && zero < big);
+/// assert_eq!(I64::decode(&neg).unwrap(), -5);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct I64;
+
+impl Codec for I64 {
+    type Item = i64;
+    const NAME: &'static str = "i64";
+    fn encode(item: &i64) -> Result<Vec<u8>> {
+        Ok(((*item as u64) ^ (1 << 63)).to_be_bytes().to_vec())
+    }
+    fn decode(bytes: &[u8]) -> Result<i64> {
+        Ok((U64Be::decode(bytes).map_err(|_| Error::codec(Self::NAME, format!("expected 8 bytes, got {}", bytes.len())))? ^ (1 << 63)) as i64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +162,22 @@ mod tests {
     #[test]
     fn json_garbage_is_codec_error() {
         assert!(matches!(Json::<u32>::decode(b"{"), Err(Error::Codec { codec: "json", .. })));
+    }
+
+    proptest::proptest! {
+        /// Byte order is numeric order, and every value comes back.
+        #[test]
+        fn i64_order_matches_bytes(a: i64, b: i64) {
+            let (ea, eb) = (I64::encode(&a).unwrap(), I64::encode(&b).unwrap());
+            proptest::prop_assert_eq!(ea.cmp(&eb), a.cmp(&b));
+            proptest::prop_assert_eq!(I64::decode(&ea).unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn i64_refuses_other_lengths() {
+        assert!(matches!(I64::decode(&[0; 7]), Err(Error::Codec { codec: "i64", .. })));
+        assert_eq!(I64::encode(&i64::MIN).unwrap(), [0; 8]);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct StoreDefinition {
     additional_retention: Duration,
     live_tail: bool,
     schema: crate::store::schema::Schema,
+    /// Calls `Processor::on_window_close` once per closed window.
+    final_results: bool,
 }
 
 /// Kafka Streams' `windowstore.changelog.additional.retention.ms` default.
@@ -48,6 +50,7 @@ impl StoreDefinition {
             additional_retention: ADDITIONAL_RETENTION,
             live_tail: true,
             schema: Default::default(),
+            final_results: false,
         }
     }
 
@@ -113,6 +116,37 @@ impl StoreDefinition {
     /// filed by session end.
     pub fn session(name: impl Into<String>, sessions: SessionWindows) -> Self {
         StoreDefinition { shape: Some(Shape::Session(sessions)), ..StoreDefinition::new(name) }
+    }
+
+    /// A window or session store that emits final results: once per
+    /// window (session) that closes with a value, the runtime calls
+    /// [`Processor::on_window_close`](crate::Processor::on_window_close)
+    /// with the key, the window and the final value (Kafka Streams'
+    /// `suppress(untilWindowCloses)` and on-window-close emit strategy).
+    /// Durable like any state: each window's closing is a stream-time
+    /// timer of kstate's own in the time store, registered by the write
+    /// that creates the window, removed in the commit of the callback's
+    /// writes and outputs (one transaction under exactly-once). Late records
+    /// never reopen a window. Needs [`App::run_processor`](crate::App::run_processor);
+    /// on a key-value store it is an [`Error::Config`] at `build`.
+    /// Windows already open when this is turned on for an existing store
+    /// have no closing timer and get no final result.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kstate::{StoreDefinition, Windows};
+    /// let per_minute = StoreDefinition::window("views-per-minute", Windows::tumbling(Duration::from_secs(60)))
+    ///     .emit_final_results();
+    /// assert!(per_minute.emits_final_results());
+    /// ```
+    pub fn emit_final_results(mut self) -> Self {
+        self.final_results = true;
+        self
+    }
+
+    /// Whether the store emits final results ([`emit_final_results`](Self::emit_final_results)).
+    pub fn emits_final_results(&self) -> bool {
+        self.final_results
     }
 
     /// How long a window or session store keeps windows, in stream time
@@ -312,17 +346,15 @@ pub(crate) struct AppConfig {
     /// The store partitions open here and the group's host metadata, as
     /// interactive queries read them (shared with [`crate::Queries`]).
     pub(crate) published: Arc<crate::store::published::Published>,
-    /// Maps a store key to its partition for queries (`None`: murmur2, as
-    /// the Java clients' default partitioner).
-    pub(crate) query_partitioner: Option<Arc<QueryPartitioner>>,
+    /// The input topics' partitioner: queries find a key's partition with
+    /// it, and keyed input records are checked against it.
+    pub(crate) partitioner: crate::partitioner::Partitioner,
     /// Snapshots in object storage (`None`: none).
     pub(crate) snapshots: Option<crate::snapshot::SnapshotConfig>,
     /// Asks the running application for a snapshot round.
     pub(crate) snapshot_handle: crate::snapshot::SnapshotHandle,
 }
 
-/// See [`AppBuilder::query_partitioner`](crate::AppBuilder::query_partitioner).
-pub(crate) type QueryPartitioner = dyn Fn(&[u8], i32) -> i32 + Send + Sync;
 
 /// What a crash can do to the effects of processing (Kafka Streams'
 /// `processing.guarantee`). See the README's "Guarantees and the data-loss
@@ -405,6 +437,20 @@ fn check_name(kind: &str, name: &str) -> Result<()> {
 }
 
 impl AppConfig {
+    /// A closure processor cannot take final results: the first store that
+    /// emits them is an [`Error::Config`] (from `App::run` and the test
+    /// driver's `closure`).
+    pub(crate) fn check_closure(&self) -> Result<()> {
+        match self.stores.iter().find(|s| s.final_results) {
+            Some(s) => Err(Error::Config(format!(
+                "store `{}` emits final results, which a closure processor cannot take: \
+                 use App::run_processor with a Processor that implements on_window_close",
+                s.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Where the time store is among a task's stores, if timers are on.
     pub(crate) fn time_store_index(&self) -> Option<usize> {
         self.timers.then(|| self.stores.len() - 1)
@@ -512,6 +558,11 @@ impl AppConfig {
                         shape.kind()
                     )));
                 }
+            } else if s.final_results {
+                return Err(Error::Config(format!(
+                    "store `{}`: only window and session stores emit final results (StoreDefinition::emit_final_results)",
+                    s.name()
+                )));
             } else if s.retention.is_some() {
                 return Err(Error::Config(format!(
                     "store `{}`: only window and session stores have a retention (use a TTL for a key-value store)",

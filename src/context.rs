@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::global::{GlobalTable, GlobalTables};
 use crate::kafka::OutputSink;
 use crate::output::Output;
+use crate::store::closing::Closing;
 use crate::store::{KeyValueStore, SessionStore, TypedStore, WindowStore};
 use crate::windows::Shape;
 use crate::time::{PunctuationId, TimeDomain};
@@ -90,8 +91,12 @@ impl<'t> ProcessorContext<'t> {
         Ok(store)
     }
 
+    fn store_at(&self, name: &str) -> Result<usize> {
+        self.store_index.get(name).copied().ok_or_else(|| Error::UnknownStore(name.to_string()))
+    }
+
     fn any_store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
-        let i = *self.store_index.get(name).ok_or_else(|| Error::UnknownStore(name.to_string()))?;
+        let i = self.store_at(name)?;
         Ok(&mut self.stores[i])
     }
 
@@ -101,11 +106,12 @@ impl<'t> ProcessorContext<'t> {
     /// the task's stream time are dropped as late.
     pub fn window_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<WindowStore<'_, K, V>> {
         let stream_time = self.time.stream_time();
-        let store = self.any_store(name)?;
-        match store.shape {
-            Some(Shape::Window(windows)) => Ok(WindowStore::new(store, windows, stream_time)),
-            _ => Err(Error::InvalidUse(format!("store `{name}` is not a window store (StoreDefinition::window)"))),
-        }
+        let i = self.store_at(name)?;
+        let Some(Shape::Window(windows)) = self.stores[i].shape else {
+            return Err(Error::InvalidUse(format!("store `{name}` is not a window store (StoreDefinition::window)")));
+        };
+        let (store, closing) = self.with_closing(i)?;
+        Ok(WindowStore::new(store, windows, stream_time).closing(closing))
     }
 
     /// The session store named `name` (defined with
@@ -113,11 +119,25 @@ impl<'t> ProcessorContext<'t> {
     /// key codec `K` and value codec `V`.
     pub fn session_store<K: Codec, V: Codec>(&mut self, name: &str) -> Result<SessionStore<'_, K, V>> {
         let stream_time = self.time.stream_time();
-        let store = self.any_store(name)?;
-        match store.shape {
-            Some(Shape::Session(sessions)) => Ok(SessionStore::new(store, sessions, stream_time)),
-            _ => Err(Error::InvalidUse(format!("store `{name}` is not a session store (StoreDefinition::session)"))),
+        let i = self.store_at(name)?;
+        let Some(Shape::Session(sessions)) = self.stores[i].shape else {
+            return Err(Error::InvalidUse(format!("store `{name}` is not a session store (StoreDefinition::session)")));
+        };
+        let (store, closing) = self.with_closing(i)?;
+        Ok(SessionStore::new(store, sessions, stream_time).closing(closing))
+    }
+
+    /// Store `i`, and for a store that emits final results, where its new
+    /// windows register their closing: kstate's own stream-time timers in
+    /// the time store (the last store, so split off after `i`).
+    fn with_closing(&mut self, i: usize) -> Result<(&mut KeyValueStore, Option<Closing<'_>>)> {
+        if !self.stores[i].final_results {
+            return Ok((&mut self.stores[i], None));
         }
+        let name = self.stores[i].name().to_string();
+        let t = self.time_store(&format!("store `{name}`'s final results"))?;
+        let (head, tail) = self.stores.split_at_mut(t);
+        Ok((&mut head[i], Some(Closing { timers: &mut *self.time, time_store: &mut tail[0] })))
     }
 
     /// Several stores at once, and the output records, in one scope: read
@@ -215,7 +235,7 @@ impl<'t> ProcessorContext<'t> {
         }
         match self.time_store {
             Some(i) => Ok(i),
-            None => Err(Error::InvalidUse(format!("{what} needs timers enabled: AppBuilder::timers(true)"))),
+            None => Err(Error::InvalidUse(format!("{what} needs timers enabled: AppBuilder::timers(true), or a window or session store"))),
         }
     }
 
@@ -227,12 +247,18 @@ impl<'t> ProcessorContext<'t> {
     /// failovers; the removal and the callback's writes land in the same
     /// commit. Registering the same key and time again is one timer; a
     /// time already reached fires right after the current callback.
-    /// Needs [`AppBuilder::timers`](crate::AppBuilder::timers) and
+    /// Needs timers on (a window or session store turns them on, else
+    /// [`AppBuilder::timers`](crate::AppBuilder::timers)) and
     /// [`App::run_processor`](crate::App::run_processor), else
-    /// [`Error::InvalidUse`]. Nothing checks that `key` belongs to this
-    /// partition: the timer belongs to the task.
+    /// [`Error::InvalidUse`]; so are keys starting with
+    /// `b"\xffkstate.close\x00"` (kstate's own, for final results). Nothing
+    /// checks that `key` belongs to this partition: the timer belongs to the
+    /// task.
     pub fn register_timer(&mut self, domain: TimeDomain, key: &[u8], timestamp: i64) -> Result<()> {
         let i = self.time_store("a timer")?;
+        if crate::store::closing::is_reserved(key) {
+            return Err(Error::InvalidUse("timer keys starting with b\"\\xffkstate.close\\x00\" are kstate's own (final results)".into()));
+        }
         self.time.register_timer(&mut self.stores[i], domain, key, timestamp)
     }
 

@@ -111,6 +111,7 @@ mod group;
 mod kafka;
 pub mod metrics;
 mod output;
+mod partitioner;
 mod processor;
 mod query;
 mod record;
@@ -133,6 +134,7 @@ pub use global::GlobalTable;
 pub use kafka::changelog_topic;
 pub use driver::{TestDriver, TestDriverBuilder};
 pub use output::{Output, SentRecord};
+pub use partitioner::Partitioner;
 pub use processor::{Processor, ProcessorError};
 pub use query::{
     murmur2_partition, Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, Queries, QueryError, QueryOptions, ScanAnswer,
@@ -145,7 +147,7 @@ pub use snapshot::{GcReport, RemoteSnapshot, RemoteSnapshotFile, SnapshotConfig,
 pub use store::{SnapshotSeed, KeyValueStore, SessionRecord, SessionStore, TypedStore, WindowPut, WindowStore, WindowUpdate};
 pub use time::{InvalidTimestamp, Punctuation, PunctuationId, TimeDomain, Timer, TimestampExtractor};
 pub use timers::{TimersSummary, TIME_STORE};
-pub use windows::{Session, SessionWindows, Windows};
+pub use windows::{ClosedWindow, Session, SessionWindows, Windows};
 
 /// The README's code blocks, compiled by `cargo test --doc`.
 #[cfg(doctest)]

@@ -25,6 +25,8 @@
 //! | `kstate_store_puts_total` | counter | puts |
 //! | `kstate_store_deletes_total` | counter | deletes |
 //! | `kstate_ttl_expired_total` | counter | expired entries the TTL sweep deleted (each a changelog tombstone) |
+//! | `kstate_input_partition_mismatches_total` | counter | keyed input records (label `topic`) in another partition than `AppBuilder::partitioner` predicts: interactive queries look for their keys on the wrong instance |
+//! | `kstate_window_final_results_total` | counter | windows and sessions of a store that emits final results handed to `Processor::on_window_close` |
 //! | `kstate_window_late_records_total` | counter | writes a window or session store dropped because their window had closed (end + grace passed in stream time) or expired (past retention); once per window (a record late for three hopping windows counts three) |
 //! | `kstate_window_segments` | gauge | live segments of a window or session store partition (updated at each commit) |
 //! | `kstate_window_segments_dropped_total` | counter | expired segments of a window or session store dropped (each one RocksDB range deletion) |
@@ -101,6 +103,10 @@ pub const SNAPSHOT_SEED_RATE: &str = "kstate_snapshot_seed_bytes_per_sec";
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";
 /// Records dropped by a window or session store: their window had closed.
 pub const WINDOW_LATE_RECORDS: &str = "kstate_window_late_records_total";
+/// Keyed input records in another partition than the partitioner predicts (label `topic`).
+pub const INPUT_PARTITION_MISMATCHES: &str = "kstate_input_partition_mismatches_total";
+/// Final results of a window or session store (`on_window_close` calls).
+pub const WINDOW_FINAL_RESULTS: &str = "kstate_window_final_results_total";
 /// Live segments of a window or session store partition.
 pub const WINDOW_SEGMENTS: &str = "kstate_window_segments";
 /// Expired segments dropped.
@@ -245,6 +251,7 @@ pub(crate) struct StoreMetrics {
     pub(crate) standby_lag_bytes: Gauge,
     pub(crate) expired: Counter,
     pub(crate) late_records: Counter,
+    pub(crate) final_results: Counter,
     pub(crate) segments: Gauge,
     pub(crate) segments_dropped: Counter,
     pub(crate) oldest_live: Gauge,
@@ -262,6 +269,7 @@ impl StoreMetrics {
             deletes: counter!(STORE_DELETES, &labels),
             expired: counter!(TTL_EXPIRED, &labels),
             late_records: counter!(WINDOW_LATE_RECORDS, &labels),
+            final_results: counter!(WINDOW_FINAL_RESULTS, &labels),
             segments: gauge!(WINDOW_SEGMENTS, &labels),
             segments_dropped: counter!(WINDOW_SEGMENTS_DROPPED, &labels),
             oldest_live: gauge!(WINDOW_OLDEST_LIVE, &labels),

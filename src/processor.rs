@@ -4,6 +4,7 @@
 use crate::context::ProcessorContext;
 use crate::record::Record;
 use crate::time::{Punctuation, Timer};
+use crate::windows::ClosedWindow;
 
 /// The error a processor callback returns (any error type converts into it with `?`).
 pub type ProcessorError = Box<dyn std::error::Error + Send + Sync>;
@@ -39,6 +40,28 @@ pub trait Processor {
     fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
         let _ = ctx;
         Err(format!("timer {timer:?} fired but the processor does not implement Processor::on_timer").into())
+    }
+
+    /// A window or session of a store that emits final results
+    /// ([`StoreDefinition::emit_final_results`](crate::StoreDefinition::emit_final_results))
+    /// closed: called once per window that holds a value when stream time
+    /// reaches its end plus grace (a session: passes its last record's time
+    /// plus grace), with its final value (Kafka Streams'
+    /// `suppress(untilWindowCloses)`). Later records for it are late and
+    /// dropped by the store, so the value cannot change afterwards. It runs
+    /// before the record that moved stream time there, with the closing
+    /// time as the context's timestamp; its writes and outputs land in the
+    /// same commit as the window's closing (one transaction under
+    /// exactly-once), so a crash before that commit calls it again after
+    /// the restore. The default fails: a processor whose stores emit final
+    /// results must handle them.
+    fn on_window_close(&mut self, ctx: &mut ProcessorContext<'_>, closed: &ClosedWindow<'_>) -> Result<(), ProcessorError> {
+        let _ = ctx;
+        Err(format!(
+            "store `{}` emits final results but the processor does not implement Processor::on_window_close",
+            closed.store()
+        )
+        .into())
     }
 
     /// A punctuation scheduled with [`ProcessorContext::schedule`] is due.

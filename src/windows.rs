@@ -162,6 +162,74 @@ impl Session {
     }
 }
 
+/// A window or session that closed, with its final value: what
+/// [`Processor::on_window_close`](crate::Processor::on_window_close) gets
+/// for a store that emits final results
+/// ([`StoreDefinition::emit_final_results`](crate::StoreDefinition::emit_final_results)).
+/// Key and value are the store's encoded bytes; decode them with the
+/// codecs the processor writes with.
+///
+/// ```
+/// # use kstate::ClosedWindow;
+/// # use kstate::codec::{U64Be, Utf8};
+/// fn describe(closed: &ClosedWindow<'_>) -> kstate::Result<String> {
+///     let (user, count) = (closed.key_as::<Utf8>()?, closed.value_as::<U64Be>()?);
+///     Ok(format!("{user} [{}, {}) = {count}", closed.start(), closed.end()))
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClosedWindow<'a> {
+    pub(crate) store: &'a str,
+    pub(crate) key: &'a [u8],
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    pub(crate) session: bool,
+    pub(crate) value: &'a [u8],
+}
+
+impl<'a> ClosedWindow<'a> {
+    /// The store it belongs to.
+    pub fn store(&self) -> &'a str {
+        self.store
+    }
+
+    /// The record key (encoded).
+    pub fn key(&self) -> &'a [u8] {
+        self.key
+    }
+
+    /// The key decoded with `K`.
+    pub fn key_as<K: crate::codec::Codec>(&self) -> crate::Result<K::Item> {
+        K::decode(self.key)
+    }
+
+    /// The final value (encoded).
+    pub fn value(&self) -> &'a [u8] {
+        self.value
+    }
+
+    /// The value decoded with `V`.
+    pub fn value_as<V: crate::codec::Codec>(&self) -> crate::Result<V::Item> {
+        V::decode(self.value)
+    }
+
+    /// The window's start (a session: its first record's time).
+    pub fn start(&self) -> i64 {
+        self.start
+    }
+
+    /// A window's end, `start + size` (exclusive); a session's last
+    /// record's time (inclusive, as [`Session::end`]).
+    pub fn end(&self) -> i64 {
+        self.end
+    }
+
+    /// The session, if a session store's session closed.
+    pub fn session(&self) -> Option<Session> {
+        self.session.then_some(Session { start: self.start, end: self.end })
+    }
+}
+
 /// What a window or session store is shaped as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {

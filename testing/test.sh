@@ -11,8 +11,9 @@
 #    (stopped again on exit) and exports KSTATE_BOOTSTRAP; unless
 #    KSTATE_S3_ENDPOINT is set, starts a MinIO server with testing/minio.sh
 #    (built once from the Go module proxy) for the snapshot tests;
-# 3. runs `cargo test --workspace --all-targets "$@"` (the library and the
-#    operator CLI in cli/), then `cargo test --workspace --doc`.
+# 3. runs `cargo test --workspace --all-targets --all-features "$@"` (the library, with
+#    every snapshot backend, and the
+#    operator CLI in cli/), then the doc tests the same way.
 # The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
 set -euo pipefail
 # shellcheck source=testing/lib.sh
@@ -28,11 +29,11 @@ results=$(mktemp "${TMPDIR:-/tmp}/kstate-test.XXXXXX")
 KSTATE_TMPFILES+=("$results")
 
 rc=0
-kstate_log "cargo test --workspace --all-targets $*"
-cargo test --workspace --all-targets "$@" | tee -a "$results" || rc=$?
+kstate_log "cargo test --workspace --all-targets --all-features $*"
+cargo test --workspace --all-targets --all-features "$@" | tee -a "$results" || rc=$?
 if ((rc == 0)); then
-    kstate_log "cargo test --workspace --doc"
-    cargo test --workspace --doc | tee -a "$results" || rc=$?
+    kstate_log "cargo test --workspace --all-features --doc"
+    cargo test --workspace --all-features --doc | tee -a "$results" || rc=$?
 else
     kstate_log "skipping the doc tests: cargo test --workspace --all-targets failed (exit $rc)"
 fi

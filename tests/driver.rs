@@ -570,3 +570,82 @@ fn a_driver_starts_and_runs_in_milliseconds() {
     d.close().unwrap();
     println!("16 store partitions opened in {opened:?}; 400 records, timers and punctuations, closed, in {:?}", started.elapsed());
 }
+
+/// Session counts with final results: merged sessions report once, as
+/// one session, when it closes; a session deleted before it closes and
+/// one merged into a larger one report nothing.
+struct Visits;
+
+impl Processor for Visits {
+    fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+        let (user, now) = (rec.key_str().unwrap_or_default().to_string(), ctx.timestamp().unwrap());
+        let mut visits = ctx.session_store::<Utf8, U64Be>("visits")?;
+        if rec.value_str() == Some("forget") {
+            for (session, _) in visits.fetch(&user)? {
+                visits.remove(&user, session)?;
+            }
+            return Ok(());
+        }
+        let _ = visits.record(&user, now, |merged| merged.iter().map(|(_, n)| n).sum::<u64>() + 1)?;
+        Ok(())
+    }
+    fn on_window_close(&mut self, ctx: &mut ProcessorContext<'_>, closed: &kstate::ClosedWindow<'_>) -> Result<(), ProcessorError> {
+        let session = closed.session().expect("a session store");
+        let text = format!("{}:[{},{}]={}", closed.key_as::<Utf8>()?, session.start, session.end, closed.value_as::<U64Be>()?);
+        ctx.send(Output::to("visits-out").value(text.as_bytes()))?;
+        Ok(())
+    }
+}
+
+fn visits_app() -> kstate::AppBuilder {
+    use kstate::SessionWindows;
+    // Gap 1 s, grace 2 s: a session closes 2 s (+1 ms) after its last record.
+    let sessions = SessionWindows::with_gap(Duration::from_secs(1)).grace(Duration::from_secs(2));
+    App::builder().input_topic("in").store(StoreDefinition::session("visits", sessions).emit_final_results())
+}
+
+#[test]
+fn a_session_store_reports_each_closed_session_once_with_its_final_value() {
+    let mut d = TestDriver::builder(visits_app()).processor(|_| Visits).unwrap();
+    for (user, ts) in [("ada", 1_000), ("bob", 1_500), ("ada", 1_800), ("ada", 2_600), ("cy", 3_000)] {
+        d.input("in", user.as_bytes(), b"view", ts).unwrap();
+    }
+    // cy's only session is forgotten before it closes: no result.
+    d.input("in", b"cy", b"forget", 3_100).unwrap();
+    // ada's three records are one session [1000, 2600]; bob's [1500, 1500]
+    // closes at 3501, ada's at 4601.
+    d.input("in", b"dan", b"view", 3_501).unwrap();
+    d.commit().unwrap();
+    assert_eq!(values(&d.outputs("visits-out")), ["bob:[1500,1500]=1"]);
+    // A late record for bob's closed session is dropped: nothing reopens.
+    d.input("in", b"bob", b"view", 1_600).unwrap();
+    d.input("in", b"dan", b"view", 10_000).unwrap();
+    d.commit().unwrap();
+    assert_eq!(values(&d.outputs("visits-out")), ["bob:[1500,1500]=1", "ada:[1000,2600]=3", "dan:[3501,3501]=1"]);
+}
+
+#[test]
+fn final_results_need_a_window_store_and_a_processor_that_takes_them() {
+    let kv = App::builder().input_topic("in").store(StoreDefinition::new("counts").emit_final_results());
+    let e = TestDriver::builder(kv).processor(|_| Visits).err().expect("a key-value store emits no final results");
+    assert!(matches!(&e, Error::Config(m) if m.contains("only window and session stores")), "{e}");
+    let e = TestDriver::builder(visits_app()).closure(|_, _| Ok::<(), Error>(())).err().expect("a closure takes no final results");
+    assert!(matches!(&e, Error::Config(m) if m.contains("run_processor")), "{e}");
+    // A processor without on_window_close: the first closing window stops it.
+    struct Forgetful;
+    impl Processor for Forgetful {
+        fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+            let now = ctx.timestamp().unwrap();
+            let _ = ctx.session_store::<Utf8, U64Be>("visits")?.record(&rec.key_str().unwrap().to_string(), now, |_| 1)?;
+            Ok(())
+        }
+    }
+    let mut d = TestDriver::builder(visits_app()).processor(|_| Forgetful).unwrap();
+    d.input("in", b"ada", b"view", 1_000).unwrap();
+    let e = d.input("in", b"ada", b"view", 9_000).unwrap_err();
+    assert!(matches!(&e, Error::Callback { callback: "on_window_close", .. }), "{e}");
+    // kstate's own timer keys are reserved.
+    let mut d = TestDriver::builder(visits_app()).processor(|_| Visits).unwrap();
+    let e = d.with_context(0, |ctx| ctx.register_timer(TimeDomain::StreamTime, b"\xffkstate.close\x00x", 5)).unwrap_err();
+    assert!(matches!(&e, Error::InvalidUse(m) if m.contains("kstate's own")), "{e}");
+}

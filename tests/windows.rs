@@ -15,8 +15,8 @@ use std::time::Duration;
 use common::*;
 use kstate::codec::{U64Be, Utf8};
 use kstate::{
-    Error, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, Session, SessionRecord, SessionWindows,
-    StoreDefinition, TimeDomain, Timer, Windows,
+    ClosedWindow, Error, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Record, Session, SessionRecord,
+    SessionWindows, StoreDefinition, Windows,
 };
 use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 
@@ -137,7 +137,7 @@ fn app(app: &str, input: &str, dir: &std::path::Path, standbys: usize) -> kstate
 /// retention (size + grace: a window expires as soon as it may close).
 fn final_app(app: &str, input: &str, dir: &std::path::Path) -> kstate::AppBuilder {
     builder(app, input, dir)
-        .store(StoreDefinition::window("w", windows()))
+        .store(StoreDefinition::window("w", windows()).emit_final_results())
         .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
 }
 
@@ -284,37 +284,30 @@ fn definitions_and_changelogs_that_would_lose_live_windows_are_refused() {
     assert!(matches!(&err, Error::ChangelogTopicMismatch { problem, .. } if problem.contains("plus the additional retention")), "{err}");
 }
 
-/// Final results (the documented pattern of `examples/windowed_counts.rs`):
-/// counts per window, and a stream-time timer at each window's closing
-/// time that sends its count to the output topic.
+/// Final results (`StoreDefinition::emit_final_results`): counts per
+/// window; kstate calls `on_window_close` once per closed window, which
+/// sends its count to the output topic.
 struct Final(String);
 
 impl Processor for Final {
     fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
         let (key, now) = (rec.key_str().unwrap().to_string(), ctx.timestamp().unwrap());
         ctx.window_store::<Utf8, U64Be>("w")?.update(&key, now, |_, n| n.unwrap_or(0) + 1)?;
-        for start in windows().windows_for(now) {
-            if !windows().is_closed(start, ctx.stream_time().unwrap()) {
-                ctx.register_timer(TimeDomain::StreamTime, &[&start.to_be_bytes()[..], key.as_bytes()].concat(), start + SIZE + GRACE)?;
-            }
-        }
         Ok(())
     }
-    fn on_timer(&mut self, ctx: &mut ProcessorContext<'_>, timer: &Timer) -> Result<(), ProcessorError> {
-        let start = i64::from_be_bytes(timer.key[..8].try_into()?);
-        let key = std::str::from_utf8(&timer.key[8..])?.to_string();
-        let count = ctx.window_store::<Utf8, U64Be>("w")?.get(&key, start)?.ok_or("a closing window has a count")?;
+    fn on_window_close(&mut self, ctx: &mut ProcessorContext<'_>, closed: &ClosedWindow<'_>) -> Result<(), ProcessorError> {
+        let (key, count) = (closed.key_as::<Utf8>()?, closed.value_as::<U64Be>()?);
+        assert_eq!((closed.store(), closed.end() - closed.start()), ("w", SIZE));
         // Stamped now: the event times here are near 1970, and the
         // broker's retention would delete records stamped then.
         let now = ctx.wall_clock_time();
-        ctx.send(Output::to(&self.0).key(format!("{key}@{start}").as_bytes()).value(count.to_string().as_bytes()).timestamp(now))?;
+        ctx.send(Output::to(&self.0).key(format!("{key}@{}", closed.start()).as_bytes()).value(count.to_string().as_bytes()).timestamp(now))?;
         Ok(())
     }
 }
 
-/// Final results (the documented pattern of `examples/windowed_counts.rs`):
-/// a stream-time timer per window at its closing time sends the window's
-/// count once; under exactly-once, across a restart mid-way, every window's
+/// Final results (`emit_final_results`, as `examples/windowed_counts.rs`):
+/// each window's count is sent once when it closes; under exactly-once, across a restart mid-way, every window's
 /// final result reaches `read_committed` readers exactly once and equals
 /// the model.
 #[test]

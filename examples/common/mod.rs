@@ -1,4 +1,6 @@
-//! What the examples share: stopping cleanly on a signal.
+//! What the examples share: a flag of their own set on a signal (the
+//! demos that stop something other than an `App`; an `App` stops with
+//! `ShutdownHandle::stop_on_signals`).
 
 use tokio::signal::unix::{signal, SignalKind};
 

@@ -14,9 +14,19 @@
 //! Query parameters: `after_input=OFFSET` (read your own write: the input
 //! offset the producer got back), `max_lag=N` (a standby may answer),
 //! `wait_ms=M` (how long a bound may wait). Errors: `{"error": kind,
-//! "detail", "active"}` with 503 for what a retry may fix (`not_hosted`,
-//! `restoring`, `too_stale`, `not_yet`, `not_started`, `shutting_down`),
-//! 400 for bad input, 404 for an unknown store, 502 when forwarding failed.
+//! "detail", "active"}`, each kind always with the same status: 503 with
+//! `Retry-After: 1` for what a retry may fix (`not_hosted`, `restoring`,
+//! `too_stale`, `not_yet`, `not_started`, `shutting_down`, and
+//! `forward_failed` when the instance a request was passed to did not
+//! answer), 400 for bad input, 404 for an unknown store, 500 for a storage
+//! failure.
+//!
+//! Forwarding: a key this instance cannot answer (not hosted here, or this
+//! instance shutting down) goes to the partition's active host, or while
+//! there is none other than this one, to a standby host. If that fails, the
+//! group's metadata is read again after a short pause and the request goes
+//! once more to the new owner: across a clean shutdown the partition's new
+//! owner answers instead of the old one's error.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +166,13 @@ fn copy_name(copy: CopyRole) -> String {
     .to_string()
 }
 
+/// What a client is told to wait before retrying a 503.
+const RETRY_AFTER: (&str, &str) = ("retry-after", "1");
+
+/// How long a failed forward waits before reading the metadata again: the
+/// time a clean handover takes to reach the group.
+const REFRESH_PAUSE: Duration = Duration::from_millis(150);
+
 /// The HTTP status and kind of a query error.
 fn error_response(e: &QueryError) -> Response {
     let (status, kind, active) = match e {
@@ -172,11 +189,48 @@ fn error_response(e: &QueryError) -> Response {
         QueryError::Storage { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "storage", None),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "other", None),
     };
-    (status, Json(ErrorBody { error: kind.into(), detail: e.to_string(), active })).into_response()
+    let body = Json(ErrorBody { error: kind.into(), detail: e.to_string(), active });
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        return (status, [RETRY_AFTER], body).into_response();
+    }
+    (status, body).into_response()
 }
 
-fn bad_gateway(detail: String) -> Response {
-    (StatusCode::BAD_GATEWAY, Json(ErrorBody { error: "forward_failed".into(), detail, active: None })).into_response()
+/// The instance a request was passed to did not answer (it may be
+/// stopping or dead, and the group not moved on yet): retriable.
+fn forward_failed(detail: String) -> Response {
+    let body = Json(ErrorBody { error: "forward_failed".into(), detail, active: None });
+    (StatusCode::SERVICE_UNAVAILABLE, [RETRY_AFTER], body).into_response()
+}
+
+/// Whether the answer may come from another instance: this one does not
+/// hold the partition's active copy, or is shutting down.
+fn elsewhere(e: &QueryError) -> bool {
+    matches!(e, QueryError::NotHosted { .. } | QueryError::ShuttingDown)
+}
+
+/// Where to pass a request for `partition` on, by the group's metadata:
+/// its active host unless that is this instance, else a standby host.
+fn owner(server: &Server, partition: i32, not: &[&str]) -> Option<String> {
+    let meta = server.queries.metadata_for_partition(partition);
+    let usable = |h: &String| *h != server.me && !not.contains(&h.as_str());
+    meta.active.filter(usable).or_else(|| meta.standbys.into_iter().find(usable))
+}
+
+/// Passes a request this instance cannot answer to the partition's owner;
+/// if that fails, reads the metadata again after [`REFRESH_PAUSE`] and
+/// tries the new owner once. `None`: no other instance to ask.
+async fn forward_to_owner(server: &Server, partition: i32, path: &str, params: &Params) -> Option<Response> {
+    let first = owner(server, partition, &[])?;
+    let answer = forward(server, &first, path, params).await;
+    if answer.status().is_success() || answer.status().is_client_error() {
+        return Some(answer);
+    }
+    tokio::time::sleep(REFRESH_PAUSE).await;
+    match owner(server, partition, &[first.as_str()]) {
+        Some(next) => Some(forward(server, &next, path, params).await),
+        None => Some(answer),
+    }
 }
 
 /// Passes a request on to `host` and its answer back.
@@ -187,10 +241,10 @@ async fn forward(server: &Server, host: &str, path: &str, params: &Params) -> Re
             let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             match r.bytes().await {
                 Ok(body) => (status, [("content-type", "application/json")], body).into_response(),
-                Err(e) => bad_gateway(format!("reading {url}: {e}")),
+                Err(e) => forward_failed(format!("reading {url}: {e}")),
             }
         }
-        Err(e) => bad_gateway(format!("{url}: {e}")),
+        Err(e) => forward_failed(format!("{url}: {e}")),
     }
 }
 
@@ -206,14 +260,15 @@ async fn get_key(State(server): State<Arc<Server>>, Path((store, key)): Path<(St
             served_by: server.me.clone(),
         })
         .into_response(),
-        Err(QueryError::NotHosted { active: Some(host), partition, .. }) if !params.forwarded && host != server.me => {
+        Err(e) if !params.forwarded && elsewhere(&e) => {
+            let Ok(partition) = server.queries.partition_of::<Utf8>(&store, &key) else { return error_response(&e) };
             let path = format!("/stores/{}/keys/{}", urlencoding(&store), urlencoding(&key));
-            let answer = forward(&server, &host, &path, &params).await;
-            if answer.status() != StatusCode::BAD_GATEWAY || params.max_lag.is_none() {
+            let Some(answer) = forward_to_owner(&server, partition, &path, &params).await else { return error_response(&e) };
+            if answer.status().is_success() || params.max_lag.is_none() {
                 return answer;
             }
-            // The active host is unreachable (it may have died, and the group
-            // not noticed yet): a stale read may come from a standby.
+            // The owner is unreachable (it may have died, and the group not
+            // noticed yet): a stale read may come from a standby.
             for standby in server.queries.metadata_for_partition(partition).standbys {
                 if standby != server.me {
                     let answer = forward(&server, &standby, &path, &params).await;
@@ -252,8 +307,9 @@ async fn partition_range(
             a.value.truncate(limit);
             Json(partition_answer(&server, a, truncated)).into_response()
         }
-        Err(QueryError::NotHosted { active: Some(host), .. }) if !params.forwarded && host != server.me => {
-            forward(&server, &host, &format!("/stores/{}/partitions/{partition}/range", urlencoding(&store)), &params).await
+        Err(e) if !params.forwarded && elsewhere(&e) => {
+            let path = format!("/stores/{}/partitions/{partition}/range", urlencoding(&store));
+            forward_to_owner(&server, partition, &path, &params).await.unwrap_or_else(|| error_response(&e))
         }
         Err(e) => error_response(&e),
     }

@@ -17,8 +17,6 @@
 //! Arguments: the HTTP address (also the `application_server`), then
 //! optionally the state directory. Stops cleanly on Ctrl-C or SIGTERM.
 
-#[path = "../common/mod.rs"]
-mod common;
 mod http;
 
 use std::sync::Arc;
@@ -62,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     let stop = app.shutdown_handle();
-    common::on_signal(move || stop.shutdown());
+    stop.stop_on_signals();
     app.run(|ctx, record| {
         let Some(key) = record.key_str() else { return Ok::<_, kstate::Error>(()) };
         let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;

@@ -94,6 +94,11 @@ impl TestDriverBuilder {
 
     fn start(self, processors: Processors) -> Result<TestDriver> {
         let config = self.app.test_config()?;
+        if !processors.callbacks() {
+            config.check_closure()?;
+        }
+        // What queries and the partitioner check read as the input partition count.
+        config.published.set_partitions(self.partitions);
         if self.partitions < 1 {
             return Err(Error::Config(format!("a test driver needs at least 1 partition, not {}", self.partitions)));
         }
@@ -264,6 +269,7 @@ impl TestDriver {
                 published: None,
                 seed: None,
                 schema: def.schema(),
+                final_results: def.emits_final_results(),
             })?);
         }
         let mut time = TaskTime::new(partition);
@@ -324,7 +330,7 @@ impl TestDriver {
             (Some(p), _) => {
                 return Err(Error::InvalidUse(format!("partition {p} of `{}` does not exist: the driver has {}", record.topic, self.partitions)))
             }
-            (None, Some(key)) => crate::query::murmur2_partition(key, self.partitions),
+            (None, Some(key)) => self.config.partitioner.partition(key, self.partitions),
             (None, None) => {
                 self.keyless += 1;
                 ((self.keyless - 1) % i64::from(self.partitions)) as i32
@@ -606,7 +612,13 @@ impl TestDriver {
     }
 
     /// Every entry of key-value store `store` over all partitions, decoded
-    /// with `K` and `V`, in partition then key order.
+    /// with `K` and `V`, in partition then key order: what the processor's
+    /// scans would see, committed or not. Entries of a TTL store that have
+    /// expired are left out, as the store's reads leave them out (a
+    /// wall-clock TTL on the driver's clock, [`advance_wall_clock`](Self::advance_wall_clock);
+    /// a stream-time TTL on the partition's stream time), whether or not
+    /// the sweep deleted them yet. A window or session store's entries are
+    /// its internal keys: read those with [`with_context`](Self::with_context).
     pub fn store_entries<K: Codec, V: Codec>(&self, store: &str) -> Result<Vec<(K::Item, V::Item)>> {
         set_thread_clock(Some(self.clock)); // (a wall-clock TTL reads it)
         let mut entries = Vec::new();

@@ -39,6 +39,7 @@ type QResult<T> = std::result::Result<T, QueryError>;
 type Entries<K, V> = Answer<Vec<(<K as Codec>::Item, <V as Codec>::Item)>>;
 /// Values by time or session, typed.
 type Timed<T, V> = Answer<Vec<(T, <V as Codec>::Item)>>;
+// (Public signatures spell these out: rustdoc shows a private alias unexplained.)
 /// Raw entries of one partition, and whether more matched than the limit.
 type RawEntries = Answer<(Vec<(Vec<u8>, Vec<u8>)>, bool)>;
 
@@ -101,14 +102,14 @@ impl Queries {
     }
 
     /// The value of `key` in store `store`: `None` if absent (or expired).
-    pub fn get<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Answer<Option<V::Item>>> {
+    pub fn get<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> Result<Answer<Option<V::Item>>, QueryError> {
         let (partition, encoded) = self.locate::<K>(store, key, Kind::KeyValue)?;
         self.wait_blocking(options, || self.get_once::<V>(store, partition, &encoded, options))
     }
 
     /// [`Queries::get`] for async code: a wait for a freshness bound sleeps
     /// on the tokio timer instead of the thread.
-    pub async fn get_async<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Answer<Option<V::Item>>> {
+    pub async fn get_async<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> Result<Answer<Option<V::Item>>, QueryError> {
         let (partition, encoded) = self.locate::<K>(store, key, Kind::KeyValue)?;
         self.wait_async(options, || self.get_once::<V>(store, partition, &encoded, options)).await
     }
@@ -118,21 +119,41 @@ impl Queries {
     /// [`MAX_SCAN_LIMIT`] per partition), in key order. Partitions not
     /// served here are listed in [`ScanAnswer::skipped`]. A position bound
     /// (`at_least`) applies to its own partition; `after_input` is ignored
-    /// (it names no partition): use [`Queries::partition_range`].
-    pub fn range<K: Codec, V: Codec>(&self, store: &str, from: &K::Item, to: &K::Item, limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
+    /// (it names no partition): use [`Queries::partition_range`]. It never
+    /// waits (a partition short of its bound is skipped).
+    pub fn range<K: Codec, V: Codec>(&self, store: &str, from: &K::Item, to: &K::Item, limit: usize, options: &QueryOptions) -> Result<ScanAnswer<K::Item, V::Item>, QueryError> {
         let (from, to) = (self.encode::<K>(store, from)?, self.encode::<K>(store, to)?);
         self.scan_all::<K, V>(store, &from, Some(&to), limit, options)
     }
 
+    /// [`Queries::range`] for async code (it never waits: the same call,
+    /// for symmetry with the reads that do).
+    pub async fn range_async<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        from: &K::Item,
+        to: &K::Item,
+        limit: usize,
+        options: &QueryOptions,
+    ) -> Result<ScanAnswer<K::Item, V::Item>, QueryError> {
+        self.range::<K, V>(store, from, to, limit, options)
+    }
+
     /// Entries whose encoded key starts with `prefix`, of every store
     /// partition served here (see [`Queries::range`]).
-    pub fn prefix<K: Codec, V: Codec>(&self, store: &str, prefix: &[u8], limit: usize, options: &QueryOptions) -> QResult<ScanAnswer<K::Item, V::Item>> {
+    pub fn prefix<K: Codec, V: Codec>(&self, store: &str, prefix: &[u8], limit: usize, options: &QueryOptions) -> Result<ScanAnswer<K::Item, V::Item>, QueryError> {
         let end = crate::store::prefix_successor(prefix);
         self.scan_all::<K, V>(store, prefix, end.as_deref(), limit, options)
     }
 
+    /// [`Queries::prefix`] for async code (it never waits either).
+    pub async fn prefix_async<K: Codec, V: Codec>(&self, store: &str, prefix: &[u8], limit: usize, options: &QueryOptions) -> Result<ScanAnswer<K::Item, V::Item>, QueryError> {
+        self.prefix::<K, V>(store, prefix, limit, options)
+    }
+
     /// [`Queries::range`] of one partition (the request a server forwards
     /// to the partition's active host).
+    #[allow(clippy::type_complexity)] // (key, value) entries, as the scans
     pub fn partition_range<K: Codec, V: Codec>(
         &self,
         store: &str,
@@ -141,15 +162,30 @@ impl Queries {
         to: &K::Item,
         limit: usize,
         options: &QueryOptions,
-    ) -> QResult<Entries<K, V>> {
-        self.check_store(store, Kind::KeyValue)?;
-        let (from, to) = (self.encode::<K>(store, from)?, self.encode::<K>(store, to)?);
-        self.check_partition(partition)?;
-        let answer = self.wait_blocking(options, || self.scan_once(store, partition, &from, Some(&to), limit, options))?;
+    ) -> Result<Answer<Vec<(K::Item, V::Item)>>, QueryError> {
+        let (from, to) = self.partition_scan::<K>(store, partition, Some((from, to)))?;
+        let answer = self.wait_blocking(options, || self.scan_once(store, partition, &from, to.as_deref(), limit, options))?;
+        decode_answer::<K, V>(store, answer).map(|(a, _)| a)
+    }
+
+    /// [`Queries::partition_range`] for async code.
+    #[allow(clippy::type_complexity)]
+    pub async fn partition_range_async<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        partition: i32,
+        from: &K::Item,
+        to: &K::Item,
+        limit: usize,
+        options: &QueryOptions,
+    ) -> Result<Answer<Vec<(K::Item, V::Item)>>, QueryError> {
+        let (from, to) = self.partition_scan::<K>(store, partition, Some((from, to)))?;
+        let answer = self.wait_async(options, || self.scan_once(store, partition, &from, to.as_deref(), limit, options)).await?;
         decode_answer::<K, V>(store, answer).map(|(a, _)| a)
     }
 
     /// [`Queries::prefix`] of one partition.
+    #[allow(clippy::type_complexity)]
     pub fn partition_prefix<K: Codec, V: Codec>(
         &self,
         store: &str,
@@ -157,59 +193,126 @@ impl Queries {
         prefix: &[u8],
         limit: usize,
         options: &QueryOptions,
-    ) -> QResult<Entries<K, V>> {
-        self.check_store(store, Kind::KeyValue)?;
-        self.check_partition(partition)?;
+    ) -> Result<Answer<Vec<(K::Item, V::Item)>>, QueryError> {
+        self.partition_scan::<K>(store, partition, None)?;
         let end = crate::store::prefix_successor(prefix);
         let answer = self.wait_blocking(options, || self.scan_once(store, partition, prefix, end.as_deref(), limit, options))?;
         decode_answer::<K, V>(store, answer).map(|(a, _)| a)
     }
 
+    /// [`Queries::partition_prefix`] for async code.
+    #[allow(clippy::type_complexity)]
+    pub async fn partition_prefix_async<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        partition: i32,
+        prefix: &[u8],
+        limit: usize,
+        options: &QueryOptions,
+    ) -> Result<Answer<Vec<(K::Item, V::Item)>>, QueryError> {
+        self.partition_scan::<K>(store, partition, None)?;
+        let end = crate::store::prefix_successor(prefix);
+        let answer = self.wait_async(options, || self.scan_once(store, partition, prefix, end.as_deref(), limit, options)).await?;
+        decode_answer::<K, V>(store, answer).map(|(a, _)| a)
+    }
+
+    /// Checks a one-partition scan of a key-value store; its bounds encoded.
+    fn partition_scan<K: Codec>(&self, store: &str, partition: i32, bounds: Option<(&K::Item, &K::Item)>) -> QResult<(Vec<u8>, Option<Vec<u8>>)> {
+        self.check_store(store, Kind::KeyValue)?;
+        let encoded = match bounds {
+            Some((from, to)) => (self.encode::<K>(store, from)?, Some(self.encode::<K>(store, to)?)),
+            None => (Vec::new(), None),
+        };
+        self.check_partition(partition)?;
+        Ok(encoded)
+    }
+
     /// `key`'s windows starting in `[from, to]` in window store `store`,
     /// oldest first (expired windows are not returned), with the position
     /// they were read at.
-    pub fn window_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, from: i64, to: i64, options: &QueryOptions) -> QResult<Timed<i64, V>> {
-        self.segmented_read::<K, V, _>(store, key, Kind::Window, options, |s, encoded, scan| windowed::window_entries(s, encoded, from, to, scan))
+    #[allow(clippy::type_complexity)] // (start, value), as the store's own fetch
+    pub fn window_fetch<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        key: &K::Item,
+        from: i64,
+        to: i64,
+        options: &QueryOptions,
+    ) -> Result<Answer<Vec<(i64, V::Item)>>, QueryError> {
+        let read = self.segmented::<K>(store, key, Kind::Window)?;
+        let answer = self.wait_blocking(options, || read.attempt(self, options, |s, encoded, scan| windowed::window_entries(s, encoded, from, to, scan)))?;
+        decode_values::<V, _>(store, answer)
+    }
+
+    /// [`Queries::window_fetch`] for async code.
+    #[allow(clippy::type_complexity)]
+    pub async fn window_fetch_async<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        key: &K::Item,
+        from: i64,
+        to: i64,
+        options: &QueryOptions,
+    ) -> Result<Answer<Vec<(i64, V::Item)>>, QueryError> {
+        let read = self.segmented::<K>(store, key, Kind::Window)?;
+        let answer = self.wait_async(options, || read.attempt(self, options, |s, encoded, scan| windowed::window_entries(s, encoded, from, to, scan))).await?;
+        decode_values::<V, _>(store, answer)
     }
 
     /// `key`'s live sessions in session store `store`, by end, with the
     /// position they were read at.
-    pub fn session_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> QResult<Timed<Session, V>> {
-        self.segmented_read::<K, V, _>(store, key, Kind::Session, options, |s, encoded, scan| windowed::session_entries(s, encoded, i64::MIN, i64::MAX, scan))
-    }
-
-    /// A window or session read: `walk` reads `key`'s entries (encoded)
-    /// under the segments recorded in one snapshot.
-    fn segmented_read<K: Codec, V: Codec, T>(
-        &self,
-        store: &str,
-        key: &K::Item,
-        kind: Kind,
-        options: &QueryOptions,
-        walk: impl Fn(&Segments, &[u8], &mut dyn FnMut(&[u8], &[u8], &mut dyn FnMut(&[u8], &[u8])) -> crate::Result<()>) -> crate::Result<Vec<(T, Vec<u8>)>>,
-    ) -> QResult<Timed<T, V>> {
-        let Some((shape, retention)) = self.check_store(store, kind)? else { unreachable!("window and session stores are segmented") };
-        let (partition, encoded) = self.locate::<K>(store, key, kind)?;
-        let answer = self.wait_blocking(options, || {
-            self.read_once(store, partition, options, |engine, _| {
-                engine.committed(|view| {
-                    let s = windowed::committed_segments(view, shape, retention)?;
-                    walk(&s, &encoded, &mut |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
-                })
-            })
-        })?;
+    #[allow(clippy::type_complexity)]
+    pub fn session_fetch<K: Codec, V: Codec>(&self, store: &str, key: &K::Item, options: &QueryOptions) -> Result<Answer<Vec<(Session, V::Item)>>, QueryError> {
+        let read = self.segmented::<K>(store, key, Kind::Session)?;
+        let answer = self.wait_blocking(options, || read.attempt(self, options, all_sessions))?;
         decode_values::<V, _>(store, answer)
     }
 
-    /// The partition of `key` (encoded by `K`) among the input partitions.
-    pub fn partition_of<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<i32> {
-        Ok(self.locate::<K>(store, key, self.kind_of(store)?)?.0)
+    /// [`Queries::session_fetch`] for async code.
+    #[allow(clippy::type_complexity)]
+    pub async fn session_fetch_async<K: Codec, V: Codec>(
+        &self,
+        store: &str,
+        key: &K::Item,
+        options: &QueryOptions,
+    ) -> Result<Answer<Vec<(Session, V::Item)>>, QueryError> {
+        let read = self.segmented::<K>(store, key, Kind::Session)?;
+        let answer = self.wait_async(options, || read.attempt(self, options, all_sessions)).await?;
+        decode_values::<V, _>(store, answer)
+    }
+
+    /// A window or session read of `key`, checked and located.
+    fn segmented<K: Codec>(&self, store: &str, key: &K::Item, kind: Kind) -> QResult<SegmentedRead> {
+        let Some((shape, retention)) = self.check_store(store, kind)? else { unreachable!("window and session stores are segmented") };
+        let (partition, encoded) = self.locate::<K>(store, key, kind)?;
+        Ok(SegmentedRead { store: store.to_string(), shape, retention, partition, encoded })
+    }
+
+    /// The partition of `key` (encoded by `K`) among the input partitions,
+    /// by the application's [`Partitioner`](crate::Partitioner). Known once
+    /// the application started, and still while it shuts down.
+    pub fn partition_of<K: Codec>(&self, store: &str, key: &K::Item) -> Result<i32, QueryError> {
+        self.kind_of(store)?;
+        let encoded = self.encode::<K>(store, key)?;
+        self.partition_of_encoded(&encoded)
+    }
+
+    fn partition_of_encoded(&self, encoded: &[u8]) -> QResult<i32> {
+        let n = self.config.published.partitions();
+        if n <= 0 {
+            return Err(if self.shutdown.is_shutdown() { QueryError::ShuttingDown } else { QueryError::NotStarted });
+        }
+        let partition = self.config.partitioner.partition(encoded, n);
+        if partition < 0 || partition >= n {
+            return Err(QueryError::InvalidPosition { detail: format!("the partitioner returned partition {partition} of {n}") });
+        }
+        Ok(partition)
     }
 
     /// Where `key`'s partition is served: its active instance and standby
     /// instances, from the group's last assignment (their
     /// `application_server`s; instances without one are not listed).
-    pub fn metadata_for_key<K: Codec>(&self, store: &str, key: &K::Item) -> QResult<KeyMetadata> {
+    pub fn metadata_for_key<K: Codec>(&self, store: &str, key: &K::Item) -> Result<KeyMetadata, QueryError> {
         let (partition, _) = self.locate::<K>(store, key, self.kind_of(store)?)?;
         Ok(self.metadata_for_partition(partition))
     }
@@ -231,7 +334,7 @@ impl Queries {
 
     /// Every instance with an `application_server`, with its partitions,
     /// from the group's last assignment (refreshed on every rebalance).
-    pub fn instances(&self) -> QResult<Vec<InstanceInfo>> {
+    pub fn instances(&self) -> Result<Vec<InstanceInfo>, QueryError> {
         self.check_running()?;
         let stores: Vec<String> = self.config.user_stores().iter().map(|s| s.name().to_string()).collect();
         Ok(self
@@ -275,11 +378,14 @@ impl Queries {
         out
     }
 
+    /// Whether the application answers at all. While it shuts down, the
+    /// copies still open here answer (their committed state is the latest
+    /// until another instance takes the partition over, which waits for
+    /// this one's final commit); those already closed answer
+    /// [`QueryError::ShuttingDown`] (see `read_once`).
     fn check_running(&self) -> QResult<()> {
-        if self.shutdown.is_shutdown() {
-            return Err(QueryError::ShuttingDown);
-        }
         match self.config.published.state() {
+            RunState::NotStarted if self.shutdown.is_shutdown() => Err(QueryError::ShuttingDown),
             RunState::NotStarted => Err(QueryError::NotStarted),
             RunState::Stopped => Err(QueryError::ShuttingDown),
             RunState::Running => Ok(()),
@@ -338,15 +444,7 @@ impl Queries {
         self.check_store(store, kind)?;
         let encoded = self.encode::<K>(store, key)?;
         self.check_running()?;
-        let n = self.config.published.partitions();
-        let partition = match &self.config.query_partitioner {
-            Some(f) => f(&encoded, n),
-            None => murmur2_partition(&encoded, n),
-        };
-        if partition < 0 || partition >= n {
-            return Err(QueryError::InvalidPosition { detail: format!("the query partitioner returned partition {partition} of {n}") });
-        }
-        Ok((partition, encoded))
+        Ok((self.partition_of_encoded(&encoded)?, encoded))
     }
 
     fn get_once<V: Codec>(&self, store: &str, partition: i32, key: &[u8], options: &QueryOptions) -> std::result::Result<Answer<Option<V::Item>>, Attempt> {
@@ -436,7 +534,12 @@ impl Queries {
             None => None,
             Some((topic, offset)) => Some((self.input_topic(topic.as_deref()).map_err(Attempt::Final)?, *offset)),
         };
-        let not_hosted = || QueryError::NotHosted { store: name(), partition, active: self.active_host(partition) };
+        // Shutting down, a copy no longer here is another instance's to
+        // serve soon: say so (the group's metadata may still name this one).
+        let not_hosted = || match self.shutdown.is_shutdown() {
+            true => QueryError::ShuttingDown,
+            false => QueryError::NotHosted { store: name(), partition, active: self.active_host(partition) },
+        };
         let Some(slot) = self.config.published.find(store, partition) else { return Err(Attempt::Retry(not_hosted())) };
         let role = slot.role();
         if role != Role::Active && options.max_lag.is_none() {
@@ -540,6 +643,43 @@ fn outcome<T>(result: std::result::Result<T, Attempt>, deadline: Option<Instant>
     }
 }
 
+/// A walk over a key's entries (encoded) in a window or session store
+/// under the segments of one snapshot.
+type Walk<'w> = &'w mut dyn FnMut(&[u8], &[u8], &mut dyn FnMut(&[u8], &[u8])) -> crate::Result<()>;
+
+/// A window or session read, checked and located: what each attempt reads.
+struct SegmentedRead {
+    store: String,
+    shape: Shape,
+    retention: Duration,
+    partition: i32,
+    encoded: Vec<u8>,
+}
+
+impl SegmentedRead {
+    /// One attempt: `walk` reads the key's entries under the segments
+    /// recorded in one snapshot.
+    #[allow(clippy::type_complexity)]
+    fn attempt<T>(
+        &self,
+        queries: &Queries,
+        options: &QueryOptions,
+        walk: impl Fn(&Segments, &[u8], Walk<'_>) -> crate::Result<Vec<(T, Vec<u8>)>>,
+    ) -> std::result::Result<Answer<Vec<(T, Vec<u8>)>>, Attempt> {
+        queries.read_once(&self.store, self.partition, options, |engine, _| {
+            engine.committed(|view| {
+                let s = windowed::committed_segments(view, self.shape, self.retention)?;
+                walk(&s, &self.encoded, &mut |lo, hi, sink| snapshot_scan(view, lo, hi, sink))
+            })
+        })
+    }
+}
+
+/// Every live session of a key.
+fn all_sessions(s: &Segments, key: &[u8], scan: Walk<'_>) -> crate::Result<Vec<(Session, Vec<u8>)>> {
+    windowed::session_entries(s, key, i64::MIN, i64::MAX, scan)
+}
+
 fn copy_role(role: Role) -> Option<CopyRole> {
     match role {
         Role::Active => Some(CopyRole::Active),
@@ -549,9 +689,13 @@ fn copy_role(role: Role) -> Option<CopyRole> {
     }
 }
 
-/// Records between a copy's checkpoint and the changelog's end.
+/// Offsets between what a copy reflects and the changelog's end: past its
+/// checkpoint (the last record written), or past the transaction markers
+/// and aborted records after it once the restore consumer stepped over
+/// them, so a caught-up copy lags 0 under exactly-once too.
 fn lag_of<T>(read: &SlotRead<T>) -> Option<u64> {
-    (read.end >= 0).then(|| (read.end - read.checkpoint.map_or(0, |c| c + 1)).max(0) as u64)
+    let next = read.checkpoint.map_or(0, |c| c + 1).max(read.reflected);
+    (read.end >= 0).then(|| (read.end - next).max(0) as u64)
 }
 
 /// Entries between two keys (both included) of a snapshot, into a sink.

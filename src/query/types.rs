@@ -176,7 +176,9 @@ pub enum QueryError {
     /// The application has not joined its group yet.
     #[error("the application has not started yet")]
     NotStarted,
-    /// The application is shutting down or stopped.
+    /// The application is shutting down or stopped, and the copy asked for
+    /// is no longer open here: another instance serves it once the group
+    /// moved it (retriable there: ask another instance).
     #[error("the application is shutting down")]
     ShuttingDown,
     /// No store of that name (or an internal one).
@@ -214,12 +216,19 @@ pub enum QueryError {
 }
 
 impl QueryError {
-    /// Whether the same query may succeed soon, here or at `NotHosted`'s
-    /// active host (rebalances, restores, positions not reached yet).
+    /// Whether the same query may succeed soon, here or at another
+    /// instance: `NotHosted`'s active host, or any other while this one
+    /// shuts down (rebalances, restores, positions not reached yet, a
+    /// clean shutdown moving the partition).
     pub fn is_retriable(&self) -> bool {
         matches!(
             self,
-            QueryError::NotStarted | QueryError::NotHosted { .. } | QueryError::Restoring { .. } | QueryError::TooStale { .. } | QueryError::NotYet { .. }
+            QueryError::NotStarted
+                | QueryError::ShuttingDown
+                | QueryError::NotHosted { .. }
+                | QueryError::Restoring { .. }
+                | QueryError::TooStale { .. }
+                | QueryError::NotYet { .. }
         )
     }
 }

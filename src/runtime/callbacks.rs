@@ -14,7 +14,10 @@ use crate::error::{Error, Result};
 use crate::kafka::OutputSink;
 use crate::processor::{Processor, ProcessorError};
 use crate::record::Record;
+use crate::store::closing;
+use crate::store::windowed;
 use crate::store::KeyValueStore;
+use crate::windows::{ClosedWindow, Shape};
 use crate::time::{InvalidTimestamp, TimeDomain};
 use crate::timers::{Due, TaskTime};
 
@@ -143,6 +146,11 @@ impl Callbacks<'_> {
                 }
             };
             match due {
+                Due::Timer(timer) if closing::is_reserved(&timer.key) => {
+                    if let Err(fault) = self.window_closed(task, outputs, processor, &timer)? {
+                        return Ok(Err(fault));
+                    }
+                }
                 Due::Timer(timer) => {
                     task.time.metrics.timer_fired(domain, now.saturating_sub(timer.timestamp));
                     let mut ctx = self.context(task, outputs, Some(timer.timestamp), true);
@@ -157,6 +165,50 @@ impl Callbacks<'_> {
                 }
             }
         }
+        Ok(Ok(()))
+    }
+
+    /// A window of a store that emits final results closed (its timer,
+    /// kstate's own, fired): [`Processor::on_window_close`] with its value,
+    /// unless it has none any more (deleted, merged into another session,
+    /// expired early). `Ok(Err(fault))`: reading the store failed.
+    fn window_closed<P: Processor + ?Sized>(
+        &self,
+        task: &mut TaskParts<'_>,
+        outputs: &OutputSink,
+        processor: &mut P,
+        timer: &crate::time::Timer,
+    ) -> Result<std::result::Result<(), TaskFault>> {
+        let partition = task.partition;
+        let Some(closing) = closing::parse(&timer.key) else {
+            tracing::warn!(key = ?timer.key, "a malformed final-result timer; dropped");
+            return Ok(Ok(()));
+        };
+        let Some(&i) = self.store_index.get(closing.store) else {
+            tracing::warn!(store = closing.store, "a final-result timer of a store the application no longer has; dropped");
+            return Ok(Ok(()));
+        };
+        let store = &task.stores[i];
+        let (start, end, session) = match (closing.closes.clone(), store.shape) {
+            (closing::Closes::Window(start), Some(Shape::Window(w))) => (start, start.saturating_add(w.size_ms()), false),
+            (closing::Closes::Session(s), Some(Shape::Session(_))) => (s.start, s.end, true),
+            _ => {
+                tracing::warn!(store = closing.store, "a final-result timer of another kind of store than this one; dropped");
+                return Ok(Ok(()));
+            }
+        };
+        let value = match windowed::closing_value(store, &closing.closes, closing.key) {
+            Ok(Some(value)) => value,
+            Ok(None) => return Ok(Ok(())),
+            Err(e) => {
+                tracing::warn!(error = %e, store = closing.store, "reading a closing window failed; re-initialising the task");
+                return Ok(Err(TaskFault(partition, e)));
+            }
+        };
+        store.metrics.final_results.increment(1);
+        let closed = ClosedWindow { store: closing.store, key: closing.key, start, end, session, value: &value };
+        let mut ctx = self.context(task, outputs, Some(timer.timestamp), true);
+        caught(|| processor.on_window_close(&mut ctx, &closed)).map_err(|source| Error::Callback { callback: "on_window_close", partition, source })?;
         Ok(Ok(()))
     }
 
@@ -178,6 +230,9 @@ impl Callbacks<'_> {
     ) -> Result<Handled> {
         let config = self.config;
         let (topic, partition, offset) = (record.topic, record.partition, record.offset);
+        if let Some(key) = record.key {
+            crate::partitioner::check_input(&config.partitioner, topic, partition, config.published.partitions(), key);
+        }
         let extracted = match &config.timestamp_extractor {
             Some(extract) => Some(extract(record, task.time.stream_time())),
             None => record.timestamp,

@@ -12,7 +12,7 @@ pub const FORMAT_VERSION: u32 = 1;
 /// uploaded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteSnapshot {
-    /// [`FORMAT_VERSION`] of the writer.
+    /// `FORMAT_VERSION` of the writer.
     pub format_version: u32,
     /// The snapshot's id (unique; also in the manifest's object name).
     pub id: String,

@@ -28,6 +28,7 @@ const CHUNK: usize = 8 << 20;
 /// Retries of a failed request: few and short, so that an unreachable
 /// snapshot store turns into a logged fallback (a full replay) within
 /// seconds instead of holding a task's restore for minutes.
+#[cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
 fn retry() -> object_store::RetryConfig {
     object_store::RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(15), ..Default::default() }
 }
@@ -135,6 +136,8 @@ impl Remote {
     /// (the builders' configuration keys, e.g. `aws_endpoint`,
     /// `aws_allow_http`, `aws_region`), options winning.
     pub(crate) fn open(url: &str, options: &[(String, String)]) -> Result<Remote, String> {
+        #[cfg(not(any(feature = "s3", feature = "gcs", feature = "azure")))]
+        let _ = options; // (only the cloud backends take options)
         let parsed = url::Url::parse(url).map_err(|e| format!("snapshot URL `{url}`: {e}"))?;
         let (store, root): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
             "file" => {
@@ -145,6 +148,7 @@ impl Remote {
                     .with_automatic_cleanup(true);
                 (Arc::new(fs), Path::default())
             }
+            #[cfg(feature = "s3")]
             "s3" | "s3a" => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_retry(retry());
                 for (k, v) in options {
@@ -152,6 +156,7 @@ impl Remote {
                 }
                 (Arc::new(b.build().map_err(|e| format!("snapshot URL `{url}`: {e}"))?), Path::parse(parsed.path()).map_err(|e| e.to_string())?)
             }
+            #[cfg(feature = "gcs")]
             "gs" => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).with_retry(retry());
                 for (k, v) in options {
@@ -159,6 +164,7 @@ impl Remote {
                 }
                 (Arc::new(b.build().map_err(|e| format!("snapshot URL `{url}`: {e}"))?), Path::parse(parsed.path()).map_err(|e| e.to_string())?)
             }
+            #[cfg(feature = "azure")]
             "az" | "adl" | "azure" | "abfs" | "abfss" => {
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url).with_retry(retry());
                 for (k, v) in options {
@@ -166,7 +172,21 @@ impl Remote {
                 }
                 (Arc::new(b.build().map_err(|e| format!("snapshot URL `{url}`: {e}"))?), Path::parse(parsed.path()).map_err(|e| e.to_string())?)
             }
-            other => return Err(format!("snapshot URL `{url}`: unsupported scheme `{other}` (use s3://, gs://, az:// or file://)")),
+            other => {
+                let feature = match other {
+                    "s3" | "s3a" => Some("s3"),
+                    "gs" => Some("gcs"),
+                    "az" | "adl" | "azure" | "abfs" | "abfss" => Some("azure"),
+                    _ => None,
+                };
+                return Err(match feature {
+                    Some(feature) => format!(
+                        "snapshot URL `{url}`: `{other}://` needs kstate's `{feature}` Cargo feature \
+                         (kstate = {{ version = \"...\", features = [\"{feature}\"] }} in your Cargo.toml)"
+                    ),
+                    None => format!("snapshot URL `{url}`: unsupported scheme `{other}` (use s3://, gs://, az:// or file://)"),
+                });
+            }
         };
         Ok(Remote {
             store,
@@ -392,10 +412,14 @@ mod tests {
         assert!(Remote::open("not a url", &[])
             .unwrap_err()
             .contains("snapshot URL"));
-        assert!(
-            Remote::open("s3://bucket/p", &[("no_such_option".into(), "1".into())])
-                .unwrap_err()
-                .contains("no_such_option")
-        );
+        let s3 = Remote::open("s3://bucket/p", &[("no_such_option".into(), "1".into())]).unwrap_err();
+        if cfg!(feature = "s3") {
+            assert!(s3.contains("no_such_option"), "{s3}");
+        } else {
+            assert!(s3.contains("`s3` Cargo feature"), "{s3}");
+        }
+        if !cfg!(feature = "gcs") {
+            assert!(Remote::open("gs://bucket/p", &[]).unwrap_err().contains("`gcs` Cargo feature"));
+        }
     }
 }

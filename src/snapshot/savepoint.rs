@@ -83,7 +83,7 @@ pub struct SavepointTask {
 /// A complete savepoint (`@savepoints/<name>/savepoint.json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Savepoint {
-    /// [`SAVEPOINT_FORMAT_VERSION`] of the writer.
+    /// `SAVEPOINT_FORMAT_VERSION` of the writer.
     pub format_version: u32,
     /// Its name.
     pub name: String,

@@ -7,6 +7,7 @@
 //! Processors get stores from their [`ProcessorContext`](crate::ProcessorContext);
 //! [`TypedStore`] adds codecs on top.
 
+pub(crate) mod closing;
 pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod memory;
@@ -67,6 +68,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) seed: Option<&'a (dyn Fn(&Path) -> Seeded + Sync)>,
     /// The store's schema version and upgrade function.
     pub(crate) schema: schema::Schema,
+    /// Whether its windows close with a final result (kstate's own timers).
+    pub(crate) final_results: bool,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -112,6 +115,8 @@ pub struct KeyValueStore {
     /// The longest retention the changelog's records may have been written
     /// under (ms), for a restore from its live tail; `None`: restore all of it.
     pub(crate) live_tail_retention: Option<i64>,
+    /// Whether a window write registers its window's closing (final results).
+    pub(crate) final_results: bool,
     /// This store partition's slot for interactive queries (its engine
     /// withdrawn before the engine closes, reopens or is replaced).
     slot: Option<Arc<published::Slot>>,
@@ -325,6 +330,7 @@ impl KeyValueStore {
             segments,
             shape: args.segments.map(|(shape, _)| shape),
             live_tail_retention: args.live_tail_retention,
+            final_results: args.final_results,
             slot: args.published.map(|p| p.slot(args.name, args.partition)),
             engine: Some(Arc::new(engine)),
             schema: args.schema,
@@ -840,6 +846,7 @@ pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>
         live_tail_retention: None,
         published: None,
         schema: Default::default(),
+        final_results: false,
     })
     .expect("scratch store")
 }

@@ -59,6 +59,11 @@ pub(crate) struct Slot {
     /// The changelog's end offset as last seen by the restore thread
     /// (restoring and standby copies); -1: unknown.
     end: AtomicI64,
+    /// Every changelog offset below this one is reflected in RocksDB: the
+    /// restore consumer's position once all it returned was written, past
+    /// transaction markers and aborted records, which the checkpoint (the
+    /// last record written) is not; -1: unknown.
+    reflected: AtomicI64,
     /// An active copy's input offsets (per topic, the next offset to
     /// process) whose writes are all in RocksDB.
     input: Mutex<BTreeMap<String, i64>>,
@@ -76,6 +81,8 @@ pub(crate) struct SlotRead<T> {
     pub(crate) role: Role,
     /// The changelog's end offset as last seen (-1: unknown).
     pub(crate) end: i64,
+    /// See [`Slot::set_reflected`] (-1: unknown).
+    pub(crate) reflected: i64,
 }
 
 impl Slot {
@@ -84,6 +91,7 @@ impl Slot {
             open: RwLock::new(None),
             role: AtomicU8::new(0),
             end: AtomicI64::new(-1),
+            reflected: AtomicI64::new(-1),
             input: Mutex::new(BTreeMap::new()),
             input_behind: AtomicBool::new(false),
         }
@@ -93,6 +101,7 @@ impl Slot {
     pub(crate) fn publish(&self, engine: Arc<Engine>, ttl: Option<Ttl>, role: Role) {
         let mut open = self.open.write().unwrap_or_else(|p| p.into_inner());
         *open = Some(OpenStore { engine, ttl });
+        self.reflected.store(-1, Ordering::Release);
         self.input_behind.store(false, Ordering::Release);
         self.set_role(role);
     }
@@ -102,6 +111,7 @@ impl Slot {
     /// "restoring" meanwhile).
     pub(crate) fn withdraw_engine(&self) {
         self.open.write().unwrap_or_else(|p| p.into_inner()).take();
+        self.reflected.store(-1, Ordering::Release);
     }
 
     /// The copy is gone from here (closing, or handed to the closer).
@@ -110,6 +120,7 @@ impl Slot {
         open.take();
         self.role.store(Role::Gone as u8, Ordering::Release);
         self.end.store(-1, Ordering::Release);
+        self.reflected.store(-1, Ordering::Release);
         self.input.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
@@ -120,6 +131,7 @@ impl Slot {
     pub(crate) fn retire(&self) {
         self.role.store(Role::Gone as u8, Ordering::Release);
         self.end.store(-1, Ordering::Release);
+        self.reflected.store(-1, Ordering::Release);
         self.input.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
@@ -141,6 +153,14 @@ impl Slot {
 
     pub(crate) fn set_end(&self, end: i64) {
         self.end.store(end, Ordering::Release);
+    }
+
+    /// Every changelog offset below `next` is reflected in RocksDB (the
+    /// restore consumer's position with nothing it returned left unwritten):
+    /// a caught-up copy of a transactional changelog, whose last offsets are
+    /// commit markers, lags 0 records, not 1.
+    pub(crate) fn set_reflected(&self, next: i64) {
+        self.reflected.fetch_max(next, Ordering::AcqRel);
     }
 
     /// An active copy's input up to `next` (exclusive) of `topic` is in RocksDB.
@@ -188,6 +208,7 @@ impl Slot {
         // promotion may still come after, reporting the lesser copy).
         let role = self.role();
         let end = self.end.load(Ordering::Acquire);
+        let reflected = self.reflected.load(Ordering::Acquire);
         let now = open.ttl.as_ref().and_then(Ttl::read_time);
         let live = |stored: &[u8]| match &open.ttl {
             Some(ttl) => ttl.live(stored, now).map(<[u8]>::to_vec),
@@ -201,6 +222,7 @@ impl Slot {
             },
             role,
             end,
+            reflected,
         }))
     }
 }

@@ -8,6 +8,7 @@ use std::ops::Bound;
 
 use crate::codec::Codec;
 use crate::error::{Error, Result};
+use crate::store::closing::{self, Closing};
 use crate::store::segments::{encode_time, decode_time, Segments, TIME};
 use crate::store::engine::SnapshotRead;
 use crate::store::KeyValueStore;
@@ -98,6 +99,28 @@ pub(crate) fn session_entries(
     Ok(out)
 }
 
+/// The value of a closing window or session (`closes`) of `key` in a
+/// window or session store, unless it is gone (deleted, merged into
+/// another session, expired): what a final result reports.
+pub(crate) fn closing_value(store: &KeyValueStore, closes: &closing::Closes, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    let s = segments(store);
+    let k = match *closes {
+        closing::Closes::Window(start) => {
+            if s.expired(start) {
+                return Ok(None);
+            }
+            [&s.prefix(start)[..], key, &encode_time(start)].concat()
+        }
+        closing::Closes::Session(session) => {
+            if s.expired(session.end) {
+                return Ok(None);
+            }
+            [&s.prefix(session.end)[..], key, &encode_time(session.end), &encode_time(session.start)].concat()
+        }
+    };
+    store.get(&k)
+}
+
 /// The segments of a snapshot of a segmented store: its shape and
 /// retention, and the store time the snapshot recorded.
 pub(crate) fn committed_segments(view: &SnapshotRead<'_>, shape: Shape, retention: std::time::Duration) -> Result<Segments> {
@@ -124,6 +147,8 @@ pub struct WindowStore<'s, K, V> {
     inner: &'s mut KeyValueStore,
     windows: Windows,
     stream_time: Option<i64>,
+    /// Registers a new window's closing (a store that emits final results).
+    closing: Option<Closing<'s>>,
     _codecs: PhantomData<(K, V)>,
 }
 
@@ -139,7 +164,21 @@ pub struct WindowUpdate {
 
 impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
     pub(crate) fn new(inner: &'s mut KeyValueStore, windows: Windows, stream_time: Option<i64>) -> Self {
-        WindowStore { inner, windows, stream_time, _codecs: PhantomData }
+        WindowStore { inner, windows, stream_time, closing: None, _codecs: PhantomData }
+    }
+
+    /// A handle whose new windows register their closing with `closing`.
+    pub(crate) fn closing(mut self, closing: Option<Closing<'s>>) -> Self {
+        self.closing = closing;
+        self
+    }
+
+    /// Registers the closing of `key`'s new window starting at `start`
+    /// (final results only).
+    fn closes(&mut self, key: &[u8], start: i64) -> Result<()> {
+        let Some(closing) = &mut self.closing else { return Ok(()) };
+        let at = start.saturating_add(self.windows.size_ms()).saturating_add(self.windows.grace_ms());
+        closing.register(at, &closing::window_key(self.inner.name(), start, key))
     }
 
     /// The store's windows.
@@ -173,7 +212,12 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
             self.inner.metrics.late_records.increment(1);
             return Ok(WindowPut::Late);
         }
-        let k = self.local_key(&K::encode(key)?, start);
+        let encoded = K::encode(key)?;
+        let k = self.local_key(&encoded, start);
+        // A window with a value already has its closing registered.
+        if self.closing.is_some() && self.inner.get(&k)?.is_none() {
+            self.closes(&encoded, start)?;
+        }
         self.inner.put(&k, &V::encode(value)?)?;
         self.inner.segments.as_mut().expect("checked").observe(start);
         Ok(WindowPut::Written)
@@ -212,6 +256,9 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
             }
             let k = self.local_key(&encoded, start);
             let old = self.inner.get(&k)?.map(|v| V::decode(&v)).transpose()?;
+            if old.is_none() {
+                self.closes(&encoded, start)?;
+            }
             self.inner.put(&k, &V::encode(&f(start, old))?)?;
             self.inner.segments.as_mut().expect("checked").observe(start);
             done.written += 1;
@@ -274,6 +321,8 @@ pub struct SessionStore<'s, K, V> {
     inner: &'s mut KeyValueStore,
     sessions: SessionWindows,
     stream_time: Option<i64>,
+    /// Registers a new session's closing (a store that emits final results).
+    closing: Option<Closing<'s>>,
     _codecs: PhantomData<(K, V)>,
 }
 
@@ -289,7 +338,21 @@ pub enum SessionRecord {
 
 impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
     pub(crate) fn new(inner: &'s mut KeyValueStore, sessions: SessionWindows, stream_time: Option<i64>) -> Self {
-        SessionStore { inner, sessions, stream_time, _codecs: PhantomData }
+        SessionStore { inner, sessions, stream_time, closing: None, _codecs: PhantomData }
+    }
+
+    /// A handle whose new sessions register their closing with `closing`.
+    pub(crate) fn closing(mut self, closing: Option<Closing<'s>>) -> Self {
+        self.closing = closing;
+        self
+    }
+
+    /// Registers the closing of `key`'s new `session` (final results only):
+    /// the first stream time past its end plus grace.
+    fn closes(&mut self, key: &[u8], session: Session) -> Result<()> {
+        let Some(closing) = &mut self.closing else { return Ok(()) };
+        let at = session.end.saturating_add(self.sessions.grace_ms()).saturating_add(1);
+        closing.register(at, &closing::session_key(self.inner.name(), session, key))
     }
 
     /// The store's session windows.
@@ -317,7 +380,11 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
             self.inner.metrics.late_records.increment(1);
             return Ok(WindowPut::Late);
         }
-        let k = self.local_key(&K::encode(key)?, session);
+        let encoded = K::encode(key)?;
+        let k = self.local_key(&encoded, session);
+        if self.closing.is_some() && self.inner.get(&k)?.is_none() {
+            self.closes(&encoded, session)?;
+        }
         self.inner.put(&k, &V::encode(value)?)?;
         self.inner.segments.as_mut().expect("checked").observe(session.end);
         Ok(WindowPut::Written)
@@ -364,13 +431,18 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
     /// joins every session of `key` within the gap of it; those sessions
     /// are removed and one merged session is written with the value
     /// `f(merged sessions and their values)` returns (empty: a new
-    /// session). A record whose merged session has closed writes nothing.
+    /// session). A record whose merged session has closed writes nothing;
+    /// in a store that emits final results, neither does one that would
+    /// merge into a session that closed (its final result was reported).
     pub fn record(&mut self, key: &K::Item, timestamp: i64, f: impl FnOnce(&[(Session, V::Item)]) -> V::Item) -> Result<SessionRecord> {
         let encoded = K::encode(key)?;
         let gap = self.sessions.gap_ms();
         let found = self.find_encoded(&encoded, timestamp.saturating_sub(gap), timestamp.saturating_add(gap))?;
         let merged = found.iter().fold(Session::at(timestamp), |m, (s, _)| m.merge(*s));
-        if self.is_closed(merged.end) {
+        // With final results, a session that closed was reported: a record
+        // that would merge into it (reopening it) is late too.
+        let reopens = self.closing.is_some() && found.iter().any(|(s, _)| self.is_closed(s.end));
+        if reopens || self.is_closed(merged.end) {
             self.inner.metrics.late_records.increment(1);
             return Ok(SessionRecord::Late);
         }
@@ -380,6 +452,11 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
                 let k = self.local_key(&encoded, *session);
                 self.inner.delete(&k)?;
             }
+        }
+        // The merged sessions' closings find nothing when they fire; a
+        // session that already existed has its closing registered.
+        if !found.iter().any(|(session, _)| *session == merged) {
+            self.closes(&encoded, merged)?;
         }
         let k = self.local_key(&encoded, merged);
         self.inner.put(&k, &value)?;

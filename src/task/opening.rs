@@ -185,6 +185,7 @@ impl TaskManager {
                             published: Some(config.published.clone()),
                             seed: Some(&seed),
                             schema: def.schema(),
+                            final_results: def.emits_final_results(),
                         })?);
                     }
                     wait_stable(stores)

@@ -282,3 +282,10 @@ impl TaskTime {
         Ok(self.punctuations.pop_due(domain, now).map(Due::Punctuation))
     }
 }
+
+/// Final results register their windows' closings here (`store/closing.rs`).
+impl crate::store::closing::StreamTimers for TaskTime {
+    fn register_stream_timer(&mut self, time_store: &mut KeyValueStore, key: &[u8], at: i64) -> Result<()> {
+        self.register_timer(time_store, TimeDomain::StreamTime, key, at)
+    }
+}

@@ -16,7 +16,7 @@ def sh(cmd, **kw):
 def build_bench():
     """Builds the bench binary (`cargo bench --no-run`); a failing build
     shows the compiler's errors and exits."""
-    out = sh(["cargo", "bench", "--bench", "kstate_bench", "--no-run", "--message-format", "json-render-diagnostics"],
+    out = sh(["cargo", "bench", "--bench", "kstate_bench", "--features", "s3", "--no-run", "--message-format", "json-render-diagnostics"],
              stdout=subprocess.PIPE)
     if out.returncode:
         sys.exit("building benches/kstate_bench.rs failed; the compiler's errors are above")

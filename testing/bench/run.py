@@ -141,7 +141,7 @@ def cargo_executable(args, name, what):
 
 
 def build_rust():
-    return cargo_executable(["bench", "--bench", "kstate_bench", "--no-run"], "kstate_bench", "the Rust contenders")
+    return cargo_executable(["bench", "--bench", "kstate_bench", "--features", "s3", "--no-run"], "kstate_bench", "the Rust contenders")
 
 
 def build_failover_example():

@@ -135,7 +135,7 @@ pub(super) struct Shared {
     session_timeout: Duration,
     session: SessionClock,
     /// Asks the membership to heartbeat now (a rebalance may have started).
-    nudge: Box<dyn Fn() + Send + Sync>,
+    nudge: Arc<dyn Fn() + Send + Sync>,
     stop: AtomicBool,
     /// Set when this instance stops on purpose: it judges no one any more.
     quiet: AtomicBool,
@@ -298,10 +298,23 @@ impl Shared {
         incarnation == self.incarnation || self.state().peers.values().any(|p| p.info.address.incarnation == incarnation)
     }
 
+    /// A peer said bye: it stops on purpose and leaves the group right
+    /// after. This member heartbeats shortly after (twice, the leave may
+    /// take a moment to reach the coordinator), so that the rebalance that
+    /// moves the peer's tasks starts now instead of at the next heartbeat:
+    /// a clean shutdown's partitions are served again within a second.
     fn departed(&self, incarnation: u64) {
         let mut state = self.state();
         state.departed.insert(incarnation);
         self.refresh_lease(&state);
+        drop(state);
+        let nudge = self.nudge.clone();
+        let _ = std::thread::Builder::new().name("kstate-peer-bye".into()).spawn(move || {
+            for pause in [Duration::from_millis(100), Duration::from_millis(400)] {
+                std::thread::sleep(pause);
+                nudge();
+            }
+        });
     }
 }
 
@@ -332,7 +345,7 @@ impl Peers {
             timeout: settings.timeout,
             session_timeout,
             session,
-            nudge,
+            nudge: Arc::from(nudge),
             stop: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -688,7 +701,7 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             session_timeout: Duration::from_millis(session_ms),
             session: SessionClock::new(Duration::from_millis(session_ms)),
-            nudge: Box::new(|| {}),
+            nudge: Arc::new(|| {}),
             stop: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
             state: Mutex::new(State {

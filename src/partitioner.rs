@@ -1,0 +1,137 @@
+//! How a record key maps to a partition: the [`Partitioner`] that
+//! produced the input topics, which queries use to find a key's partition
+//! and the runtime checks input records against.
+
+use std::sync::Arc;
+
+/// The function that chose the input records' partitions from their keys
+/// ([`AppBuilder::partitioner`](crate::AppBuilder::partitioner)). kstate
+/// uses it to find a key's partition for interactive queries (and the test
+/// driver to place keyed inputs), and checks every keyed input record
+/// against it: a record in another partition than the one predicted is
+/// counted (`kstate_input_partition_mismatches_total`) and logged, since
+/// queries would look for its key on the wrong instance.
+///
+/// ```
+/// use kstate::Partitioner;
+/// // The Java clients' default, and librdkafka's `murmur2_random`.
+/// assert_eq!(Partitioner::Murmur2.partition(b"user-42", 6), kstate::murmur2_partition(b"user-42", 6));
+/// // librdkafka's default (`consistent_random`) for keyed records: CRC32.
+/// assert_eq!(Partitioner::Crc32.partition(b"", 6), 0);
+/// let own = Partitioner::custom(|key, n| key.first().map_or(0, |b| i32::from(*b) % n));
+/// assert_eq!(own.partition(b"a", 4), 1);
+/// ```
+#[derive(Clone, Default)]
+#[allow(clippy::type_complexity)] // the function's type, spelled out in the docs
+pub enum Partitioner {
+    /// murmur2 of the key, made positive, modulo the partition count: the
+    /// Java producer's default and librdkafka's `murmur2_random` (the
+    /// default here).
+    #[default]
+    Murmur2,
+    /// CRC32 of the key modulo the partition count: librdkafka's
+    /// `consistent_random` (its default, and so the default of Rust, C,
+    /// Go, Python and .NET producers built on it) and `consistent`.
+    Crc32,
+    /// 32-bit FNV-1a of the key modulo the partition count: librdkafka's
+    /// `fnv1a_random` and `fnv1a` (Sarama's default hash).
+    Fnv1a,
+    /// A function of the key and the partition count returning a partition
+    /// in `0..count`.
+    Custom(Arc<dyn Fn(&[u8], i32) -> i32 + Send + Sync>),
+}
+
+impl Partitioner {
+    /// A partitioner of your own: `f(key, partition count)`.
+    pub fn custom(f: impl Fn(&[u8], i32) -> i32 + Send + Sync + 'static) -> Partitioner {
+        Partitioner::Custom(Arc::new(f))
+    }
+
+    /// The partition of `key` among `partitions` (positive; -1 otherwise).
+    pub fn partition(&self, key: &[u8], partitions: i32) -> i32 {
+        if partitions <= 0 {
+            return -1;
+        }
+        match self {
+            Partitioner::Murmur2 => crate::query::murmur2_partition(key, partitions),
+            Partitioner::Crc32 => (crc32fast::hash(key) % partitions as u32) as i32,
+            Partitioner::Fnv1a => (fnv1a(key) % partitions as u32) as i32,
+            Partitioner::Custom(f) => f(key, partitions),
+        }
+    }
+
+    /// Its name in logs, and the librdkafka `partitioner` setting that
+    /// matches it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Partitioner::Murmur2 => "murmur2_random",
+            Partitioner::Crc32 => "consistent_random",
+            Partitioner::Fnv1a => "fnv1a_random",
+            Partitioner::Custom(_) => "custom",
+        }
+    }
+}
+
+impl std::fmt::Debug for Partitioner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// librdkafka's `rd_fnv1a`: 32-bit FNV-1a.
+fn fnv1a(key: &[u8]) -> u32 {
+    key.iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+/// Counts and logs (at most once a minute per topic) keyed input records
+/// that sit in another partition than the partitioner predicts.
+pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32, partitions: i32, key: &[u8]) {
+    if partitions <= 0 {
+        return;
+    }
+    let predicted = partitioner.partition(key, partitions);
+    if predicted == partition {
+        return;
+    }
+    metrics::counter!(crate::metrics::INPUT_PARTITION_MISMATCHES, "topic" => topic.to_string()).increment(1);
+    static LAST: std::sync::Mutex<Vec<(String, std::time::Instant)>> = std::sync::Mutex::new(Vec::new());
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    let now = std::time::Instant::now();
+    match last.iter_mut().find(|(t, _)| t == topic) {
+        Some((_, at)) if now.duration_since(*at) < std::time::Duration::from_secs(60) => return,
+        Some((_, at)) => *at = now,
+        None => last.push((topic.to_string(), now)),
+    }
+    drop(last);
+    tracing::warn!(
+        topic,
+        partition,
+        predicted,
+        partitioner = partitioner.name(),
+        "an input record's key belongs to another partition under the configured partitioner: interactive queries look \
+         for such keys on the wrong instance. Produce with the same partitioner (librdkafka producers: \
+         partitioner={}), or set AppBuilder::partitioner to the producers' (counted in \
+         kstate_input_partition_mismatches_total; logged once a minute per topic)",
+        partitioner.name()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hashes are the standard ones librdkafka's `rd_crc32` (CRC-32,
+    /// ISO-HDLC) and `rd_fnv1a` (32-bit FNV-1a) compute: their published
+    /// check values.
+    #[test]
+    fn hashes_match_librdkafka() {
+        // CRC-32 (ISO-HDLC) check value.
+        assert_eq!(crc32fast::hash(b"123456789"), 0xcbf4_3926);
+        // FNV-1a 32-bit test vectors.
+        assert_eq!(fnv1a(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a(b"foobar"), 0xbf9c_f968);
+        assert_eq!(Partitioner::Crc32.partition(b"123456789", 7), (0xcbf4_3926u32 % 7) as i32);
+        assert_eq!(Partitioner::Murmur2.partition(b"x", 0), -1);
+    }
+}

@@ -42,13 +42,17 @@ fn query_child() {
     let [bootstrap, app, input, state, listen]: [&str; 5] =
         settings.split('\t').collect::<Vec<_>>().try_into().expect("KSTATE_CHILD: bootstrap, app, input, state dir, listen");
     init_tracing();
-    let app = builder(app, input, Path::new(state))
+    let mut app = builder(app, input, Path::new(state))
         .bootstrap_servers(bootstrap)
         .store(StoreDefinition::new("last"))
         .num_standby_replicas(1)
-        .application_server(listen)
-        .build()
-        .expect("valid config");
+        .application_server(listen);
+    if std::env::var("KSTATE_CHILD_PEERS").is_ok() {
+        // Kafka's default heartbeat and session, with failure detection
+        // among the instances (a clean shutdown's bye nudges the others).
+        app = app.kafka_config("session.timeout.ms", "45000").kafka_config("heartbeat.interval.ms", "3000").peer_address("127.0.0.1:0");
+    }
+    let app = app.build().expect("valid config");
     let server = Arc::new(http::Server { queries: app.queries(), me: listen.to_string(), client: reqwest::Client::new() });
     let listen = listen.to_string();
     std::thread::spawn(move || {
@@ -58,6 +62,8 @@ fn query_child() {
         }
     });
     stop_when_stdin_closes(app.shutdown_handle());
+    // SIGTERM: the clean shutdown a container runtime asks for.
+    app.shutdown_handle().stop_on_signals();
     let result = app.run(|ctx, rec| {
         let (Some(key), Some(seq)) = (rec.key_str(), rec.value_str().and_then(|v| v.parse::<u64>().ok())) else { return Ok(()) };
         ctx.typed_store::<Utf8, U64Be>("last")?.put(&key.to_string(), &seq)
@@ -83,6 +89,145 @@ fn http_get(host: &str, path: &str) -> Option<(u16, String)> {
     s.read_to_string(&mut text).ok()?;
     let status = text.split(' ').nth(1)?.parse().ok()?;
     Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+/// A plain HTTP GET: (status, whether it carried `Retry-After`, body);
+/// `None` if the connection failed.
+fn http_get_retry_after(host: &str, path: &str) -> Option<(u16, bool, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((status, head.to_ascii_lowercase().contains("\r\nretry-after:"), body.to_string()))
+}
+
+/// Writes each key's sequence numbers in turn, 200 records a second, until
+/// `writing` is cleared; returns what it wrote per key.
+fn writer(input: String, writing: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeMap<String, Vec<u64>>> {
+    std::thread::spawn(move || {
+        let producer: BaseProducer =
+            ClientConfig::new().set("bootstrap.servers", bootstrap()).set("partitioner", "murmur2_random").set("linger.ms", "5").create().unwrap();
+        let (mut seq, mut written) = (0u64, BTreeMap::<String, Vec<u64>>::new());
+        while writing.load(Ordering::SeqCst) {
+            for _ in 0..20 {
+                seq += 1;
+                let key = format!("k{:02}", seq as usize % KEYS);
+                let value = seq.to_string();
+                while producer.send(BaseRecord::to(&input).key(&key).payload(&value)).is_err() {
+                    producer.poll(Duration::from_millis(10));
+                }
+                written.entry(key).or_default().push(seq);
+            }
+            producer.poll(Duration::ZERO);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        producer.flush(TIMEOUT).unwrap();
+        written
+    })
+}
+
+/// SIGTERM to one of two instances under load, each keeping a standby of
+/// the other's partitions, with Kafka's default heartbeat (3 s) and
+/// `peer_address`: a client reading every key with fresh reads only,
+/// through either instance (the other one when a connection is refused),
+/// gets an answer for every key at least once a second, and every error
+/// it sees on the way is a typed 503 with `Retry-After`. (Without the
+/// bye's nudge the other instance learns of the rebalance at its next
+/// heartbeat, up to 3 s later.)
+#[test]
+fn a_clean_shutdown_under_load_leaves_no_key_unanswered_for_a_second() {
+    let Fixture { input, app, state } = fixture("iq-term", 4);
+    let spawn = |name: &str, listen: &str| {
+        let dir = state.path().join(name);
+        let settings = [bootstrap(), app.clone(), input.clone(), dir.display().to_string(), listen.to_string()].join("\t");
+        let log = state.path().join(format!("{name}.log"));
+        ChildInstance::spawn_env(name, "query_child", settings, log, &[("KSTATE_CHILD_PEERS", "1".into())])
+    };
+    let (la, lb) = (free_port(), free_port());
+    let a = spawn("a", &la);
+    let mut b = spawn("b", &lb);
+    wait_until("every partition active and with a standby", Duration::from_secs(60), || {
+        let body = http_get(&la, "/instances").map(|(_, b)| b).unwrap_or_default();
+        let Ok(instances) = serde_json::from_str::<Vec<http::Instance>>(&body) else { return false };
+        let active: BTreeSet<i32> = instances.iter().flat_map(|i| i.active.clone()).collect();
+        let standby: BTreeSet<i32> = instances.iter().flat_map(|i| i.standby.clone()).collect();
+        instances.len() == 2 && active.len() == 4 && standby.len() == 4
+    });
+    let writing = Arc::new(AtomicBool::new(true));
+    let written = writer(input.clone(), writing.clone());
+
+    let reading = Arc::new(AtomicBool::new(true));
+    // Per key: when it was answered; per error kind: (count, statuses without Retry-After).
+    let answered: Arc<Mutex<BTreeMap<String, Vec<Instant>>>> = Arc::default();
+    let errors: Arc<Mutex<BTreeMap<String, (usize, Vec<u16>)>>> = Arc::default();
+    let client = {
+        let (reading, answered, errors, hosts) = (reading.clone(), answered.clone(), errors.clone(), [la.clone(), lb.clone()]);
+        std::thread::spawn(move || {
+            let mut round = 0usize;
+            while reading.load(Ordering::SeqCst) {
+                round += 1;
+                for k in 0..KEYS {
+                    let key = format!("k{k:02}");
+                    let first = (round + k) % 2;
+                    // A client with a list of instances: the next one when a connection fails.
+                    let reply = http_get_retry_after(&hosts[first], &format!("/stores/last/keys/{key}"))
+                        .or_else(|| http_get_retry_after(&hosts[1 - first], &format!("/stores/last/keys/{key}")));
+                    let Some((status, retry_after, body)) = reply else { continue };
+                    if status == 200 {
+                        answered.lock().unwrap().entry(key).or_default().push(Instant::now());
+                        continue;
+                    }
+                    let e: http::ErrorBody = serde_json::from_str(&body).unwrap_or_else(|e| panic!("status {status}, not a typed error ({e}): {body}"));
+                    let mut errors = errors.lock().unwrap();
+                    let entry = errors.entry(e.error).or_default();
+                    entry.0 += 1;
+                    if status != 503 || !retry_after {
+                        entry.1.push(status);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    std::thread::sleep(Duration::from_secs(4));
+    let terminated = Instant::now();
+    a.signal("-TERM");
+    a.expect_clean_exit();
+    let exited = terminated.elapsed();
+    std::thread::sleep(Duration::from_secs(5));
+    reading.store(false, Ordering::SeqCst);
+    client.join().unwrap();
+    writing.store(false, Ordering::SeqCst);
+    written.join().unwrap();
+    b.assert_running();
+
+    let answered = answered.lock().unwrap();
+    let errors = errors.lock().unwrap();
+    let mut longest = (Duration::ZERO, String::new());
+    for k in 0..KEYS {
+        let key = format!("k{k:02}");
+        let times: Vec<Instant> = answered.get(&key).map(|t| t.iter().copied().filter(|t| *t + Duration::from_secs(1) >= terminated).collect()).unwrap_or_default();
+        assert!(times.first().is_some_and(|t| *t < terminated + Duration::from_secs(1)), "{key}: no answer around the SIGTERM");
+        let gap = times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+        if gap > longest.0 {
+            longest = (gap, key);
+        }
+    }
+    println!(
+        "SIGTERM: instance a exited after {exited:?}; longest time without an answer for a key {:?} ({}); errors {:?}",
+        longest.0,
+        longest.1,
+        errors.iter().map(|(k, (n, _))| (k.as_str(), *n)).collect::<Vec<_>>()
+    );
+    for (kind, (_, wrong)) in errors.iter() {
+        assert!(wrong.is_empty(), "`{kind}` answered with statuses {wrong:?}, not 503 with Retry-After");
+    }
+    assert!(longest.0 < Duration::from_secs(1), "key {} went {:?} without an answer across a clean shutdown", longest.1, longest.0);
+    b.stop();
 }
 
 /// A successful answer as the client saw it.
@@ -121,29 +266,7 @@ fn queries_answer_through_joins_kills_and_restarts_within_a_failover() {
 
     // The writer: each record's value is a sequence number, one key after another.
     let writing = Arc::new(AtomicBool::new(true));
-    let written: Arc<Mutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
-    let writer = {
-        let (writing, written, input) = (writing.clone(), written.clone(), input.clone());
-        std::thread::spawn(move || {
-            let producer: BaseProducer =
-                ClientConfig::new().set("bootstrap.servers", bootstrap()).set("partitioner", "murmur2_random").set("linger.ms", "5").create().unwrap();
-            let mut seq = 0u64;
-            while writing.load(Ordering::SeqCst) {
-                for _ in 0..20 {
-                    seq += 1;
-                    let key = format!("k{:02}", seq as usize % KEYS);
-                    let value = seq.to_string();
-                    while producer.send(BaseRecord::to(&input).key(&key).payload(&value)).is_err() {
-                        producer.poll(Duration::from_millis(10));
-                    }
-                    written.lock().unwrap().entry(key).or_default().push(seq);
-                }
-                producer.poll(Duration::ZERO);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            producer.flush(TIMEOUT).unwrap();
-        })
-    };
+    let writer = writer(input.clone(), writing.clone());
 
     // The client: every key in turn, through the live instances in turn,
     // every other round allowing a standby to answer.
@@ -190,8 +313,7 @@ fn queries_answer_through_joins_kills_and_restarts_within_a_failover() {
     live.lock().unwrap().push(lb.clone());
     std::thread::sleep(Duration::from_secs(6));
     writing.store(false, Ordering::SeqCst);
-    writer.join().unwrap();
-    let written = written.lock().unwrap().clone();
+    let written = writer.join().unwrap();
     // Every key ends at its last write, through any instance.
     wait_until("every key's last write answered", Duration::from_secs(60), || {
         written.iter().all(|(key, seqs)| {

@@ -240,6 +240,8 @@ async fn forward(server: &Server, host: &str, path: &str, params: &Params) -> Re
         Ok(r) => {
             let status = StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             match r.bytes().await {
+                // (the status's Retry-After as this instance would send it)
+                Ok(body) if status == StatusCode::SERVICE_UNAVAILABLE => (status, [("content-type", "application/json"), RETRY_AFTER], body).into_response(),
                 Ok(body) => (status, [("content-type", "application/json")], body).into_response(),
                 Err(e) => forward_failed(format!("reading {url}: {e}")),
             }

@@ -598,6 +598,11 @@ impl ChildInstance {
     pub fn stop(mut self) {
         self.assert_running();
         drop(self.child.stdin.take());
+        self.expect_clean_exit();
+    }
+
+    /// Expects it to exit with code 0 within 60 s (after a signal, say).
+    pub fn expect_clean_exit(mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {

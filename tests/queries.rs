@@ -6,6 +6,8 @@
 //! backwards.
 
 mod common;
+#[path = "common/recorded.rs"]
+mod recorded;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -287,4 +289,63 @@ fn window_and_session_stores_answer_fetches_at_their_position() {
         assert!(matches!(e, QueryError::WrongStoreKind { .. }), "{e}");
     }
     running.stop().unwrap();
+}
+
+/// Records from a librdkafka producer with its default partitioner
+/// (`consistent_random`: CRC32) into an application that expects murmur2
+/// are counted as misplaced, and queries then look for those keys in the
+/// wrong partition; with `Partitioner::Crc32` none is, and every key is
+/// found where its record is.
+#[test]
+fn input_records_are_checked_against_the_partitioner_that_queries_use() {
+    use kstate::Partitioner;
+    recorded::metrics();
+    // (a snapshot takes a counter's increments since the last one: summed here)
+    let seen = std::cell::Cell::new(0.0);
+    let mismatches = |topic: &str| {
+        seen.set(seen.get() + recorded::metric("kstate_input_partition_mismatches_total", &[("topic", topic)]).unwrap_or(0.0));
+        seen.get()
+    };
+    let Fixture { input, app, state } = fixture("iq-partitioner", 4);
+    // librdkafka's default partitioner, as a Rust producer has it.
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", bootstrap()).set("linger.ms", "0").create().unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
+    let mut placed = BTreeMap::new();
+    for key in &keys {
+        placed.insert(key.clone(), send(&producer, &input, key, "x"));
+    }
+    let wrong = keys.iter().filter(|k| kstate::murmur2_partition(k.as_bytes(), 4) != placed[*k].0).count();
+    assert!(wrong > 10, "CRC32 and murmur2 place most keys apart ({wrong} of 40)");
+    assert!(keys.iter().all(|k| Partitioner::Crc32.partition(k.as_bytes(), 4) == placed[k].0), "Partitioner::Crc32 is librdkafka's default");
+
+    let run = |name: &str, partitioner: Partitioner| {
+        let app = builder(&format!("{app}-{name}"), &input, &state.path().join(name))
+            .store(StoreDefinition::new("counts"))
+            .commit_interval(Duration::from_millis(100))
+            .partitioner(partitioner)
+            .build()
+            .unwrap();
+        let q = app.queries();
+        (Running::start_app(app, counter(Arc::default(), Arc::default())), q)
+    };
+    // Murmur2 (the default) against CRC32-placed records.
+    let before = mismatches(&input);
+    let (running, q) = run("murmur2", Partitioner::Murmur2);
+    wait_until("every record processed", TIMEOUT, || mismatches(&input) - before >= wrong as f64);
+    let misses = keys.iter().filter(|k| !matches!(q.get::<Utf8, U64Be>("counts", k, &QueryOptions::new()), Ok(a) if a.value == Some(1))).count();
+    assert!(misses >= wrong, "{misses} keys not found where queries look, {wrong} misplaced");
+    running.stop().unwrap();
+    assert_eq!(mismatches(&input) - before, wrong as f64, "each misplaced record counted once");
+    // The producers' partitioner: nothing misplaced, every key found.
+    let before = mismatches(&input);
+    let (running, q) = run("crc32", Partitioner::Crc32);
+    wait_until("every task running", TIMEOUT, || q.local_lags().iter().filter(|l| l.copy == CopyRole::Active).count() == 4);
+    for key in &keys {
+        let after = QueryOptions::new().after_input_of(input.as_str(), placed[key].1).wait(TIMEOUT);
+        // (after_input reads the record's own partition: queries must route there)
+        let answer = q.get::<Utf8, U64Be>("counts", key, &after);
+        assert!(matches!(&answer, Ok(a) if a.value == Some(1) && a.position.partition == placed[key].0), "{key}: {answer:?}");
+    }
+    running.stop().unwrap();
+    assert_eq!(mismatches(&input), before, "no record misplaced under the producers' partitioner");
 }

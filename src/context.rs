@@ -75,9 +75,12 @@ impl<'t> ProcessorContext<'t> {
         self.partition
     }
 
-    /// The byte store named `name` for this partition. A window or
-    /// session store is [`Error::InvalidUse`] here: its keys have a layout
-    /// of their own (use [`window_store`](Self::window_store) or
+    /// The key-value store named `name` for this partition, as bytes
+    /// (keys and values are `&[u8]`). For keys and values through codecs,
+    /// use [`typed_store`](Self::typed_store): the same store, typed. A
+    /// window or session store is [`Error::InvalidUse`] here: its keys have
+    /// a layout of their own (use the typed
+    /// [`window_store`](Self::window_store) or
     /// [`session_store`](Self::session_store)).
     pub fn store(&mut self, name: &str) -> Result<&mut KeyValueStore> {
         let store = self.any_store(name)?;

@@ -1,7 +1,7 @@
 //! Your first application, as the README's walkthrough builds it: page
-//! views per user in one-minute windows with final results, each user's
-//! last visit kept for a day, both served over HTTP, stopped cleanly on
-//! SIGTERM, and unit-tested without a broker.
+//! views per user in one-minute windows with final results sent to a topic,
+//! each user's last visit kept for a day and served over HTTP, stopped
+//! cleanly on SIGTERM, and unit-tested without a broker.
 //!
 //! ```text
 //! bash testing/kafka.sh start          # or any broker; set KSTATE_BOOTSTRAP
@@ -166,6 +166,17 @@ mod tests {
         let a_day_later = 12 * MINUTE + 24 * 60 * MINUTE + 1;
         view(&mut d, "bob", a_day_later);
         assert_eq!(d.store_entries::<Utf8, I64>("last-seen").unwrap(), [("bob".to_string(), a_day_later)]);
+    }
+
+    #[test]
+    fn a_late_view_changes_no_final_count() {
+        let mut d = driver();
+        view(&mut d, "ada", MINUTE + 1_000);
+        view(&mut d, "bob", 2 * MINUTE + 10_000); // closes ada's minute
+        view(&mut d, "ada", MINUTE + 2_000); // late: its minute is closed
+        view(&mut d, "bob", 4 * MINUTE);
+        d.commit().unwrap();
+        assert_eq!(results(&d), [("ada@60000".to_string(), "1".to_string()), ("bob@120000".to_string(), "1".to_string())]);
     }
 
     #[test]

@@ -212,6 +212,8 @@ impl Default for AppBuilder {
                 max_task_idle: Duration::ZERO,
                 num_stream_threads: 1,
                 global_tables: Vec::new(),
+                repartitions: Vec::new(),
+                repartition_purge_interval: Duration::from_secs(30),
                 max_uncommitted_bytes: 64 << 20,
                 startup_timeout: Duration::from_secs(30),
                 commit_timeout: Duration::from_secs(60),
@@ -265,7 +267,8 @@ impl AppBuilder {
     /// Adds an input topic. Several topics must have equal partition counts
     /// (co-partitioned): task `p` owns partition `p` of each, and gets their
     /// records merged in timestamp order (see [`max_task_idle`](Self::max_task_idle));
-    /// unequal counts are [`Error::Config`](crate::Error::Config) from `run`.
+    /// unequal counts are [`Error::NotCoPartitioned`](crate::Error::NotCoPartitioned)
+    /// (naming each topic and its count) from `run`.
     pub fn input_topic(mut self, topic: impl Into<String>) -> Self {
         self.config.input_topics.push(topic.into());
         self
@@ -640,6 +643,32 @@ impl AppBuilder {
         self
     }
 
+    /// Declares a repartition topic, `<application_id>-<name>-repartition`,
+    /// for re-keying: the processor sends a record to it with
+    /// [`ProcessorContext::repartition`](crate::ProcessorContext::repartition)
+    /// under a new key, and gets it back as an input record of the task
+    /// that owns that key (`record.topic` is the repartition topic, see
+    /// [`repartition_topic`](crate::repartition_topic)). kstate creates it
+    /// at start like a changelog (one partition per input partition,
+    /// `cleanup.policy=delete`, `retention.ms=-1`), refuses an existing one
+    /// with another partition count or a compacted one, sends to it in the
+    /// commit of the record that caused it (the same transaction under
+    /// exactly-once) and deletes its records below the committed offsets
+    /// every [`repartition_purge_interval`](Self::repartition_purge_interval),
+    /// so it does not grow. The name: letters, digits, `.`, `_`, `-`.
+    pub fn repartition(mut self, name: impl Into<String>) -> Self {
+        self.config.repartitions.push(crate::config::Repartition { name: name.into(), topic: String::new() });
+        self
+    }
+
+    /// How often records of the repartition topics that every consumer
+    /// has committed past are deleted (`DeleteRecords`; default 30 s, as
+    /// Kafka Streams' `repartition.purge.interval.ms`). At least 100 ms.
+    pub fn repartition_purge_interval(mut self, interval: Duration) -> Self {
+        self.config.repartition_purge_interval = interval;
+        self
+    }
+
     /// The partitioner the producers of the input topics use (default
     /// [`Partitioner::Murmur2`](crate::Partitioner::Murmur2), the Java
     /// clients' default; librdkafka-based producers, Rust's among them,
@@ -704,6 +733,21 @@ impl AppBuilder {
 
     fn finish(mut self) -> Result<AppConfig> {
         self.config.validate()?;
+        if self.config.repartition_purge_interval < Duration::from_millis(100) {
+            return Err(crate::Error::Config(format!(
+                "repartition_purge_interval must be at least 100 ms, not {:?}",
+                self.config.repartition_purge_interval
+            )));
+        }
+        // A repartition topic is an input of the tasks too (after the
+        // declared inputs, so that those come first in every list).
+        let app = self.config.application_id.clone();
+        for r in &mut self.config.repartitions {
+            r.topic = crate::config::repartition_topic(&app, &r.name);
+            if !self.config.input_topics.contains(&r.topic) {
+                self.config.input_topics.push(r.topic.clone());
+            }
+        }
         // A stream-time TTL needs stream time to survive restarts, or
         // expired entries would show again until the clock caught up.
         // Windows close on stream time, which must survive restarts too.

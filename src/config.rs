@@ -129,8 +129,11 @@ impl StoreDefinition {
     /// writes and outputs (one transaction under exactly-once). Late records
     /// never reopen a window. Needs [`App::run_processor`](crate::App::run_processor);
     /// on a key-value store it is an [`Error::Config`] at `build`.
-    /// Windows already open when this is turned on for an existing store
-    /// have no closing timer and get no final result.
+    /// A window's closing time is fixed when it is first written in a task:
+    /// windows open while the window size or grace changes close at the
+    /// old time. Windows already open when this is turned on for an
+    /// existing store get a closing when they are next written; turning it
+    /// off drops the pending closings (logged).
     ///
     /// ```
     /// use std::time::Duration;
@@ -303,6 +306,12 @@ pub(crate) struct AppConfig {
     pub(crate) num_stream_threads: usize,
     /// Global tables: (name, source topic).
     pub(crate) global_tables: Vec<(String, String)>,
+    /// Repartition topics (`AppBuilder::repartition`): once built, each
+    /// topic is also the last of `input_topics`.
+    pub(crate) repartitions: Vec<Repartition>,
+    /// How often records of the repartition topics below the committed
+    /// offsets are deleted.
+    pub(crate) repartition_purge_interval: Duration,
     pub(crate) max_uncommitted_bytes: usize,
     pub(crate) startup_timeout: Duration,
     pub(crate) commit_timeout: Duration,
@@ -355,6 +364,25 @@ pub(crate) struct AppConfig {
     pub(crate) snapshot_handle: crate::snapshot::SnapshotHandle,
 }
 
+
+/// A repartition topic: the name the processor sends to
+/// (`ProcessorContext::repartition`) and its topic,
+/// `<application_id>-<name>-repartition`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Repartition {
+    pub(crate) name: String,
+    pub(crate) topic: String,
+}
+
+/// The repartition topic of `name` in application `application_id`
+/// ([`AppBuilder::repartition`](crate::AppBuilder::repartition)).
+///
+/// ```
+/// assert_eq!(kstate::repartition_topic("word-counts", "words"), "word-counts-words-repartition");
+/// ```
+pub fn repartition_topic(application_id: &str, name: &str) -> String {
+    format!("{application_id}-{name}-repartition")
+}
 
 /// What a crash can do to the effects of processing (Kafka Streams'
 /// `processing.guarantee`). See the README's "Guarantees and the data-loss
@@ -490,6 +518,26 @@ impl AppConfig {
             }
             if self.input_topics.contains(topic) {
                 return Err(Error::Config(format!("global table `{name}`: `{topic}` is an input topic; a global table reads a topic of its own")));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for r in &self.repartitions {
+            check_name("repartition name", &r.name)?;
+            if !names.insert(r.name.as_str()) {
+                return Err(Error::Config(format!("repartition `{}` is declared twice", r.name)));
+            }
+            let topic = repartition_topic(&self.application_id, &r.name);
+            if topic.len() > 249 {
+                return Err(Error::Config(format!("repartition topic name `{topic}` is longer than Kafka's 249")));
+            }
+            let input = self.input_topics.iter().any(|t| *t == topic && !self.repartitions.iter().any(|o| o.topic == *t));
+            let global = self.global_tables.iter().any(|(_, t)| *t == topic);
+            if input || global {
+                return Err(Error::Config(format!(
+                    "repartition `{}`: its topic `{topic}` is also {}; kstate creates and purges it",
+                    r.name,
+                    if input { "an input topic" } else { "a global table's topic" }
+                )));
             }
         }
         for s in &self.stores {

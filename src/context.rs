@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::codec::Codec;
+use crate::config::AppConfig;
+use crate::record::Headers;
 use crate::error::{Error, Result};
 use crate::global::{GlobalTable, GlobalTables};
 use crate::kafka::OutputSink;
@@ -35,6 +37,10 @@ pub struct ProcessorContext<'t> {
     /// [`Processor`](crate::Processor), not a closure).
     callbacks: bool,
     globals: Option<&'t GlobalTables>,
+    /// The application's settings (repartition topics, the partitioner).
+    config: &'t AppConfig,
+    /// The headers of the record being processed (none for callbacks).
+    headers: Headers<'t>,
 }
 
 /// Sends output records while stores are borrowed (see
@@ -62,12 +68,14 @@ pub(crate) struct ContextParts<'t> {
     pub(crate) time_store: Option<usize>,
     pub(crate) callbacks: bool,
     pub(crate) globals: Option<&'t GlobalTables>,
+    pub(crate) config: &'t AppConfig,
+    pub(crate) headers: Headers<'t>,
 }
 
 impl<'t> ProcessorContext<'t> {
     pub(crate) fn new(parts: ContextParts<'t>) -> Self {
-        let ContextParts { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks, globals } = parts;
-        ProcessorContext { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks, globals }
+        let ContextParts { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks, globals, config, headers } = parts;
+        ProcessorContext { partition, stores, store_index, outputs, timestamp, time, time_store, callbacks, globals, config, headers }
     }
 
     /// The partition being processed.
@@ -137,8 +145,9 @@ impl<'t> ProcessorContext<'t> {
         if !self.stores[i].final_results {
             return Ok((&mut self.stores[i], None));
         }
-        let name = self.stores[i].name().to_string();
-        let t = self.time_store(&format!("store `{name}`'s final results"))?;
+        let Some(t) = self.time_store.filter(|_| self.callbacks) else {
+            return Err(Error::InvalidUse(format!("store `{}`'s final results need App::run_processor", self.stores[i].name())));
+        };
         let (head, tail) = self.stores.split_at_mut(t);
         Ok((&mut head[i], Some(Closing { timers: &mut *self.time, time_store: &mut tail[0] })))
     }
@@ -211,6 +220,41 @@ impl<'t> ProcessorContext<'t> {
         self.outputs.send(&output, self.timestamp)
     }
 
+    /// Re-keys a record: sends `key` and `value` to the repartition topic
+    /// `name` ([`AppBuilder::repartition`](crate::AppBuilder::repartition)),
+    /// to the partition the application's
+    /// [`Partitioner`](crate::Partitioner) gives `key`, with the current
+    /// record's timestamp and headers. The task owning that partition gets
+    /// it back as an input record (its topic is the repartition topic), so
+    /// state keyed by `key` lives in one task. Sent like an output: in the
+    /// commit of the record that caused it (its transaction under
+    /// exactly-once). An undeclared name is [`Error::InvalidUse`].
+    ///
+    /// ```no_run
+    /// # fn f(ctx: &mut kstate::ProcessorContext<'_>, record: &kstate::Record<'_>) -> kstate::Result<()> {
+    /// // Word count from a topic of lines: each word to the task that counts it.
+    /// if record.topic == "lines" {
+    ///     for word in record.value_str().unwrap_or_default().split_whitespace() {
+    ///         ctx.repartition("words", word.as_bytes(), b"")?;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn repartition(&mut self, name: &str, key: &[u8], value: &[u8]) -> Result<()> {
+        let Some(r) = self.config.repartitions.iter().find(|r| r.name == name) else {
+            let declared: Vec<&str> = self.config.repartitions.iter().map(|r| r.name.as_str()).collect();
+            return Err(Error::InvalidUse(format!("repartition `{name}` is not declared (AppBuilder::repartition); declared: {declared:?}")));
+        };
+        let partitions = self.config.published.partitions();
+        let partition = self.config.partitioner.partition(key, partitions);
+        if partition < 0 || partition >= partitions {
+            return Err(Error::InvalidUse(format!("the partitioner gave partition {partition} of {partitions} for a record to repartition `{name}`")));
+        }
+        let mut output = Output::to(&r.topic).key(key).value(value).partition(partition);
+        output.headers = self.headers.iter().collect();
+        self.outputs.send(&output, self.timestamp)
+    }
+
     /// The timestamp of what is being processed: the record's (as the
     /// timestamp extractor read it), or the time of the timer or
     /// punctuation being run.
@@ -259,9 +303,7 @@ impl<'t> ProcessorContext<'t> {
     /// task.
     pub fn register_timer(&mut self, domain: TimeDomain, key: &[u8], timestamp: i64) -> Result<()> {
         let i = self.time_store("a timer")?;
-        if crate::store::closing::is_reserved(key) {
-            return Err(Error::InvalidUse("timer keys starting with b\"\\xffkstate.close\\x00\" are kstate's own (final results)".into()));
-        }
+        not_reserved(key)?;
         self.time.register_timer(&mut self.stores[i], domain, key, timestamp)
     }
 
@@ -269,6 +311,7 @@ impl<'t> ProcessorContext<'t> {
     /// there is one.
     pub fn delete_timer(&mut self, domain: TimeDomain, key: &[u8], timestamp: i64) -> Result<()> {
         let i = self.time_store("a timer")?;
+        not_reserved(key)?;
         self.time.delete_timer(&mut self.stores[i], domain, key, timestamp)
     }
 
@@ -295,4 +338,12 @@ impl<'t> ProcessorContext<'t> {
     pub fn cancel(&mut self, id: PunctuationId) -> bool {
         self.time.cancel(id)
     }
+}
+
+/// Refuses a timer key of kstate's own (final results, `store/closing.rs`).
+fn not_reserved(key: &[u8]) -> Result<()> {
+    if crate::store::closing::is_reserved(key) {
+        return Err(Error::InvalidUse("timer keys starting with b\"\\xffkstate.close\\x00\" are kstate's own (final results)".into()));
+    }
+    Ok(())
 }

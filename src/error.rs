@@ -86,6 +86,27 @@ pub enum Error {
         topic: String,
     },
 
+    /// The tasks' topics (input topics, repartition topics) do not all have
+    /// the same partition count: task `p` reads partition `p` of each, so
+    /// each must have `partitions` (the first input topic's count).
+    #[error("the tasks' topics must be co-partitioned ({partitions} partitions each, as the first input topic): {}", topics.iter().map(|(t, n)| format!("`{t}` has {n}")).collect::<Vec<_>>().join(", "))]
+    NotCoPartitioned {
+        /// The topics with another partition count, and their counts.
+        topics: Vec<(String, i32)>,
+        /// The partition count of the first input topic.
+        partitions: i32,
+    },
+
+    /// A repartition topic cannot be created, or an existing one does not
+    /// match what kstate needs (see [`AppBuilder::repartition`](crate::AppBuilder::repartition)).
+    #[error("repartition topic `{topic}` is unusable: {problem}")]
+    RepartitionTopic {
+        /// The repartition topic.
+        topic: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+
     /// An existing changelog topic does not match the shape kstate needs.
     #[error("changelog topic `{topic}` is unusable: {problem}")]
     ChangelogTopicMismatch {

@@ -18,21 +18,28 @@
 //!     let app = App::builder()
 //!         .application_id("word-counts") // group id and changelog prefix
 //!         .bootstrap_servers("127.0.0.1:9092")
-//!         .input_topic("words")
+//!         .input_topic("lines")
+//!         .repartition("words") // re-keys each word to the task that counts it
 //!         .state_dir("/var/lib/word-counts")
 //!         .store(StoreDefinition::new("counts"))
 //!         // A count is not idempotent: under at-least-once (the default) a
 //!         // crash can count an input twice; exactly-once counts it once.
 //!         .processing_guarantee(ProcessingGuarantee::ExactlyOnce)
 //!         .build()?;
-//!     // `app.shutdown_handle()` stops `run` cleanly from another thread.
+//!     // SIGINT and SIGTERM stop `run` cleanly (so does `shutdown()` on
+//!     // `app.shutdown_handle()` from another thread).
+//!     app.shutdown_handle().stop_on_signals();
 //!     app.run(|ctx, record| {
-//!         let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
-//!         for word in record.value_str().unwrap_or_default().split_whitespace() {
-//!             let n = counts.get(&word.to_string())?.unwrap_or(0);
-//!             counts.put(&word.to_string(), &(n + 1))?;
+//!         if record.topic == "lines" {
+//!             for word in record.value_str().unwrap_or_default().split_whitespace() {
+//!                 ctx.repartition("words", word.as_bytes(), b"")?;
+//!             }
+//!             return Ok(());
 //!         }
-//!         Ok::<(), kstate::Error>(())
+//!         let word = record.key_str().unwrap_or_default().to_string();
+//!         let mut counts = ctx.typed_store::<Utf8, U64Be>("counts")?;
+//!         let n = counts.get(&word)?.unwrap_or(0);
+//!         counts.put(&word, &(n + 1))
 //!     })
 //! }
 //! ```
@@ -127,17 +134,17 @@ mod windows;
 
 pub use app::{App, AppBuilder};
 pub use assignment::AssignmentStrategy;
-pub use config::{ProcessingDecision, ProcessingGuarantee, StoreDefinition};
+pub use config::{repartition_topic, ProcessingDecision, ProcessingGuarantee, StoreDefinition};
 pub use context::{Outputs, ProcessorContext};
 pub use error::{ClientError, Error, Result, StorageError};
 pub use global::GlobalTable;
 pub use kafka::changelog_topic;
 pub use driver::{TestDriver, TestDriverBuilder};
 pub use output::{Output, SentRecord};
-pub use partitioner::Partitioner;
+pub use partitioner::{murmur2_partition, Partitioner};
 pub use processor::{Processor, ProcessorError};
 pub use query::{
-    murmur2_partition, Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, Queries, QueryError, QueryOptions, ScanAnswer,
+    Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, Queries, QueryError, QueryOptions, ScanAnswer,
     DEFAULT_QUERY_WAIT, MAX_SCAN_LIMIT,
 };
 pub use record::{Headers, Record, TimestampType};

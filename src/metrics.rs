@@ -25,6 +25,7 @@
 //! | `kstate_store_puts_total` | counter | puts |
 //! | `kstate_store_deletes_total` | counter | deletes |
 //! | `kstate_ttl_expired_total` | counter | expired entries the TTL sweep deleted (each a changelog tombstone) |
+//! | `kstate_repartition_purges_total` | counter | `DeleteRecords` of a repartition topic partition (label `topic`) up to the offset the group committed |
 //! | `kstate_input_partition_mismatches_total` | counter | keyed input records (label `topic`) in another partition than `AppBuilder::partitioner` predicts: interactive queries look for their keys on the wrong instance |
 //! | `kstate_window_final_results_total` | counter | windows and sessions of a store that emits final results handed to `Processor::on_window_close` |
 //! | `kstate_window_late_records_total` | counter | writes a window or session store dropped because their window had closed (end + grace passed in stream time) or expired (past retention); once per window (a record late for three hopping windows counts three) |
@@ -103,6 +104,8 @@ pub const SNAPSHOT_SEED_RATE: &str = "kstate_snapshot_seed_bytes_per_sec";
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";
 /// Records dropped by a window or session store: their window had closed.
 pub const WINDOW_LATE_RECORDS: &str = "kstate_window_late_records_total";
+/// Successful purges of a repartition topic partition (label `topic`).
+pub const REPARTITION_PURGES: &str = "kstate_repartition_purges_total";
 /// Keyed input records in another partition than the partitioner predicts (label `topic`).
 pub const INPUT_PARTITION_MISMATCHES: &str = "kstate_input_partition_mismatches_total";
 /// Final results of a window or session store (`on_window_close` calls).

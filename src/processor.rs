@@ -46,11 +46,11 @@ pub trait Processor {
     /// ([`StoreDefinition::emit_final_results`](crate::StoreDefinition::emit_final_results))
     /// closed: called once per window that holds a value when stream time
     /// reaches its end plus grace (a session: passes its last record's time
-    /// plus grace), with its final value (Kafka Streams'
-    /// `suppress(untilWindowCloses)`). Later records for it are late and
-    /// dropped by the store, so the value cannot change afterwards. It runs
-    /// before the record that moved stream time there, with the closing
-    /// time as the context's timestamp; its writes and outputs land in the
+    /// plus the gap plus grace, when no record can extend it any more), with
+    /// its final value (Kafka Streams' `suppress(untilWindowCloses)`).
+    /// Later records for it are late and dropped by the store, so the value
+    /// cannot change afterwards. It runs before the record that moved
+    /// stream time there, with the closing time as the context's timestamp; its writes and outputs land in the
     /// same commit as the window's closing (one transaction under
     /// exactly-once), so a crash before that commit calls it again after
     /// the restore. The default fails: a processor whose stores emit final

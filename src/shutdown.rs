@@ -20,11 +20,12 @@ impl ShutdownHandle {
 
     /// Shuts the application down cleanly (a final commit, stores closed,
     /// the group left) on the first SIGINT (Ctrl-C) or SIGTERM (what
-    /// container runtimes and systemd send), from a small thread of its
-    /// own; returns at once. A second signal gets the default action
-    /// (the process ends) only after the first was handled, so a stuck
-    /// shutdown can still be interrupted by SIGKILL. Signal handlers that
-    /// could not be installed are logged, not fatal.
+    /// container runtimes and systemd send). The handlers are installed
+    /// before this returns, and a small thread of its own waits for them.
+    /// After the first signal both get their default action back, so a
+    /// second one ends the process at once (a shutdown that hangs can
+    /// still be interrupted). A handler that cannot be installed is
+    /// logged, not fatal.
     ///
     /// ```no_run
     /// # fn f(app: kstate::App) -> kstate::Result<()> {
@@ -33,33 +34,50 @@ impl ShutdownHandle {
     /// # }
     /// ```
     pub fn stop_on_signals(&self) {
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(r) => r,
+            Err(e) => return tracing::error!(error = %e, "no runtime for the signal handlers; SIGINT and SIGTERM end the process"),
+        };
+        let installed: Vec<(Signal, &'static str)> = {
+            let _entered = runtime.enter();
+            [(SignalKind::interrupt(), "SIGINT"), (SignalKind::terminate(), "SIGTERM")]
+                .into_iter()
+                .filter_map(|(kind, name)| match signal(kind) {
+                    Ok(s) => Some((s, name)),
+                    Err(e) => {
+                        tracing::error!(signal = name, error = %e, "no handler for this signal: it ends the process without a clean shutdown");
+                        None
+                    }
+                })
+                .collect()
+        };
+        if installed.is_empty() {
+            return;
+        }
         let handle = self.clone();
         let spawned = std::thread::Builder::new().name("kstate-signals".into()).spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(r) => r,
-                Err(e) => return tracing::error!(error = %e, "no runtime for the signal handlers; SIGINT and SIGTERM end the process"),
-            };
-            let signal = runtime.block_on(async {
-                use tokio::signal::unix::{signal, SignalKind};
-                let mut term = match signal(SignalKind::terminate()) {
-                    Ok(term) => term,
-                    Err(e) => {
-                        tracing::error!(error = %e, "no SIGTERM handler; waiting for SIGINT only");
-                        return tokio::signal::ctrl_c().await.ok().map(|_| "SIGINT");
-                    }
-                };
-                tokio::select! {
-                    interrupted = tokio::signal::ctrl_c() => interrupted.ok().map(|_| "SIGINT"),
-                    terminated = term.recv() => terminated.map(|_| "SIGTERM"),
-                }
+            let signal = runtime.block_on(async move {
+                let waits = installed.into_iter().map(|(mut s, name)| Box::pin(async move { s.recv().await.map(|_| name) }));
+                futures::future::select_all(waits).await.0
             });
-            if let Some(signal) = signal {
-                tracing::info!(signal, "shutting down on a signal: final commit, stores closed, leaving the group");
-                handle.shutdown();
+            let Some(signal) = signal else { return };
+            // A second signal: the default action (the process ends).
+            // SAFETY: resetting a signal's disposition to its default.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
             }
+            tracing::info!(signal, "shutting down on a signal: final commit, stores closed, leaving the group (a second signal ends the process)");
+            handle.shutdown();
         });
         if let Err(e) = spawned {
-            tracing::error!(error = %e, "could not start the signal thread; SIGINT and SIGTERM end the process");
+            // SAFETY: resetting a signal's disposition to its default.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
+            }
+            tracing::error!(error = %e, "could not start the signal thread; SIGINT and SIGTERM end the process without a clean shutdown");
         }
     }
 }

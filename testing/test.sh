@@ -29,6 +29,10 @@ results=$(mktemp "${TMPDIR:-/tmp}/kstate-test.XXXXXX")
 KSTATE_TMPFILES+=("$results")
 
 rc=0
+# What an application without snapshot backends compiles (cfg gates).
+kstate_log "cargo check -p kstate --lib (no features)"
+cargo check -p kstate --lib --quiet || rc=$?
+((rc == 0)) || { kstate_log "kstate does not compile without features"; exit "$rc"; }
 kstate_log "cargo test --workspace --all-targets --all-features $*"
 cargo test --workspace --all-targets --all-features "$@" | tee -a "$results" || rc=$?
 if ((rc == 0)); then

@@ -599,7 +599,7 @@ impl Processor for Visits {
 
 fn visits_app() -> kstate::AppBuilder {
     use kstate::SessionWindows;
-    // Gap 1 s, grace 2 s: a session closes 2 s (+1 ms) after its last record.
+    // Gap 1 s, grace 2 s: a session is final 3 s (+1 ms) after its last record.
     let sessions = SessionWindows::with_gap(Duration::from_secs(1)).grace(Duration::from_secs(2));
     App::builder().input_topic("in").store(StoreDefinition::session("visits", sessions).emit_final_results())
 }
@@ -612,16 +612,21 @@ fn a_session_store_reports_each_closed_session_once_with_its_final_value() {
     }
     // cy's only session is forgotten before it closes: no result.
     d.input("in", b"cy", b"forget", 3_100).unwrap();
-    // ada's three records are one session [1000, 2600]; bob's [1500, 1500]
-    // closes at 3501, ada's at 4601.
-    d.input("in", b"dan", b"view", 3_501).unwrap();
+    // ada's three records are one session [1000, 2600]. A session is final
+    // once stream time passes its end + gap + grace: bob's [1500, 1500] at
+    // 4501 (not at 3501, when a record within the gap could still extend
+    // it), ada's at 5601.
+    d.input("in", b"dan", b"view", 4_500).unwrap();
+    d.commit().unwrap();
+    assert_eq!(values(&d.outputs("visits-out")), Vec::<String>::new());
+    d.input("in", b"dan", b"view", 4_501).unwrap();
     d.commit().unwrap();
     assert_eq!(values(&d.outputs("visits-out")), ["bob:[1500,1500]=1"]);
     // A late record for bob's closed session is dropped: nothing reopens.
     d.input("in", b"bob", b"view", 1_600).unwrap();
     d.input("in", b"dan", b"view", 10_000).unwrap();
     d.commit().unwrap();
-    assert_eq!(values(&d.outputs("visits-out")), ["bob:[1500,1500]=1", "ada:[1000,2600]=3", "dan:[3501,3501]=1"]);
+    assert_eq!(values(&d.outputs("visits-out")), ["bob:[1500,1500]=1", "ada:[1000,2600]=3", "dan:[4500,4501]=2"]);
 }
 
 #[test]
@@ -648,4 +653,35 @@ fn final_results_need_a_window_store_and_a_processor_that_takes_them() {
     let mut d = TestDriver::builder(visits_app()).processor(|_| Visits).unwrap();
     let e = d.with_context(0, |ctx| ctx.register_timer(TimeDomain::StreamTime, b"\xffkstate.close\x00x", 5)).unwrap_err();
     assert!(matches!(&e, Error::InvalidUse(m) if m.contains("kstate's own")), "{e}");
+}
+
+/// More windows than the timer cap per pass (10,000) close at the same
+/// record: each one reports before that record's writes expire them
+/// (retention size + grace: the record's window start expires the older
+/// windows at once).
+#[test]
+fn more_windows_than_the_firing_cap_close_at_once_and_each_reports() {
+    struct Counts;
+    impl Processor for Counts {
+        fn process(&mut self, ctx: &mut ProcessorContext<'_>, rec: &Record<'_>) -> Result<(), ProcessorError> {
+            let now = ctx.timestamp().unwrap();
+            let _ = ctx.window_store::<Utf8, U64Be>("per-second")?.update(&rec.key_str().unwrap().to_string(), now, |_, n| n.unwrap_or(0) + 1)?;
+            Ok(())
+        }
+        fn on_window_close(&mut self, ctx: &mut ProcessorContext<'_>, closed: &kstate::ClosedWindow<'_>) -> Result<(), ProcessorError> {
+            ctx.send(Output::to("closed").key(closed.key()).value(closed.value()))?;
+            Ok(())
+        }
+    }
+    let app = App::builder()
+        .input_topic("in")
+        .store(StoreDefinition::window("per-second", Windows::tumbling(Duration::from_secs(1))).emit_final_results());
+    let mut d = TestDriver::builder(app).processor(|_| Counts).unwrap();
+    const KEYS: usize = 10_050;
+    for k in 0..KEYS {
+        d.input("in", format!("k{k}").as_bytes(), b"", 500).unwrap();
+    }
+    d.input("in", b"tick", b"", 1_000).unwrap();
+    d.commit().unwrap();
+    assert_eq!(d.outputs("closed").len(), KEYS, "every window of the first second reported");
 }

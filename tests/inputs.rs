@@ -93,5 +93,6 @@ fn input_topics_that_cannot_be_co_partitioned_are_refused_at_startup() {
     create_topic(&other, 3, &[]);
     let app = builder(&f.app, &f.input, f.state.path()).input_topic(&other).build().unwrap();
     let err = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("co-partitioned")), "{err}");
+    assert!(matches!(&err, Error::NotCoPartitioned { topics, partitions: 2 } if *topics == [(other.clone(), 3)]), "{err}");
+    assert!(err.to_string().contains(&format!("`{other}` has 3")), "the error names the topic and its count: {err}");
 }

@@ -161,8 +161,9 @@ fn a_clean_shutdown_under_load_leaves_no_key_unanswered_for_a_second() {
 
     let reading = Arc::new(AtomicBool::new(true));
     // Per key: when it was answered; per error kind: (count, statuses without Retry-After).
+    type Errors = BTreeMap<String, (usize, Vec<u16>)>;
     let answered: Arc<Mutex<BTreeMap<String, Vec<Instant>>>> = Arc::default();
-    let errors: Arc<Mutex<BTreeMap<String, (usize, Vec<u16>)>>> = Arc::default();
+    let errors: Arc<Mutex<Errors>> = Arc::default();
     let client = {
         let (reading, answered, errors, hosts) = (reading.clone(), answered.clone(), errors.clone(), [la.clone(), lb.clone()]);
         std::thread::spawn(move || {

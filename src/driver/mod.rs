@@ -307,16 +307,18 @@ impl TestDriver {
     }
 
     /// Feeds one record to input topic `topic`, with a key, a value and a
-    /// timestamp, to the partition its key hashes to (murmur2, as the Java
-    /// producer's default partitioner), and processes it.
+    /// timestamp, to the partition the application's
+    /// [`Partitioner`](crate::Partitioner) gives its key (murmur2 by
+    /// default, as the Java producer's), and processes it.
     pub fn input(&mut self, topic: &str, key: &[u8], value: &[u8], timestamp: i64) -> Result<()> {
         self.send(Output::to(topic).key(key).value(value).timestamp(timestamp))
     }
 
     /// Feeds one record described as an [`Output`] (topic, key, value,
     /// timestamp, headers, partition) and processes it. Without a
-    /// partition it goes where its key hashes to (murmur2); without a key
-    /// either, partitions take turns. Without a timestamp the record has
+    /// partition it goes where the partitioner puts its key; without a key
+    /// either, partitions take turns. Records it makes the processor send
+    /// to a repartition topic are fed back the same way. Without a timestamp the record has
     /// none (`Record::timestamp` is `None`).
     pub fn send(&mut self, record: Output<'_>) -> Result<()> {
         if !self.config.input_topics.iter().any(|t| t == record.topic) {
@@ -336,20 +338,49 @@ impl TestDriver {
                 ((self.keyless - 1) % i64::from(self.partitions)) as i32
             }
         };
+        let input = Input {
+            key: record.key.map(<[u8]>::to_vec),
+            value: record.value.map(<[u8]>::to_vec),
+            timestamp: record.timestamp,
+            headers: record.headers.iter().map(|(n, v)| (n.to_string(), v.map(<[u8]>::to_vec))).collect(),
+        };
         self.guarded(|d| {
-            let log = d.inputs.entry((record.topic.to_string(), partition)).or_default();
-            let offset = log.len() as i64;
-            log.push(Input {
-                key: record.key.map(<[u8]>::to_vec),
-                value: record.value.map(<[u8]>::to_vec),
-                timestamp: record.timestamp,
-                headers: record.headers.iter().map(|(n, v)| (n.to_string(), v.map(<[u8]>::to_vec))).collect(),
-            });
-            d.arrivals.push((record.topic.to_string(), partition, offset));
-            d.process(record.topic, partition, offset)?;
-            d.serve()?;
-            d.maybe_commit()
+            d.take(record.topic, partition, input)?;
+            d.feed_repartitions()
         })
+    }
+
+    /// Appends `input` to partition `partition` of `topic` and processes it.
+    fn take(&mut self, topic: &str, partition: i32, input: Input) -> Result<()> {
+        let log = self.inputs.entry((topic.to_string(), partition)).or_default();
+        let offset = log.len() as i64;
+        log.push(input);
+        self.arrivals.push((topic.to_string(), partition, offset));
+        self.process(topic, partition, offset)?;
+        self.serve()?;
+        self.maybe_commit()
+    }
+
+    /// Records the processors sent to repartition topics, once visible
+    /// (at once; under exactly-once once committed), are input records of
+    /// the partition they were sent to, as a consumer of the topic would
+    /// get them; what they send in turn is fed too.
+    fn feed_repartitions(&mut self) -> Result<()> {
+        let topics: Vec<String> = self.config.repartitions.iter().map(|r| r.topic.clone()).collect();
+        loop {
+            let mut fed = false;
+            for topic in &topics {
+                for sent in self.topics.take_outputs(topic) {
+                    fed = true;
+                    let partition = sent.partition.unwrap_or(0);
+                    let input = Input { key: sent.key, value: sent.value, timestamp: sent.timestamp, headers: sent.headers };
+                    self.take(topic, partition, input)?;
+                }
+            }
+            if !fed {
+                return Ok(());
+            }
+        }
     }
 
     /// Takes in input record `offset` of `topic` / `partition`: processes
@@ -453,7 +484,12 @@ impl TestDriver {
     /// stores' changelogs and RocksDB, input offsets are committed, and
     /// (exactly-once) the outputs sent since the last commit become visible.
     pub fn commit(&mut self) -> Result<()> {
-        self.guarded(Self::commit_now)
+        self.guarded(|d| {
+            d.commit_now()?;
+            // Under exactly-once the repartition records just committed
+            // reach their tasks now.
+            d.feed_repartitions()
+        })
     }
 
     fn commit_now(&mut self) -> Result<()> {
@@ -650,6 +686,8 @@ impl TestDriver {
             time_store: self.config.time_store_index(),
             callbacks: self.processors.callbacks(),
             globals: Some(&self.globals),
+            config: &self.config,
+            headers: crate::record::Headers::empty(),
         });
         f(&mut ctx)
     }

@@ -4,6 +4,7 @@
 //!
 //! - `client.rs`: librdkafka settings shared by kstate's clients;
 //! - `topics.rs`: changelog topic naming, creation and validation;
+//! - `repartition.rs`: repartition topics created, checked and purged;
 //! - `producer.rs`: the producer of changelog records and outputs, its sends and flushes;
 //! - `delivery.rs`: delivery trackers and the callback that counts each delivery;
 //! - `transaction.rs`: exactly-once transactions of the producer;
@@ -22,6 +23,7 @@ pub(crate) mod fetch_wake;
 mod memory;
 mod outputs;
 mod producer;
+mod repartition;
 pub(crate) mod topic_id;
 pub(crate) mod watermarks;
 mod topics;
@@ -32,5 +34,6 @@ pub(crate) use memory::{ChangelogSink, MemoryTopics};
 pub(crate) use outputs::OutputSink;
 pub(crate) use producer::{ChangelogProducer, RECORD_OVERHEAD};
 pub use topics::changelog_topic;
+pub(crate) use repartition::{ensure_repartition_topics, Purger};
 pub(crate) use topics::{ensure_topics, ChangelogInfo, ChangelogSpec};
 pub(crate) use transaction::{dooms_transaction_only, TxnError};

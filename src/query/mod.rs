@@ -12,7 +12,6 @@
 //! changelog acknowledged and RocksDB holds, never the uncommitted writes
 //! of the processor, never half a commit) at the position it carries.
 
-mod murmur;
 mod types;
 
 use std::sync::Arc;
@@ -29,7 +28,6 @@ use crate::store::windowed;
 use crate::windows::{Session, Shape};
 use crate::store::published::{Role, RunState, SlotRead};
 
-pub use murmur::murmur2_partition;
 pub use types::{
     Answer, CopyRole, InstanceInfo, KeyMetadata, LocalLag, Position, QueryError, QueryOptions, ScanAnswer, DEFAULT_QUERY_WAIT,
 };

@@ -738,12 +738,12 @@ impl RestoreLoop {
         let Ok(positions) = self.consumer.position() else { return };
         // One pass over the positions: standbys that finished their bulk
         // copy, standby lags, restores that reached their end offset.
-        let (mut caught_up, mut lags, mut done, mut ends, mut reflected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut caught_up, mut lags, mut done, mut ends) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for e in positions.elements() {
             let key = (e.topic().to_string(), e.partition());
             let (Some(a), Offset::Offset(o)) = (self.active.get(&key), e.offset()) else { continue };
             if !a.standby {
-                ends.push((key.clone(), a.end, Role::Restoring));
+                ends.push((key.clone(), a.end, Role::Restoring, None));
                 if o >= a.end {
                     done.push(key);
                 }
@@ -752,27 +752,21 @@ impl RestoreLoop {
             if a.bulk && o >= a.end {
                 caught_up.push(key.clone());
             }
-            if a.batch.len() == 0 {
-                // All it returned is written: RocksDB reflects every offset
-                // below its position (markers and aborted records included).
-                reflected.push((key.clone(), o));
-            }
+            // All it returned is written: RocksDB reflects every offset
+            // below its position (past commit markers and aborted records).
+            let reflected = (a.batch.len() == 0).then_some(o);
             if let Some(high) = cached_high(&self.consumer, &key.0, key.1) {
-                ends.push((key.clone(), high, Role::Standby));
+                ends.push((key.clone(), high, Role::Standby, reflected));
                 lags.push((key, (high - o).max(0)));
-            }
-        }
-        for (key, next) in reflected {
-            if let Some(slot) = self.store_of(&key).and_then(|(_, store)| store.slot()) {
-                slot.set_reflected(next);
             }
         }
         // What queries see of these copies: their end offset, and the copy
         // itself again once a bulk load ended.
-        for (key, end, role) in ends {
+        for (key, end, role, reflected) in ends {
             if let Some((_, store)) = self.store_of(&key) {
                 if let Some(slot) = store.slot() {
                     slot.set_end(end);
+                    if let Some(next) = reflected { slot.set_reflected(next) }
                 }
                 store.publish(role);
             }

@@ -13,7 +13,7 @@ use crate::context::{ContextParts, ProcessorContext};
 use crate::error::{Error, Result};
 use crate::kafka::OutputSink;
 use crate::processor::{Processor, ProcessorError};
-use crate::record::Record;
+use crate::record::{Headers, Record};
 use crate::store::closing;
 use crate::store::windowed;
 use crate::store::KeyValueStore;
@@ -57,6 +57,18 @@ pub(crate) struct Callbacks<'a> {
 
 impl Callbacks<'_> {
     fn context<'t>(&'t self, task: &'t mut TaskParts<'_>, outputs: &'t OutputSink, timestamp: Option<i64>, callbacks: bool) -> ProcessorContext<'t> {
+        self.context_with(task, outputs, timestamp, callbacks, Headers::empty())
+    }
+
+    /// [`Callbacks::context`] for a record with `headers`.
+    fn context_with<'t>(
+        &'t self,
+        task: &'t mut TaskParts<'_>,
+        outputs: &'t OutputSink,
+        timestamp: Option<i64>,
+        callbacks: bool,
+        headers: Headers<'t>,
+    ) -> ProcessorContext<'t> {
         ProcessorContext::new(ContextParts {
             partition: task.partition,
             stores: task.stores,
@@ -67,6 +79,8 @@ impl Callbacks<'_> {
             time_store: self.config.time_store_index(),
             callbacks,
             globals: self.globals,
+            config: self.config,
+            headers,
         })
     }
 
@@ -135,7 +149,11 @@ impl Callbacks<'_> {
     ) -> Result<std::result::Result<(), TaskFault>> {
         let time_store = self.config.time_store_index();
         let partition = task.partition;
-        for _ in 0..MAX_FIRINGS {
+        // kstate's own closings do not count: none is ever registered
+        // already due, and one left for later could find its window
+        // expired by the record that follows.
+        let mut budget = MAX_FIRINGS;
+        while budget > 0 {
             let store = time_store.map(|i| &mut task.stores[i]);
             let due = match task.time.pop_due(store, domain, now, punctuations) {
                 Ok(Some(due)) => due,
@@ -152,11 +170,13 @@ impl Callbacks<'_> {
                     }
                 }
                 Due::Timer(timer) => {
+                    budget -= 1;
                     task.time.metrics.timer_fired(domain, now.saturating_sub(timer.timestamp));
                     let mut ctx = self.context(task, outputs, Some(timer.timestamp), true);
                     caught(|| processor.on_timer(&mut ctx, &timer)).map_err(|source| Error::Callback { callback: "on_timer", partition, source })?;
                 }
                 Due::Punctuation(punctuation) => {
+                    budget -= 1;
                     let started = Instant::now();
                     let mut ctx = self.context(task, outputs, Some(punctuation.timestamp), true);
                     let result = caught(|| processor.punctuate(&mut ctx, &punctuation));
@@ -180,6 +200,7 @@ impl Callbacks<'_> {
         timer: &crate::time::Timer,
     ) -> Result<std::result::Result<(), TaskFault>> {
         let partition = task.partition;
+        task.time.closing_fired(&timer.key);
         let Some(closing) = closing::parse(&timer.key) else {
             tracing::warn!(key = ?timer.key, "a malformed final-result timer; dropped");
             return Ok(Ok(()));
@@ -189,6 +210,10 @@ impl Callbacks<'_> {
             return Ok(Ok(()));
         };
         let store = &task.stores[i];
+        if !store.final_results {
+            tracing::info!(store = closing.store, "a final-result timer of a store that no longer emits final results; dropped");
+            return Ok(Ok(()));
+        }
         let (start, end, session) = match (closing.closes.clone(), store.shape) {
             (closing::Closes::Window(start), Some(Shape::Window(w))) => (start, start.saturating_add(w.size_ms()), false),
             (closing::Closes::Session(s), Some(Shape::Session(_))) => (s.start, s.end, true),
@@ -205,10 +230,10 @@ impl Callbacks<'_> {
                 return Ok(Err(TaskFault(partition, e)));
             }
         };
-        store.metrics.final_results.increment(1);
         let closed = ClosedWindow { store: closing.store, key: closing.key, start, end, session, value: &value };
         let mut ctx = self.context(task, outputs, Some(timer.timestamp), true);
         caught(|| processor.on_window_close(&mut ctx, &closed)).map_err(|source| Error::Callback { callback: "on_window_close", partition, source })?;
+        task.stores[i].metrics.final_results.increment(1);
         Ok(Ok(()))
     }
 
@@ -275,7 +300,7 @@ impl Callbacks<'_> {
                 }
             }
         }
-        let mut ctx = self.context(task, outputs, Some(timestamp), callbacks);
+        let mut ctx = self.context_with(task, outputs, Some(timestamp), callbacks, record.headers);
         let processed = caught(|| processor.process(&mut ctx, record));
         if let Err(source) = processed {
             // kstate's own output failure, passed on by the processor's `?`: the

@@ -126,6 +126,8 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         .reach(config.startup_timeout)?;
     let admin: AdminClient<DefaultClientContext> = base.create()?;
     let partitions = input_partitions(&admin, &config)?;
+    let repartition_topics: Vec<String> = config.repartitions.iter().map(|r| r.topic.clone()).collect();
+    kafka::ensure_repartition_topics(&admin, &repartition_topics, partitions, config.changelog_replication_factor, config.startup_timeout)?;
     config.published.set_partitions(partitions);
     let specs: Vec<ChangelogSpec> = config
         .stores
@@ -196,6 +198,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         committer: Committer::start(brokers.clone(), config.application_id.clone())?,
         brokers: brokers.clone(),
         snapshots: snapshots.clone(),
+        purger: kafka::Purger::start(&base, &repartition_topics, config.repartition_purge_interval, config.startup_timeout)?,
     });
     let shared = Arc::new(Shared { tasks: Mutex::new(task_manager) });
 

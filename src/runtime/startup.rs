@@ -68,23 +68,21 @@ pub(super) fn input_partitions(admin: &AdminClient<DefaultClientContext>, config
         timeout: config.startup_timeout,
         detail: e.to_string(),
     })?;
-    let mut count = None;
-    for topic in &config.input_topics {
-        let n = match md.topics().iter().find(|t| t.name() == topic) {
-            Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len() as i32,
+    // The declared inputs (the repartition topics, created after this, follow them).
+    let declared = config.input_topics.iter().filter(|t| !config.repartitions.iter().any(|r| r.topic == **t));
+    let mut counts = Vec::new();
+    for topic in declared {
+        match md.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => counts.push((topic.clone(), t.partitions().len() as i32)),
             _ => return Err(Error::MissingInputTopic(topic.clone())),
-        };
-        match count {
-            None => count = Some((topic, n)),
-            Some((first, m)) if m != n => {
-                return Err(Error::Config(format!(
-                    "input topics must be co-partitioned: `{first}` has {m} partitions, `{topic}` has {n}"
-                )))
-            }
-            _ => {}
         }
     }
-    Ok(count.map(|c| c.1).unwrap_or(0))
+    let partitions = counts.first().map_or(0, |c| c.1);
+    let other: Vec<(String, i32)> = counts.into_iter().filter(|(_, n)| *n != partitions).collect();
+    if !other.is_empty() {
+        return Err(Error::NotCoPartitioned { topics: other, partitions });
+    }
+    Ok(partitions)
 }
 
 /// Warns about changelogs whose records were deleted from the start

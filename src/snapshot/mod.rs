@@ -88,7 +88,10 @@ impl SnapshotConfig {
     /// come from the environment as for each cloud's own tools
     /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
     /// `AWS_ENDPOINT`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
-    /// ...) or from [`option`](Self::option).
+    /// ...) or from [`option`](Self::option). `s3://` needs kstate's `s3`
+    /// Cargo feature, `gs://` `gcs`, `az://` `azure` (without it, `build`
+    /// returns [`Error::Config`](crate::Error::Config) naming it);
+    /// `file://` needs none.
     pub fn new(url: impl Into<String>) -> Self {
         SnapshotConfig {
             url: url.into(),

@@ -182,7 +182,7 @@ impl Remote {
                 return Err(match feature {
                     Some(feature) => format!(
                         "snapshot URL `{url}`: `{other}://` needs kstate's `{feature}` Cargo feature \
-                         (kstate = {{ version = \"...\", features = [\"{feature}\"] }} in your Cargo.toml)"
+                         (features = [\"{feature}\"] on the kstate dependency in your Cargo.toml)"
                     ),
                     None => format!("snapshot URL `{url}`: unsupported scheme `{other}` (use s3://, gs://, az:// or file://)"),
                 });

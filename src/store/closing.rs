@@ -22,8 +22,9 @@ use crate::windows::Session;
 /// What registers stream-time timers in a time store (the task's
 /// `TaskTime`, in `timers/`).
 pub(crate) trait StreamTimers {
-    /// Registers a stream-time timer for `key` at `at` in `time_store`.
-    fn register_stream_timer(&mut self, time_store: &mut crate::store::KeyValueStore, key: &[u8], at: i64) -> Result<()>;
+    /// Registers the closing timer `key` at `at` in `time_store`, unless it
+    /// was registered already since the task started here.
+    fn register_closing(&mut self, time_store: &mut crate::store::KeyValueStore, key: &[u8], at: i64) -> Result<()>;
 }
 
 /// Where a window or session store that emits final results registers
@@ -38,7 +39,7 @@ pub(crate) struct Closing<'s> {
 impl Closing<'_> {
     /// Registers a closing at `at` under the timer key `key`.
     pub(crate) fn register(&mut self, at: i64, key: &[u8]) -> Result<()> {
-        self.timers.register_stream_timer(self.time_store, key, at)
+        self.timers.register_closing(self.time_store, key, at)
     }
 }
 

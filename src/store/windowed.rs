@@ -99,6 +99,13 @@ pub(crate) fn session_entries(
     Ok(out)
 }
 
+/// When a session of a store that emits final results is final: once
+/// stream time passes its end plus the gap (no record can extend it any
+/// more) plus grace.
+pub(crate) fn final_close(sessions: SessionWindows, end: i64) -> i64 {
+    end.saturating_add(sessions.gap_ms()).saturating_add(sessions.grace_ms()).saturating_add(1)
+}
+
 /// The value of a closing window or session (`closes`) of `key` in a
 /// window or session store, unless it is gone (deleted, merged into
 /// another session, expired): what a final result reports.
@@ -173,8 +180,10 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
         self
     }
 
-    /// Registers the closing of `key`'s new window starting at `start`
-    /// (final results only).
+    /// Registers the closing of `key`'s window starting at `start` (final
+    /// results only), once per window and task incarnation: again after a
+    /// restart, so that a closing whose time-store record was lost while
+    /// the window's landed (at-least-once) is registered anew.
     fn closes(&mut self, key: &[u8], start: i64) -> Result<()> {
         let Some(closing) = &mut self.closing else { return Ok(()) };
         let at = start.saturating_add(self.windows.size_ms()).saturating_add(self.windows.grace_ms());
@@ -215,9 +224,7 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
         let encoded = K::encode(key)?;
         let k = self.local_key(&encoded, start);
         // A window with a value already has its closing registered.
-        if self.closing.is_some() && self.inner.get(&k)?.is_none() {
-            self.closes(&encoded, start)?;
-        }
+        self.closes(&encoded, start)?;
         self.inner.put(&k, &V::encode(value)?)?;
         self.inner.segments.as_mut().expect("checked").observe(start);
         Ok(WindowPut::Written)
@@ -256,9 +263,7 @@ impl<'s, K: Codec, V: Codec> WindowStore<'s, K, V> {
             }
             let k = self.local_key(&encoded, start);
             let old = self.inner.get(&k)?.map(|v| V::decode(&v)).transpose()?;
-            if old.is_none() {
-                self.closes(&encoded, start)?;
-            }
+            self.closes(&encoded, start)?;
             self.inner.put(&k, &V::encode(&f(start, old))?)?;
             self.inner.segments.as_mut().expect("checked").observe(start);
             done.written += 1;
@@ -347,11 +352,13 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
         self
     }
 
-    /// Registers the closing of `key`'s new `session` (final results only):
-    /// the first stream time past its end plus grace.
+    /// Registers the closing of `key`'s `session` (final results only, once
+    /// per session and task incarnation): when stream time passes its end
+    /// plus the gap plus grace, since until then a record could still
+    /// extend it.
     fn closes(&mut self, key: &[u8], session: Session) -> Result<()> {
         let Some(closing) = &mut self.closing else { return Ok(()) };
-        let at = session.end.saturating_add(self.sessions.grace_ms()).saturating_add(1);
+        let at = final_close(self.sessions, session.end);
         closing.register(at, &closing::session_key(self.inner.name(), session, key))
     }
 
@@ -382,9 +389,7 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
         }
         let encoded = K::encode(key)?;
         let k = self.local_key(&encoded, session);
-        if self.closing.is_some() && self.inner.get(&k)?.is_none() {
-            self.closes(&encoded, session)?;
-        }
+        self.closes(&encoded, session)?;
         self.inner.put(&k, &V::encode(value)?)?;
         self.inner.segments.as_mut().expect("checked").observe(session.end);
         Ok(WindowPut::Written)
@@ -433,7 +438,8 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
     /// `f(merged sessions and their values)` returns (empty: a new
     /// session). A record whose merged session has closed writes nothing;
     /// in a store that emits final results, neither does one that would
-    /// merge into a session that closed (its final result was reported).
+    /// merge into a session already reported (none can: a session is
+    /// reported once stream time passes its end plus gap plus grace).
     pub fn record(&mut self, key: &K::Item, timestamp: i64, f: impl FnOnce(&[(Session, V::Item)]) -> V::Item) -> Result<SessionRecord> {
         let encoded = K::encode(key)?;
         let gap = self.sessions.gap_ms();
@@ -441,7 +447,7 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
         let merged = found.iter().fold(Session::at(timestamp), |m, (s, _)| m.merge(*s));
         // With final results, a session that closed was reported: a record
         // that would merge into it (reopening it) is late too.
-        let reopens = self.closing.is_some() && found.iter().any(|(s, _)| self.is_closed(s.end));
+        let reopens = self.closing.is_some() && found.iter().any(|(s, _)| self.stream_time.is_some_and(|t| final_close(self.sessions, s.end) <= t));
         if reopens || self.is_closed(merged.end) {
             self.inner.metrics.late_records.increment(1);
             return Ok(SessionRecord::Late);
@@ -453,11 +459,8 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
                 self.inner.delete(&k)?;
             }
         }
-        // The merged sessions' closings find nothing when they fire; a
-        // session that already existed has its closing registered.
-        if !found.iter().any(|(session, _)| *session == merged) {
-            self.closes(&encoded, merged)?;
-        }
+        // The merged sessions' closings find nothing when they fire.
+        self.closes(&encoded, merged)?;
         let k = self.local_key(&encoded, merged);
         self.inner.put(&k, &value)?;
         self.inner.segments.as_mut().expect("checked").observe(merged.end);

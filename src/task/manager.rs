@@ -57,6 +57,7 @@ impl TaskManager {
             committer,
             brokers,
             snapshots,
+            purger,
         } = parts;
         TaskManager {
             tasks: BTreeMap::new(),
@@ -72,6 +73,7 @@ impl TaskManager {
             failures: HashMap::new(),
             commit: CommitPipeline::default(),
             offset_commits: OffsetCommits::new(committer),
+            purger,
             eos: ExactlyOnce::new(new_producer),
             cleanup: StateCleanup::new(),
             last_relief: Instant::now(),

@@ -199,6 +199,8 @@ pub(crate) struct TaskManager {
     commit: CommitPipeline,
     /// Input offset commits: the one awaiting its result, failures in a row.
     offset_commits: OffsetCommits,
+    /// Told every committed offset: purges the repartition topics below them.
+    purger: crate::kafka::Purger,
     /// Exactly-once: fencing count and the commit parked over a rebalance.
     eos: ExactlyOnce,
     cleanup: StateCleanup,
@@ -240,4 +242,6 @@ pub(crate) struct TaskManagerParts {
     pub(crate) brokers: Brokers,
     /// Seeds stores with no local state from snapshots, if configured.
     pub(crate) snapshots: Option<Arc<crate::snapshot::Snapshots>>,
+    /// Deletes repartition records below the committed offsets.
+    pub(crate) purger: crate::kafka::Purger,
 }

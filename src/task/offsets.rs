@@ -137,6 +137,10 @@ impl TaskManager {
                 task.restart_from.insert(e.topic().to_string(), o);
             }
         }
+        // Repartition records below committed offsets are not needed again.
+        if !self.config.repartitions.is_empty() {
+            self.purger.committed(offsets_of(tpl));
+        }
     }
 
     /// A failed offset commit: a group change or a retriable error hands the

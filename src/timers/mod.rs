@@ -99,6 +99,10 @@ pub(crate) struct TaskTime {
     stream_timers: TimerQueue,
     wall_timers: TimerQueue,
     punctuations: Punctuations,
+    /// Final-result closings registered since the task started here (one
+    /// per open window of a store that emits final results; dropped when
+    /// they fire).
+    closings: std::collections::HashSet<Vec<u8>>,
     /// `kstate_stream_time_ms` of the task.
     gauge: metrics::Gauge,
     pub(crate) metrics: TimeMetrics,
@@ -154,6 +158,7 @@ impl TaskTime {
             stream_timers: TimerQueue::new(TimeDomain::StreamTime),
             wall_timers: TimerQueue::new(TimeDomain::WallClock),
             punctuations: Punctuations::default(),
+            closings: Default::default(),
             gauge: metrics::gauge!(crate::metrics::STREAM_TIME, "partition" => partition.to_string()),
             metrics: TimeMetrics::new(partition),
         }
@@ -239,6 +244,11 @@ impl TaskTime {
         self.queue(domain).register(store, timestamp, key)
     }
 
+    /// A final-result closing fired: a write of its window registers it again.
+    pub(crate) fn closing_fired(&mut self, key: &[u8]) {
+        self.closings.remove(key);
+    }
+
     pub(crate) fn delete_timer(&mut self, store: &mut KeyValueStore, domain: TimeDomain, key: &[u8], timestamp: i64) -> Result<()> {
         self.queue(domain).delete(store, timestamp, key)
     }
@@ -285,7 +295,12 @@ impl TaskTime {
 
 /// Final results register their windows' closings here (`store/closing.rs`).
 impl crate::store::closing::StreamTimers for TaskTime {
-    fn register_stream_timer(&mut self, time_store: &mut KeyValueStore, key: &[u8], at: i64) -> Result<()> {
-        self.register_timer(time_store, TimeDomain::StreamTime, key, at)
+    fn register_closing(&mut self, time_store: &mut KeyValueStore, key: &[u8], at: i64) -> Result<()> {
+        if self.closings.contains(key) {
+            return Ok(());
+        }
+        self.register_timer(time_store, TimeDomain::StreamTime, key, at)?;
+        self.closings.insert(key.to_vec());
+        Ok(())
     }
 }

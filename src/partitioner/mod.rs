@@ -4,6 +4,10 @@
 
 use std::sync::Arc;
 
+mod murmur;
+
+pub use murmur::murmur2_partition;
+
 /// The function that chose the input records' partitions from their keys
 /// ([`AppBuilder::partitioner`](crate::AppBuilder::partitioner)). kstate
 /// uses it to find a key's partition for interactive queries (and the test
@@ -17,7 +21,7 @@ use std::sync::Arc;
 /// // The Java clients' default, and librdkafka's `murmur2_random`.
 /// assert_eq!(Partitioner::Murmur2.partition(b"user-42", 6), kstate::murmur2_partition(b"user-42", 6));
 /// // librdkafka's default (`consistent_random`) for keyed records: CRC32.
-/// assert_eq!(Partitioner::Crc32.partition(b"", 6), 0);
+/// assert_eq!(Partitioner::Crc32.partition(b"123456789", 7), (0xcbf4_3926u32 % 7) as i32);
 /// let own = Partitioner::custom(|key, n| key.first().map_or(0, |b| i32::from(*b) % n));
 /// assert_eq!(own.partition(b"a", 4), 1);
 /// ```
@@ -31,10 +35,13 @@ pub enum Partitioner {
     Murmur2,
     /// CRC32 of the key modulo the partition count: librdkafka's
     /// `consistent_random` (its default, and so the default of Rust, C,
-    /// Go, Python and .NET producers built on it) and `consistent`.
+    /// Go, Python and .NET producers built on it) and `consistent`. (For
+    /// an empty key `consistent_random` picks a partition at random, so
+    /// input records with empty keys are not checked against it.)
     Crc32,
-    /// 32-bit FNV-1a of the key modulo the partition count: librdkafka's
-    /// `fnv1a_random` and `fnv1a` (Sarama's default hash).
+    /// 32-bit FNV-1a of the key, made positive, modulo the partition
+    /// count: librdkafka's `fnv1a_random` and `fnv1a` (Sarama's hash
+    /// partitioner).
     Fnv1a,
     /// A function of the key and the partition count returning a partition
     /// in `0..count`.
@@ -53,7 +60,7 @@ impl Partitioner {
             return -1;
         }
         match self {
-            Partitioner::Murmur2 => crate::query::murmur2_partition(key, partitions),
+            Partitioner::Murmur2 => murmur2_partition(key, partitions),
             Partitioner::Crc32 => (crc32fast::hash(key) % partitions as u32) as i32,
             Partitioner::Fnv1a => (fnv1a(key) % partitions as u32) as i32,
             Partitioner::Custom(f) => f(key, partitions),
@@ -78,15 +85,18 @@ impl std::fmt::Debug for Partitioner {
     }
 }
 
-/// librdkafka's `rd_fnv1a`: 32-bit FNV-1a.
+/// librdkafka's `rd_fnv1a`: 32-bit FNV-1a, as a signed value made
+/// positive (Sarama's hash partitioner does the same).
 fn fnv1a(key: &[u8]) -> u32 {
-    key.iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+    let h = key.iter().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)) as i32;
+    h.wrapping_abs() as u32
 }
 
 /// Counts and logs (at most once a minute per topic) keyed input records
 /// that sit in another partition than the partitioner predicts.
 pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32, partitions: i32, key: &[u8]) {
-    if partitions <= 0 {
+    // (librdkafka's `consistent_random` places empty keys at random)
+    if partitions <= 0 || (key.is_empty() && matches!(partitioner, Partitioner::Crc32)) {
         return;
     }
     let predicted = partitioner.partition(key, partitions);
@@ -120,18 +130,36 @@ pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32
 mod tests {
     use super::*;
 
-    /// The hashes are the standard ones librdkafka's `rd_crc32` (CRC-32,
-    /// ISO-HDLC) and `rd_fnv1a` (32-bit FNV-1a) compute: their published
-    /// check values.
+    /// The hashes are the ones librdkafka's `rd_crc32` (CRC-32, ISO-HDLC)
+    /// and `rd_fnv1a` (32-bit FNV-1a, made positive) compute.
     #[test]
     fn hashes_match_librdkafka() {
         // CRC-32 (ISO-HDLC) check value.
         assert_eq!(crc32fast::hash(b"123456789"), 0xcbf4_3926);
-        // FNV-1a 32-bit test vectors.
-        assert_eq!(fnv1a(b""), 0x811c_9dc5);
-        assert_eq!(fnv1a(b"a"), 0xe40c_292c);
-        assert_eq!(fnv1a(b"foobar"), 0xbf9c_f968);
-        assert_eq!(Partitioner::Crc32.partition(b"123456789", 7), (0xcbf4_3926u32 % 7) as i32);
+        // FNV-1a of "" is its offset basis, negative as an i32: made positive.
+        assert_eq!(fnv1a(b""), (0x811c_9dc5u32 as i32).wrapping_abs() as u32);
         assert_eq!(Partitioner::Murmur2.partition(b"x", 0), -1);
+    }
+
+    /// Every partitioner gives the partition librdkafka's own function
+    /// (the one its producers call) gives, for keys of every length and
+    /// partition counts.
+    #[test]
+    fn partitions_equal_librdkafkas() {
+        use rdkafka::bindings::{rd_kafka_msg_partitioner_consistent, rd_kafka_msg_partitioner_fnv1a, rd_kafka_msg_partitioner_murmur2};
+        let keys: Vec<Vec<u8>> = (0..2_000u32).map(|i| format!("key-{i}-{}", "x".repeat((i % 37) as usize)).into_bytes())
+            .chain([b"kafka".to_vec(), b"giberish123456789".to_vec(), b"a".to_vec(), b"foobar".to_vec(), vec![0xff; 9]])
+            .collect();
+        for n in [1, 2, 3, 6, 7, 64, 1000] {
+            for key in &keys {
+                let native = |f: unsafe extern "C" fn(*const _, *const std::ffi::c_void, usize, i32, *mut std::ffi::c_void, *mut std::ffi::c_void) -> i32| {
+                    // SAFETY: these partitioners read only `key` and `keylen`.
+                    unsafe { f(std::ptr::null(), key.as_ptr().cast(), key.len(), n, std::ptr::null_mut(), std::ptr::null_mut()) }
+                };
+                assert_eq!(Partitioner::Murmur2.partition(key, n), native(rd_kafka_msg_partitioner_murmur2), "murmur2 {key:?} {n}");
+                assert_eq!(Partitioner::Crc32.partition(key, n), native(rd_kafka_msg_partitioner_consistent), "crc32 {key:?} {n}");
+                assert_eq!(Partitioner::Fnv1a.partition(key, n), native(rd_kafka_msg_partitioner_fnv1a), "fnv1a {key:?} {n}");
+            }
+        }
     }
 }

@@ -752,9 +752,9 @@ impl RestoreLoop {
             if a.bulk && o >= a.end {
                 caught_up.push(key.clone());
             }
-            // All it returned is written: RocksDB reflects every offset
-            // below its position (past commit markers and aborted records).
-            let reflected = (a.batch.len() == 0).then_some(o);
+            // All it returned is written: RocksDB reflects every offset below its
+            // position (past commit markers), once that position is this copy's own.
+            let reflected = (a.batch.len() == 0 && (a.records > 0 || o == a.last_offset + 1)).then_some(o);
             if let Some(high) = cached_high(&self.consumer, &key.0, key.1) {
                 ends.push((key.clone(), high, Role::Standby, reflected));
                 lags.push((key, (high - o).max(0)));

@@ -124,7 +124,7 @@ impl Codec for U64Be {
 ///
 /// ```
 /// use kstate::codec::{Codec, I64};
-/// let (neg, zero, big) = (I64::encode(&-5).unwrap(), I64::encode(&0).unwrap(), I64::encode(&1 << 40).unwrap());
+/// let (neg, zero, big) = (I64::encode(&-5).unwrap(), I64::encode(&0).unwrap(), I64::encode(&(1 << 40)).unwrap());
 /// assert!(neg < zero && zero < big);
 /// assert_eq!(I64::decode(&neg).unwrap(), -5);
 /// ```

@@ -82,13 +82,7 @@ fn free_port() -> String {
 
 /// A plain HTTP GET: (status, body); `None` if the connection failed.
 fn http_get(host: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect_timeout(&host.parse().ok()?, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(15))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split(' ').nth(1)?.parse().ok()?;
-    Some((status, text.split_once("\r\n\r\n")?.1.to_string()))
+    http_get_retry_after(host, path).map(|(status, _, body)| (status, body))
 }
 
 /// A plain HTTP GET: (status, whether it carried `Retry-After`, body);

@@ -114,6 +114,7 @@ mod context;
 mod driver;
 mod error;
 mod global;
+mod join;
 mod group;
 mod kafka;
 pub mod metrics;
@@ -138,6 +139,7 @@ pub use config::{repartition_topic, ProcessingDecision, ProcessingGuarantee, Sto
 pub use context::{Outputs, ProcessorContext};
 pub use error::{ClientError, Error, Result, StorageError};
 pub use global::GlobalTable;
+pub use join::{JoinKind, JoinOutcome, JoinWindows, Joined, StreamJoin};
 pub use kafka::changelog_topic;
 pub use driver::{TestDriver, TestDriverBuilder};
 pub use output::{Output, SentRecord};

@@ -137,3 +137,177 @@ fn a_stream_table_join_sees_the_table_as_of_each_records_time() {
     }
     running.stop().unwrap();
 }
+
+/// The stream-stream join's model: records in processing order, each
+/// `(left?, key, timestamp, value)`; results as `key:left|right@ts` (`-`:
+/// no partner), sorted (the model does not order closings of one instant).
+fn stream_join_model(records: &[(bool, u8, i64, String)], w: kstate::JoinWindows, kind: kstate::JoinKind) -> Vec<String> {
+    use kstate::JoinKind;
+    struct Buffered {
+        left: bool,
+        key: u8,
+        ts: i64,
+        value: String,
+        matched: bool,
+        closed: bool,
+    }
+    let close = |left: bool, ts: i64| ts + if left { w.after_ms() } else { w.before_ms() } + 1 + w.grace_ms();
+    let (mut buffered, mut out, mut st) = (Vec::<Buffered>::new(), Vec::new(), i64::MIN);
+    for (left, key, ts, value) in records {
+        st = st.max(*ts);
+        for b in buffered.iter_mut().filter(|b| !b.closed && close(b.left, b.ts) <= st) {
+            b.closed = true;
+            let emits = match kind {
+                JoinKind::Inner => false,
+                JoinKind::Left => b.left,
+                JoinKind::Outer => true,
+            };
+            if emits && !b.matched {
+                let (l, r) = if b.left { (b.value.as_str(), "-") } else { ("-", b.value.as_str()) };
+                out.push(format!("{}:{l}|{r}@{}", b.key, b.ts));
+            }
+        }
+        if close(*left, *ts) <= st {
+            continue; // late
+        }
+        let (lo, hi) = if *left { (ts - w.before_ms(), ts + w.after_ms()) } else { (ts - w.after_ms(), ts + w.before_ms()) };
+        let mut matched = false;
+        for b in buffered.iter_mut().filter(|b| b.left != *left && b.key == *key && !b.closed && (lo..=hi).contains(&b.ts)) {
+            let (l, r) = if *left { (value.as_str(), b.value.as_str()) } else { (b.value.as_str(), value.as_str()) };
+            out.push(format!("{key}:{l}|{r}@{}", ts.max(&b.ts)));
+            b.matched = true;
+            matched = true;
+        }
+        buffered.push(Buffered { left: *left, key: *key, ts: *ts, value: value.clone(), matched, closed: false });
+    }
+    out.sort();
+    out
+}
+
+/// A processor of the join, its results to topic `out` as the model writes them.
+struct Joiner {
+    join: kstate::StreamJoin,
+    out: String,
+}
+
+impl Joiner {
+    fn send(out: &str) -> impl FnMut(&mut kstate::ProcessorContext<'_>, kstate::Joined<'_>) -> kstate::Result<()> + '_ {
+        move |ctx, j| {
+            let text = |v: Option<&[u8]>| v.map_or("-".to_string(), |v| String::from_utf8_lossy(v).into_owned());
+            let value = format!("{}:{}|{}@{}", String::from_utf8_lossy(j.key), text(j.left), text(j.right), j.timestamp);
+            ctx.send(Output::to(out).key(j.key).value(value.as_bytes()).timestamp(j.timestamp.max(1)))
+        }
+    }
+}
+
+impl kstate::Processor for Joiner {
+    fn process(&mut self, ctx: &mut kstate::ProcessorContext<'_>, record: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
+        self.join.process(ctx, record, Self::send(&self.out))?;
+        Ok(())
+    }
+    fn on_window_close(&mut self, ctx: &mut kstate::ProcessorContext<'_>, closed: &kstate::ClosedWindow<'_>) -> Result<(), kstate::ProcessorError> {
+        assert!(self.join.on_window_close(ctx, closed, Self::send(&self.out))?, "only the join's stores emit final results");
+        Ok(())
+    }
+}
+
+fn join_windows() -> kstate::JoinWindows {
+    kstate::JoinWindows::within(Duration::from_millis(10)).after(Duration::from_millis(20)).grace(Duration::from_millis(5))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+
+    /// Inner, left and outer joins equal the model for any interleaving of
+    /// both sides, out-of-order and late records included: each pair once,
+    /// each unmatched record once after its window closed, never both.
+    #[test]
+    fn stream_stream_joins_equal_the_model(
+        records in proptest::collection::vec((proptest::bool::ANY, 0u8..2, 0i64..120), 1..40),
+        kind in proptest::prop_oneof![proptest::strategy::Just(kstate::JoinKind::Inner), proptest::strategy::Just(kstate::JoinKind::Left), proptest::strategy::Just(kstate::JoinKind::Outer)],
+    ) {
+        let records: Vec<(bool, u8, i64, String)> =
+            records.into_iter().enumerate().map(|(i, (left, key, ts))| (left, key, ts, format!("{}{i}", if left { "l" } else { "r" }))).collect();
+        let join = kstate::StreamJoin::new("j", "L", "R", join_windows(), kind);
+        let [l, r] = join.stores();
+        let app = kstate::App::builder().input_topic("L").input_topic("R").store(l).store(r);
+        let mut d = kstate::TestDriver::builder(app).processor(move |_| Joiner { join: join.clone(), out: "out".into() }).unwrap();
+        for (left, key, ts, value) in &records {
+            d.input(if *left { "L" } else { "R" }, key.to_string().as_bytes(), value.as_bytes(), *ts).unwrap();
+        }
+        let mut got: Vec<String> = d.outputs("out").iter().map(|r| r.value_str().unwrap()).collect();
+        got.sort();
+        proptest::prop_assert_eq!(got, stream_join_model(&records, join_windows(), kind));
+    }
+}
+
+/// The same join against the broker, under exactly-once: both inputs
+/// produced first, so each task takes them in timestamp order; the results
+/// equal the model over that order (every result once: committed readers).
+#[test]
+fn an_outer_stream_stream_join_on_the_broker_equals_the_model() {
+    use rand::{Rng, SeedableRng};
+    let Fixture { input: left_topic, app, state } = fixture("join-ss-left", 1);
+    let right_topic = unique("join-ss-right");
+    create_topic(&right_topic, 1, &[]);
+    let out = unique("join-ss-out");
+    create_topic(&out, 1, &[]);
+    let base = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 3_600_000) / 1000 * 1000;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    // Even timestamps on the left, odd on the right (no ties across the
+    // inputs); every 8th record 40 ms back in time.
+    let side = |left: bool, rng: &mut rand::rngs::StdRng| -> Vec<In> {
+        (0..150i64)
+            .map(|i| {
+                let back = if i % 8 == 7 { 40 } else { 0 };
+                let ts = (i * 6 - back + rng.random_range(0..3i64) * 2).max(0) + i64::from(!left);
+                (base + ts, rng.random_range(0..4u8).to_string(), Some(format!("{}{i}", if left { "l" } else { "r" })))
+            })
+            .collect()
+    };
+    let (mut lefts, rights) = (side(true, &mut rng), side(false, &mut rng));
+    // A last left record far ahead closes every window before it.
+    lefts.push((base + 10_000, "9".into(), Some("end".into())));
+    produce_all(&left_topic, 0, &lefts);
+    produce_all(&right_topic, 0, &rights);
+    // The processing order: the lower timestamp of the two heads first.
+    let (mut l, mut r) = (lefts.iter().peekable(), rights.iter().peekable());
+    let mut order = Vec::new();
+    while l.peek().is_some() || r.peek().is_some() {
+        let left = match (l.peek(), r.peek()) {
+            (Some(a), Some(b)) => a.0 < b.0,
+            (a, _) => a.is_some(),
+        };
+        let (ts, key, value) = if left { l.next().unwrap() } else { r.next().unwrap() };
+        order.push((left, key.parse::<u8>().unwrap(), ts - base, value.clone().unwrap()));
+    }
+    // (the model's timestamps are relative to `base`: shift the results back)
+    let want: Vec<String> = stream_join_model(&order, join_windows(), kstate::JoinKind::Outer);
+    let join = kstate::StreamJoin::new("j", left_topic.clone(), right_topic.clone(), join_windows(), kstate::JoinKind::Outer);
+    let [ls, rs] = join.stores();
+    let builder = builder(&app, &left_topic, state.path())
+        .input_topic(&right_topic)
+        .store(ls)
+        .store(rs)
+        .processing_guarantee(kstate::ProcessingGuarantee::ExactlyOnce);
+    let out_topic = out.clone();
+    let running = Running::start_processor(builder, move |_| Joiner { join: join.clone(), out: out_topic.clone() });
+    let read = || -> Vec<String> {
+        let mut got: Vec<String> = read_partition(&out, 0)
+            .into_iter()
+            .map(|(_, _, v)| {
+                // key:left|right@ts, with ts made relative to `base`
+                let v = String::from_utf8(v.unwrap()).unwrap();
+                let (head, ts) = v.rsplit_once('@').unwrap();
+                format!("{head}@{}", ts.parse::<i64>().unwrap() - base)
+            })
+            .collect();
+        got.sort();
+        got
+    };
+    wait_until("every join result", TIMEOUT, || read().len() >= want.len());
+    running.stop().unwrap();
+    let got = read();
+    assert_eq!(got, want, "an outer join: every pair once, every unmatched record once after its window closed");
+    assert!(got.iter().any(|v| v.contains("|-@")) && got.iter().any(|v| v.contains(":-|")), "unmatched records of both sides: {got:?}");
+}

@@ -311,3 +311,81 @@ fn an_outer_stream_stream_join_on_the_broker_equals_the_model() {
     assert_eq!(got, want, "an outer join: every pair once, every unmatched record once after its window closed");
     assert!(got.iter().any(|v| v.contains("|-@")) && got.iter().any(|v| v.contains(":-|")), "unmatched records of both sides: {got:?}");
 }
+
+/// A table-table outer join (README "Joins: table-table"): each table
+/// topic is an input kept in a store; an update of either side sends the
+/// key's new join result (`left|right`, `-` for a missing side), or a
+/// tombstone once both sides are gone. The model merges both inputs by
+/// timestamp and applies the same rule.
+#[test]
+fn a_table_table_outer_join_emits_on_changes_of_either_side() {
+    let Fixture { input: left_topic, app, state } = fixture("join-tt-left", PARTITIONS);
+    let right_topic = unique("join-tt-right");
+    create_topic(&right_topic, PARTITIONS, &[("cleanup.policy", "compact")]);
+    let out = unique("join-tt-out");
+    create_topic(&out, PARTITIONS, &[]);
+    let base = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 3_600_000) / 1000 * 1000;
+    let mut expected = Vec::new();
+    for p in 0..PARTITIONS {
+        let key = |i: i64| format!("k{}-{p}", i % 4);
+        // Left: even timestamps, a tombstone every 5th; right: odd, every 4th.
+        let lefts: Vec<In> = (0..40).map(|i| (base + i * 10, key(i), (i % 5 != 4).then(|| format!("L{i}")))).collect();
+        let rights: Vec<In> = (0..40).map(|i| (base + i * 10 + 3, key(i * 3), (i % 4 != 3).then(|| format!("R{i}")))).collect();
+        produce_all(&left_topic, p, &lefts);
+        produce_all(&right_topic, p, &rights);
+        // The model.
+        let (mut l, mut r) = (lefts.iter().peekable(), rights.iter().peekable());
+        let (mut lt, mut rt): (BTreeMap<String, String>, BTreeMap<String, String>) = Default::default();
+        let mut results = Vec::new();
+        while l.peek().is_some() || r.peek().is_some() {
+            let left = match (l.peek(), r.peek()) {
+                (Some(a), Some(b)) => a.0 < b.0,
+                (a, _) => a.is_some(),
+            };
+            let (_, k, v) = if left { l.next().unwrap() } else { r.next().unwrap() };
+            let table = if left { &mut lt } else { &mut rt };
+            match v {
+                Some(v) => table.insert(k.clone(), v.clone()),
+                None => table.remove(k),
+            };
+            results.push((k.clone(), outer_result(lt.get(k).map(String::as_str), rt.get(k).map(String::as_str))));
+        }
+        expected.push(results);
+    }
+    let (left_in, out_topic) = (left_topic.clone(), out.clone());
+    let running = Running::start(
+        builder(&app, &left_topic, state.path()).input_topic(&right_topic).store(StoreDefinition::new("left")).store(StoreDefinition::new("right")),
+        move |ctx, rec| {
+            let Some(key) = rec.key else { return Ok::<(), Error>(()) };
+            let ([left, right], outputs) = ctx.split(["left", "right"])?;
+            let changed = if rec.topic == left_in { &mut *left } else { &mut *right };
+            match rec.value {
+                Some(v) => changed.put(key, v)?,
+                None => changed.delete(key)?,
+            }
+            let (l, r) = (left.get(key)?, right.get(key)?);
+            let text = |v: &Option<Vec<u8>>| v.as_deref().map(|v| String::from_utf8_lossy(v).into_owned());
+            let result = outer_result(text(&l).as_deref(), text(&r).as_deref());
+            let output = Output::to(&out_topic).key(key).partition(rec.partition);
+            // (a tombstone once both sides are gone)
+            outputs.send(match &result {
+                Some(value) => output.value(value.as_bytes()),
+                None => output,
+            })
+        },
+    );
+    for p in 0..PARTITIONS {
+        wait_until("every update joined", TIMEOUT, || read_partition(&out, p).len() >= expected[p as usize].len());
+        let got: Vec<(String, Option<String>)> =
+            read_partition(&out, p).into_iter().map(|(_, k, v)| (String::from_utf8(k).unwrap(), v.map(|v| String::from_utf8(v).unwrap()))).collect();
+        assert_eq!(got, expected[p as usize], "partition {p}: a result per update of either side");
+        assert!(got.iter().any(|(_, v)| v.is_none()), "a key gone from both sides ends with a tombstone");
+    }
+    running.stop().unwrap();
+}
+
+/// An outer join's result for one key: `left|right` (`-`: missing), or
+/// `None` (a tombstone) when both are missing.
+fn outer_result(left: Option<&str>, right: Option<&str>) -> Option<String> {
+    (left.is_some() || right.is_some()).then(|| format!("{}|{}", left.unwrap_or("-"), right.unwrap_or("-")))
+}

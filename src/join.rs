@@ -139,7 +139,7 @@ pub struct Joined<'a> {
 ///     }
 /// }
 /// # fn main() -> kstate::Result<()> {
-/// let join = StreamJoin::new("views-clicks", "views", "clicks", JoinWindows::within(Duration::from_secs(600)), JoinKind::Left);
+/// let join = StreamJoin::new("views-clicks", "views", "clicks", JoinWindows::within(Duration::from_secs(600)), JoinKind::Left)?;
 /// let [left, right] = join.stores();
 /// let app = App::builder()
 ///     .application_id("attribution")
@@ -177,16 +177,24 @@ pub enum JoinOutcome {
 
 impl StreamJoin {
     /// A join named `name` (its stores: `<name>-left`, `<name>-right`) of
-    /// `left_topic` and `right_topic`.
-    pub fn new(name: &str, left_topic: impl Into<String>, right_topic: impl Into<String>, windows: JoinWindows, kind: JoinKind) -> StreamJoin {
-        StreamJoin {
+    /// `left_topic` and `right_topic`. A window of zero size (`before +
+    /// after` = 0) or the same topic on both sides is [`Error::Config`].
+    pub fn new(name: &str, left_topic: impl Into<String>, right_topic: impl Into<String>, windows: JoinWindows, kind: JoinKind) -> Result<StreamJoin> {
+        let (left_topic, right_topic) = (left_topic.into(), right_topic.into());
+        if windows.before.saturating_add(windows.after) <= 0 {
+            return Err(Error::Config(format!("join `{name}`: the join window has zero size (before + after must be at least 1 ms)")));
+        }
+        if left_topic == right_topic {
+            return Err(Error::Config(format!("join `{name}`: both sides read `{left_topic}`; a self-join needs a repartition or a second topic")));
+        }
+        Ok(StreamJoin {
             left_store: format!("{name}-left"),
             right_store: format!("{name}-right"),
-            left_topic: left_topic.into(),
-            right_topic: right_topic.into(),
+            left_topic,
+            right_topic,
             windows,
             kind,
-        }
+        })
     }
 
     /// The two buffer stores to declare with

@@ -228,7 +228,7 @@ proptest::proptest! {
     ) {
         let records: Vec<(bool, u8, i64, String)> =
             records.into_iter().enumerate().map(|(i, (left, key, ts))| (left, key, ts, format!("{}{i}", if left { "l" } else { "r" }))).collect();
-        let join = kstate::StreamJoin::new("j", "L", "R", join_windows(), kind);
+        let join = kstate::StreamJoin::new("j", "L", "R", join_windows(), kind).unwrap();
         let [l, r] = join.stores();
         let app = kstate::App::builder().input_topic("L").input_topic("R").store(l).store(r);
         let mut d = kstate::TestDriver::builder(app).processor(move |_| Joiner { join: join.clone(), out: "out".into() }).unwrap();
@@ -283,7 +283,7 @@ fn an_outer_stream_stream_join_on_the_broker_equals_the_model() {
     }
     // (the model's timestamps are relative to `base`: shift the results back)
     let want: Vec<String> = stream_join_model(&order, join_windows(), kstate::JoinKind::Outer);
-    let join = kstate::StreamJoin::new("j", left_topic.clone(), right_topic.clone(), join_windows(), kstate::JoinKind::Outer);
+    let join = kstate::StreamJoin::new("j", left_topic.clone(), right_topic.clone(), join_windows(), kstate::JoinKind::Outer).unwrap();
     let [ls, rs] = join.stores();
     let builder = builder(&app, &left_topic, state.path())
         .input_topic(&right_topic)
@@ -388,4 +388,14 @@ fn a_table_table_outer_join_emits_on_changes_of_either_side() {
 /// `None` (a tombstone) when both are missing.
 fn outer_result(left: Option<&str>, right: Option<&str>) -> Option<String> {
     (left.is_some() || right.is_some()).then(|| format!("{}|{}", left.unwrap_or("-"), right.unwrap_or("-")))
+}
+
+#[test]
+fn join_windows_of_zero_size_and_self_joins_are_refused() {
+    use kstate::{JoinKind, JoinWindows, StreamJoin};
+    let e = StreamJoin::new("j", "a", "b", JoinWindows::within(Duration::ZERO), JoinKind::Inner).unwrap_err();
+    assert!(matches!(&e, Error::Config(m) if m.contains("zero size")), "{e}");
+    let e = StreamJoin::new("j", "a", "a", JoinWindows::within(Duration::from_secs(1)), JoinKind::Inner).unwrap_err();
+    assert!(matches!(&e, Error::Config(m) if m.contains("both sides")), "{e}");
+    assert!(StreamJoin::new("j", "a", "b", JoinWindows::within(Duration::ZERO).after(Duration::from_millis(1)), JoinKind::Inner).is_ok());
 }

@@ -479,6 +479,11 @@ impl AppConfig {
         }
     }
 
+    /// Whether `topic` is one of the application's repartition topics.
+    pub(crate) fn is_repartition_topic(&self, topic: &str) -> bool {
+        self.repartitions.iter().any(|r| r.topic == topic)
+    }
+
     /// Where the time store is among a task's stores, if timers are on.
     pub(crate) fn time_store_index(&self) -> Option<usize> {
         self.timers.then(|| self.stores.len() - 1)

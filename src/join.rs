@@ -11,8 +11,11 @@
 //! `a + after + grace`, `R@b` once it passes `b + before + grace`. A record
 //! that arrives after its own window closed is late: dropped and counted
 //! (`kstate_window_late_records_total`). A record never pairs with a
-//! partner whose window has closed, so a record reported without a match
-//! never gets one afterwards. Records without a key or a value are dropped.
+//! partner whose window has closed if that partner's side reports
+//! non-matches (left join: left records; outer: both), so a record
+//! reported without a match never gets one afterwards; a record more than
+//! `grace` out of order may so miss partners it would otherwise have had.
+//! Records without a key or a value are dropped.
 
 use std::time::Duration;
 
@@ -239,19 +242,31 @@ impl StreamJoin {
         };
         let (own, other) = if left { (&self.left_store, &self.right_store) } else { (&self.right_store, &self.left_store) };
         // L@a matches R@b in [a - before, a + after]; R@b matches L@a in [b - after, b + before].
-        let (lo, hi) = if left { (ts - self.windows.before, ts + self.windows.after) } else { (ts - self.windows.after, ts + self.windows.before) };
+        let w = self.windows;
+        let (lo, hi) = if left {
+            (ts.saturating_sub(w.before), ts.saturating_add(w.after))
+        } else {
+            (ts.saturating_sub(w.after), ts.saturating_add(w.before))
+        };
+        // A partner whose window closed was reported unmatched if its side
+        // reports non-matches: it pairs with nothing any more. (A side
+        // that reports none keeps pairing until its buffer expires.)
+        let guarded = match self.kind {
+            JoinKind::Inner => false,
+            JoinKind::Left => !left, // the partner is a left record
+            JoinKind::Outer => true,
+        };
         let key = key.to_vec();
         if ctx.window_store::<RawBytes, RawBytes>(own)?.is_closed(ts) {
             // (counted as late by the store)
             let _ = ctx.window_store::<RawBytes, RawBytes>(own)?.put(&key, ts, &Vec::new())?;
             return Ok(JoinOutcome::Late);
         }
-        // Partners whose window is still open (a closed one was reported already).
         let mut partners = Vec::new();
         {
             let store = ctx.window_store::<RawBytes, RawBytes>(other)?;
             for (start, bag) in store.fetch(&key, lo.max(0), hi)? {
-                if !store.is_closed(start) {
+                if !(guarded && store.is_closed(start)) {
                     partners.push((start, Bag::decode(&bag)?));
                 }
             }

@@ -172,7 +172,23 @@ fn stream_join_model(records: &[(bool, u8, i64, String)], w: kstate::JoinWindows
         }
         let (lo, hi) = if *left { (ts - w.before_ms(), ts + w.after_ms()) } else { (ts - w.after_ms(), ts + w.before_ms()) };
         let mut matched = false;
-        for b in buffered.iter_mut().filter(|b| b.left != *left && b.key == *key && !b.closed && (lo..=hi).contains(&b.ts)) {
+        // A closed partner pairs no more if its side reports non-matches;
+        // one of a side that reports none pairs until its buffer expires
+        // (retention: its window size + grace, on the latest start written
+        // to its side).
+        let reports = |partner_left: bool| match kind {
+            JoinKind::Inner => false,
+            JoinKind::Left => partner_left,
+            JoinKind::Outer => true,
+        };
+        let latest: std::collections::HashMap<bool, i64> = [true, false]
+            .into_iter()
+            .map(|side| (side, buffered.iter().filter(|b| b.left == side).map(|b| b.ts).max().unwrap_or(i64::MIN)))
+            .collect();
+        let expired = |b: &Buffered| latest[&b.left] != i64::MIN && close(b.left, b.ts) <= latest[&b.left];
+        for b in buffered.iter_mut().filter(|b| {
+            b.left != *left && b.key == *key && (lo..=hi).contains(&b.ts) && !(reports(b.left) && b.closed) && !expired(b)
+        }) {
             let (l, r) = if *left { (value.as_str(), b.value.as_str()) } else { (b.value.as_str(), value.as_str()) };
             out.push(format!("{key}:{l}|{r}@{}", ts.max(&b.ts)));
             b.matched = true;

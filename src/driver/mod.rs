@@ -367,7 +367,8 @@ impl TestDriver {
     /// get them; what they send in turn is fed too.
     fn feed_repartitions(&mut self) -> Result<()> {
         let topics: Vec<String> = self.config.repartitions.iter().map(|r| r.topic.clone()).collect();
-        loop {
+        // A processor that re-keys every re-keyed record again never stops.
+        for _ in 0..1_000 {
             let mut fed = false;
             for topic in &topics {
                 for sent in self.topics.take_outputs(topic) {
@@ -381,6 +382,7 @@ impl TestDriver {
                 return Ok(());
             }
         }
+        Err(Error::InvalidUse("records were re-keyed through repartition topics 1,000 times in a row: a processor that re-keys what it gets from a repartition topic again never stops".into()))
     }
 
     /// Takes in input record `offset` of `topic` / `partition`: processes
@@ -533,7 +535,8 @@ impl TestDriver {
         self.guarded(|d| {
             d.drain()?;
             d.serve()?;
-            d.maybe_commit()
+            d.maybe_commit()?;
+            d.feed_repartitions()
         })
     }
 
@@ -584,7 +587,7 @@ impl TestDriver {
                 d.serve()?;
                 d.maybe_commit()?;
             }
-            Ok(())
+            d.feed_repartitions()
         })
     }
 

@@ -48,9 +48,13 @@ pub(crate) fn ensure_repartition_topics(
         let new_topics: Vec<NewTopic<'_>> = missing
             .iter()
             .map(|t| {
+                // Segments of 10 minutes (as Kafka Streams'): the broker frees
+                // the disk of purged records once their segment rolled.
                 NewTopic::new(t, partitions, TopicReplication::Fixed(replication.unwrap_or(-1)))
                     .set("cleanup.policy", "delete")
                     .set("retention.ms", "-1")
+                    .set("segment.ms", "600000")
+                    .set("message.timestamp.type", "CreateTime")
             })
             .collect();
         for result in futures::executor::block_on(admin.create_topics(&new_topics, &opts))? {
@@ -81,6 +85,9 @@ pub(crate) fn ensure_repartition_topics(
                 topic: topic.clone(),
                 problem: format!("cleanup.policy is `{policy}`: compaction would drop re-keyed records before they are processed; it must be `delete`"),
             });
+        }
+        if config.get("message.timestamp.type").and_then(|e| e.value.as_deref()) == Some("LogAppendTime") {
+            tracing::warn!(%topic, "a repartition topic with message.timestamp.type=LogAppendTime: re-keyed records get the broker's time, not their cause's");
         }
         let retention = config.get("retention.ms").and_then(|e| e.value.as_deref()).and_then(|v| v.parse::<i64>().ok());
         if retention.is_some_and(|ms| ms >= 0) {
@@ -166,7 +173,9 @@ fn purge_loop(admin: AdminClient<DefaultClientContext>, topics: Vec<String>, off
                 continue;
             }
         }
-        let opts = AdminOptions::new().request_timeout(Some(timeout)).operation_timeout(Some(timeout));
+        // (bounded: a shutdown joins this thread)
+        let bound = timeout.min(interval).min(Duration::from_secs(10));
+        let opts = AdminOptions::new().request_timeout(Some(bound)).operation_timeout(Some(bound));
         match futures::executor::block_on(admin.delete_records(&tpl, &opts)) {
             Ok(result) => {
                 for e in result.elements() {

@@ -596,9 +596,11 @@ impl Queries {
     }
 
     fn input_topic(&self, topic: Option<&str>) -> QResult<String> {
-        let topics = &self.config.input_topics;
+        // The declared inputs: a repartition topic's offsets say nothing of
+        // what a client wrote (its state is another task's).
+        let topics: Vec<&String> = self.config.input_topics.iter().filter(|t| !self.config.is_repartition_topic(t)).collect();
         match topic {
-            Some(t) if topics.iter().any(|i| i == t) => Ok(t.to_string()),
+            Some(t) if topics.iter().any(|i| *i == t) => Ok(t.to_string()),
             Some(t) => Err(QueryError::InvalidPosition { detail: format!("`{t}` is not an input topic of the application ({topics:?})") }),
             None if topics.len() == 1 => Ok(topics[0].clone()),
             None => Err(QueryError::InvalidPosition { detail: format!("the application has several input topics ({topics:?}): use after_input_of") }),

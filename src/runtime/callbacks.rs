@@ -258,9 +258,10 @@ impl Callbacks<'_> {
         if let Some(key) = record.key {
             crate::partitioner::check_input(&config.partitioner, topic, partition, config.published.partitions(), key);
         }
+        // A re-keyed record carries its cause's extracted time already.
         let extracted = match &config.timestamp_extractor {
-            Some(extract) => Some(extract(record, task.time.stream_time())),
-            None => record.timestamp,
+            Some(extract) if !config.is_repartition_topic(topic) => Some(extract(record, task.time.stream_time())),
+            _ => record.timestamp,
         };
         let timestamp = match extracted {
             Some(t) if t >= 0 => Some(t),

@@ -77,8 +77,8 @@ impl Held {
 /// it with the task's stream time now.
 pub(crate) fn order_of(config: &AppConfig, record: &Record<'_>, stream_time: Option<i64>) -> Option<i64> {
     match &config.timestamp_extractor {
-        Some(extract) => Some(extract(record, stream_time)),
-        None => record.timestamp,
+        Some(extract) if !config.is_repartition_topic(record.topic) => Some(extract(record, stream_time)),
+        _ => record.timestamp,
     }
 }
 

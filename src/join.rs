@@ -24,11 +24,7 @@ use crate::config::StoreDefinition;
 use crate::context::ProcessorContext;
 use crate::error::{Error, Result};
 use crate::record::Record;
-use crate::windows::{ClosedWindow, Windows};
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
+use crate::windows::{millis, ClosedWindow, Windows};
 
 /// The time bounds of a stream-stream join.
 ///
@@ -230,11 +226,7 @@ impl StreamJoin {
         record: &Record<'_>,
         mut emit: impl FnMut(&mut ProcessorContext<'_>, Joined<'_>) -> Result<()>,
     ) -> Result<JoinOutcome> {
-        let left = if record.topic == self.left_topic {
-            true
-        } else if record.topic == self.right_topic {
-            false
-        } else {
+        let Some(left) = which(record.topic, &self.left_topic, &self.right_topic) else {
             return Ok(JoinOutcome::NotJoined);
         };
         let (Some(key), Some(value), Some(ts)) = (record.key, record.value, ctx.timestamp()) else {
@@ -308,11 +300,7 @@ impl StreamJoin {
         closed: &ClosedWindow<'_>,
         mut emit: impl FnMut(&mut ProcessorContext<'_>, Joined<'_>) -> Result<()>,
     ) -> Result<bool> {
-        let left = if closed.store() == self.left_store {
-            true
-        } else if closed.store() == self.right_store {
-            false
-        } else {
+        let Some(left) = which(closed.store(), &self.left_store, &self.right_store) else {
             return Ok(false);
         };
         let emits = match self.kind {
@@ -330,6 +318,11 @@ impl StreamJoin {
         }
         Ok(true)
     }
+}
+
+/// Whether `name` is the left one (`Some(true)`), the right one, or neither.
+fn which(name: &str, left: &str, right: &str) -> Option<bool> {
+    (name == left || name == right).then_some(name == left)
 }
 
 /// The records of one key and timestamp buffered on one side, in arrival

@@ -12,7 +12,8 @@
 
 use std::time::Duration;
 
-fn millis(d: Duration) -> i64 {
+/// `d` in whole milliseconds (saturating).
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

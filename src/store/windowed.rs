@@ -102,7 +102,7 @@ pub(crate) fn session_entries(
 /// When a session of a store that emits final results is final: once
 /// stream time passes its end plus the gap (no record can extend it any
 /// more) plus grace.
-pub(crate) fn final_close(sessions: SessionWindows, end: i64) -> i64 {
+fn final_close(sessions: SessionWindows, end: i64) -> i64 {
     end.saturating_add(sessions.gap_ms()).saturating_add(sessions.grace_ms()).saturating_add(1)
 }
 
@@ -436,19 +436,18 @@ impl<'s, K: Codec, V: Codec> SessionStore<'s, K, V> {
     /// joins every session of `key` within the gap of it; those sessions
     /// are removed and one merged session is written with the value
     /// `f(merged sessions and their values)` returns (empty: a new
-    /// session). A record whose merged session has closed writes nothing;
-    /// in a store that emits final results, neither does one that would
-    /// merge into a session already reported (none can: a session is
-    /// reported once stream time passes its end plus gap plus grace).
+    /// session). A record whose merged session has closed writes nothing
+    /// (so none can reopen a session a store with final results reported:
+    /// that happens once stream time passes its end plus gap plus grace).
     pub fn record(&mut self, key: &K::Item, timestamp: i64, f: impl FnOnce(&[(Session, V::Item)]) -> V::Item) -> Result<SessionRecord> {
         let encoded = K::encode(key)?;
         let gap = self.sessions.gap_ms();
         let found = self.find_encoded(&encoded, timestamp.saturating_sub(gap), timestamp.saturating_add(gap))?;
         let merged = found.iter().fold(Session::at(timestamp), |m, (s, _)| m.merge(*s));
-        // With final results, a session that closed was reported: a record
-        // that would merge into it (reopening it) is late too.
-        let reopens = self.closing.is_some() && found.iter().any(|(s, _)| self.stream_time.is_some_and(|t| final_close(self.sessions, s.end) <= t));
-        if reopens || self.is_closed(merged.end) {
+        // (With final results no record can merge into a reported session:
+        // one is reported once stream time passes its end + gap + grace, so
+        // a record within the gap of it is late here already.)
+        if self.is_closed(merged.end) {
             self.inner.metrics.late_records.increment(1);
             return Ok(SessionRecord::Late);
         }

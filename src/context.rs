@@ -246,10 +246,7 @@ impl<'t> ProcessorContext<'t> {
             return Err(Error::InvalidUse(format!("repartition `{name}` is not declared (AppBuilder::repartition); declared: {declared:?}")));
         };
         let partitions = self.config.published.partitions();
-        let partition = self.config.partitioner.partition(key, partitions);
-        if partition < 0 || partition >= partitions {
-            return Err(Error::InvalidUse(format!("the partitioner gave partition {partition} of {partitions} for a record to repartition `{name}`")));
-        }
+        let partition = self.config.partitioner.checked(key, partitions).map_err(|why| Error::InvalidUse(format!("{why} for a record to repartition `{name}`")))?;
         let mut output = Output::to(&r.topic).key(key).value(value).partition(partition);
         output.headers = self.headers.iter().collect();
         self.outputs.send(&output, self.timestamp)

@@ -332,7 +332,7 @@ impl TestDriver {
             (Some(p), _) => {
                 return Err(Error::InvalidUse(format!("partition {p} of `{}` does not exist: the driver has {}", record.topic, self.partitions)))
             }
-            (None, Some(key)) => self.config.partitioner.partition(key, self.partitions),
+            (None, Some(key)) => self.config.partitioner.checked(key, self.partitions).map_err(Error::InvalidUse)?,
             (None, None) => {
                 self.keyless += 1;
                 ((self.keyless - 1) % i64::from(self.partitions)) as i32

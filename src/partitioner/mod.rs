@@ -67,6 +67,17 @@ impl Partitioner {
         }
     }
 
+    /// [`partition`](Self::partition), refused (with why) when outside
+    /// `0..partitions`, as a custom function's may be.
+    pub(crate) fn checked(&self, key: &[u8], partitions: i32) -> std::result::Result<i32, String> {
+        let partition = self.partition(key, partitions);
+        if (0..partitions).contains(&partition) {
+            Ok(partition)
+        } else {
+            Err(format!("the partitioner gave partition {partition} of {partitions}"))
+        }
+    }
+
     /// Its name in logs, and the librdkafka `partitioner` setting that
     /// matches it.
     pub fn name(&self) -> &'static str {

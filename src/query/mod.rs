@@ -300,11 +300,7 @@ impl Queries {
         if n <= 0 {
             return Err(if self.shutdown.is_shutdown() { QueryError::ShuttingDown } else { QueryError::NotStarted });
         }
-        let partition = self.config.partitioner.partition(encoded, n);
-        if partition < 0 || partition >= n {
-            return Err(QueryError::InvalidPosition { detail: format!("the partitioner returned partition {partition} of {n}") });
-        }
-        Ok(partition)
+        self.config.partitioner.checked(encoded, n).map_err(|detail| QueryError::InvalidPosition { detail })
     }
 
     /// Where `key`'s partition is served: its active instance and standby

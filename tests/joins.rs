@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
@@ -48,30 +48,42 @@ fn enriched(click: &str, user: Option<&(i64, String)>) -> String {
     }
 }
 
-/// The model: both inputs of a partition merged by timestamp (the lower
-/// head first), the table applied, each click joined with the table then.
+/// Two inputs of a task in the order the task takes them: the head with
+/// the lower timestamp first (`second`'s on ties); `true` for `first`'s.
+fn merged<'a>(first: &'a [In], second: &'a [In]) -> Vec<(bool, &'a In)> {
+    let (mut a, mut b) = (first.iter().peekable(), second.iter().peekable());
+    let mut order = Vec::new();
+    while a.peek().is_some() || b.peek().is_some() {
+        let from_first = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => x.0 < y.0,
+            (x, _) => x.is_some(),
+        };
+        order.push((from_first, if from_first { a.next() } else { b.next() }.unwrap()));
+    }
+    order
+}
+
+/// Event times from an hour ago, in whole seconds (the broker keeps them).
+fn hour_ago() -> i64 {
+    (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 3_600_000) / 1000 * 1000
+}
+
+/// The model: both inputs of a partition merged by timestamp, the table
+/// applied, each click joined with the table then.
 fn model(clicks: &[In], users: &[In]) -> Vec<(String, String)> {
-    let (mut clicks, mut users): (VecDeque<&In>, VecDeque<&In>) = (clicks.iter().collect(), users.iter().collect());
     let mut table: BTreeMap<String, (i64, String)> = BTreeMap::new();
     let mut out = Vec::new();
-    loop {
-        let take_user = match (clicks.front(), users.front()) {
-            (None, None) => return out,
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (Some(c), Some(u)) => u.0 < c.0,
-        };
-        if take_user {
-            let (ts, key, value) = users.pop_front().unwrap();
+    for (user, (ts, key, value)) in merged(users, clicks) {
+        if user {
             match value {
                 Some(name) => table.insert(key.clone(), (*ts, name.clone())),
                 None => table.remove(key),
             };
         } else {
-            let (_, key, click) = clicks.pop_front().unwrap();
-            out.push((key.clone(), enriched(click.as_deref().unwrap(), table.get(key))));
+            out.push((key.clone(), enriched(value.as_deref().unwrap(), table.get(key))));
         }
     }
+    out
 }
 
 #[test]
@@ -81,9 +93,8 @@ fn a_stream_table_join_sees_the_table_as_of_each_records_time() {
     create_topic(&users_topic, PARTITIONS, &[("cleanup.policy", "compact")]);
     let out = unique("join-out");
     create_topic(&out, PARTITIONS, &[]);
-    // Event times from an hour ago (the broker keeps them), odd for users
-    // and even for clicks (no ties).
-    let base = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 3_600_000) / 1000 * 1000;
+    // Odd event times for users and even ones for clicks (no ties).
+    let base = hour_ago();
     let mut expected = Vec::new();
     for p in 0..PARTITIONS {
         let user = |i: i64| format!("u{}-{p}", i % 5);
@@ -301,7 +312,7 @@ fn an_outer_stream_stream_join_on_the_broker_equals_the_model() {
     create_topic(&right_topic, 1, &[]);
     let out = unique("join-ss-out");
     create_topic(&out, 1, &[]);
-    let base = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 3_600_000) / 1000 * 1000;
+    let base = hour_ago();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     // Even timestamps on the left, odd on the right (no ties across the
     // inputs); every 8th record 40 ms back in time.
@@ -320,16 +331,10 @@ fn an_outer_stream_stream_join_on_the_broker_equals_the_model() {
     produce_all(&left_topic, 0, &lefts);
     produce_all(&right_topic, 0, &rights);
     // The processing order: the lower timestamp of the two heads first.
-    let (mut l, mut r) = (lefts.iter().peekable(), rights.iter().peekable());
-    let mut order = Vec::new();
-    while l.peek().is_some() || r.peek().is_some() {
-        let left = match (l.peek(), r.peek()) {
-            (Some(a), Some(b)) => a.0 < b.0,
-            (a, _) => a.is_some(),
-        };
-        let (ts, key, value) = if left { l.next().unwrap() } else { r.next().unwrap() };
-        order.push((left, key.parse::<u8>().unwrap(), ts - base, value.clone().unwrap()));
-    }
+    let order: Vec<(bool, u8, i64, String)> = merged(&lefts, &rights)
+        .into_iter()
+        .map(|(left, (ts, key, value))| (left, key.parse::<u8>().unwrap(), ts - base, value.clone().unwrap()))
+        .collect();
     // (the model's timestamps are relative to `base`: shift the results back)
     let want: Vec<String> = stream_join_model(&order, join_windows(), kstate::JoinKind::Outer);
     let join = kstate::StreamJoin::new("j", left_topic.clone(), right_topic.clone(), join_windows(), kstate::JoinKind::Outer).unwrap();
@@ -373,7 +378,7 @@ fn a_table_table_outer_join_emits_on_changes_of_either_side() {
     create_topic(&right_topic, PARTITIONS, &[("cleanup.policy", "compact")]);
     let out = unique("join-tt-out");
     create_topic(&out, PARTITIONS, &[]);
-    let base = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64 - 3_600_000) / 1000 * 1000;
+    let base = hour_ago();
     let mut expected = Vec::new();
     for p in 0..PARTITIONS {
         let key = |i: i64| format!("k{}-{p}", i % 4);
@@ -383,15 +388,9 @@ fn a_table_table_outer_join_emits_on_changes_of_either_side() {
         produce_all(&left_topic, p, &lefts);
         produce_all(&right_topic, p, &rights);
         // The model.
-        let (mut l, mut r) = (lefts.iter().peekable(), rights.iter().peekable());
         let (mut lt, mut rt): (BTreeMap<String, String>, BTreeMap<String, String>) = Default::default();
         let mut results = Vec::new();
-        while l.peek().is_some() || r.peek().is_some() {
-            let left = match (l.peek(), r.peek()) {
-                (Some(a), Some(b)) => a.0 < b.0,
-                (a, _) => a.is_some(),
-            };
-            let (_, k, v) = if left { l.next().unwrap() } else { r.next().unwrap() };
+        for (left, (_, k, v)) in merged(&lefts, &rights) {
             let table = if left { &mut lt } else { &mut rt };
             match v {
                 Some(v) => table.insert(k.clone(), v.clone()),

@@ -74,6 +74,14 @@ fn query_child() {
     }
 }
 
+/// A `query_child` instance of fixture `f` named `name`, serving on
+/// `listen`, with extra environment variables `env`.
+fn spawn_child(f: &Fixture, name: &str, listen: &str, env: &[(&str, String)]) -> ChildInstance {
+    let dir = f.state.path().join(name);
+    let settings = [bootstrap(), f.app.clone(), f.input.clone(), dir.display().to_string(), listen.to_string()].join("\t");
+    ChildInstance::spawn_env(name, "query_child", settings, f.state.path().join(format!("{name}.log")), env)
+}
+
 /// A free local port (bound, then released for the child to take).
 fn free_port() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -133,13 +141,9 @@ fn writer(input: String, writing: Arc<AtomicBool>) -> std::thread::JoinHandle<BT
 /// heartbeat, up to 3 s later.)
 #[test]
 fn a_clean_shutdown_under_load_leaves_no_key_unanswered_for_a_second() {
-    let Fixture { input, app, state } = fixture("iq-term", 4);
-    let spawn = |name: &str, listen: &str| {
-        let dir = state.path().join(name);
-        let settings = [bootstrap(), app.clone(), input.clone(), dir.display().to_string(), listen.to_string()].join("\t");
-        let log = state.path().join(format!("{name}.log"));
-        ChildInstance::spawn_env(name, "query_child", settings, log, &[("KSTATE_CHILD_PEERS", "1".into())])
-    };
+    let f = fixture("iq-term", 4);
+    let spawn = |name: &str, listen: &str| spawn_child(&f, name, listen, &[("KSTATE_CHILD_PEERS", "1".into())]);
+    let input = &f.input;
     let (la, lb) = (free_port(), free_port());
     let a = spawn("a", &la);
     let mut b = spawn("b", &lb);
@@ -243,12 +247,9 @@ struct Seen {
 
 #[test]
 fn queries_answer_through_joins_kills_and_restarts_within_a_failover() {
-    let Fixture { input, app, state } = fixture("iq-http", 6);
-    let spawn = |name: &str, listen: &str| {
-        let dir = state.path().join(name);
-        let settings = [bootstrap(), app.clone(), input.clone(), dir.display().to_string(), listen.to_string()].join("\t");
-        ChildInstance::spawn(name, "query_child", settings, state.path().join(format!("{name}.log")))
-    };
+    let f = fixture("iq-http", 6);
+    let spawn = |name: &str, listen: &str| spawn_child(&f, name, listen, &[]);
+    let input = &f.input;
     let (la, lb, lc) = (free_port(), free_port(), free_port());
     let mut a = spawn("a", &la);
     let b = spawn("b", &lb);

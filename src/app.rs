@@ -213,6 +213,7 @@ impl Default for AppBuilder {
                 num_stream_threads: 1,
                 global_tables: Vec::new(),
                 repartitions: Vec::new(),
+                has_tables: false,
                 repartition_purge_interval: Duration::from_secs(30),
                 max_uncommitted_bytes: 64 << 20,
                 startup_timeout: Duration::from_secs(30),
@@ -643,6 +644,29 @@ impl AppBuilder {
         self
     }
 
+    /// Reads the compacted topic `topic` into the key-value store `store`,
+    /// one store partition per input partition (a source table, Kafka
+    /// Streams' `builder.table` with its source-topic changelog): the topic
+    /// is the store's changelog, so no `-changelog` topic is created and a
+    /// restore or a new instance replays the topic itself, up to the
+    /// application's committed offset of it. The topic is an input of the
+    /// tasks (it must have the inputs' partition count) and each record
+    /// updates the store before the processor hears of it through
+    /// [`Processor::on_table_update`](crate::Processor::on_table_update)
+    /// (`App::run`'s closure gets the record); a record without a value
+    /// (a tombstone) deletes its key, one without a key is skipped. The
+    /// processor reads the store by name and cannot write it
+    /// ([`Error::InvalidUse`](crate::Error::InvalidUse)). A topic whose
+    /// `cleanup.policy` is `delete` only is refused at start
+    /// ([`Error::TableTopic`](crate::Error::TableTopic)). See the README's
+    /// "Tables".
+    pub fn table(mut self, topic: impl Into<String>, store: StoreDefinition) -> Self {
+        let mut store = store;
+        store.source_topic = Some(topic.into());
+        self.config.stores.push(store);
+        self
+    }
+
     /// Declares a repartition topic, `<application_id>-<name>-repartition`,
     /// for re-keying: the processor sends a record to it with
     /// [`ProcessorContext::repartition`](crate::ProcessorContext::repartition)
@@ -746,6 +770,14 @@ impl AppBuilder {
             r.topic = crate::config::repartition_topic(&app, &r.name);
             if !self.config.input_topics.contains(&r.topic) {
                 self.config.input_topics.push(r.topic.clone());
+            }
+        }
+        // A source table's topic too (after them).
+        let tables: Vec<String> = self.config.stores.iter().filter_map(|s| s.source_topic.clone()).collect();
+        self.config.has_tables = !tables.is_empty();
+        for topic in tables {
+            if !self.config.input_topics.contains(&topic) {
+                self.config.input_topics.push(topic);
             }
         }
         // A stream-time TTL needs stream time to survive restarts, or

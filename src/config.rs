@@ -32,6 +32,8 @@ pub struct StoreDefinition {
     schema: crate::store::schema::Schema,
     /// Calls `Processor::on_window_close` once per closed window.
     final_results: bool,
+    /// A source table's topic (`AppBuilder::table`): its changelog.
+    pub(crate) source_topic: Option<String>,
 }
 
 /// Kafka Streams' `windowstore.changelog.additional.retention.ms` default.
@@ -51,7 +53,23 @@ impl StoreDefinition {
             live_tail: true,
             schema: Default::default(),
             final_results: false,
+            source_topic: None,
         }
+    }
+
+    /// The topic this store's changes go to and its restore reads: a
+    /// source table's own topic ([`AppBuilder::table`](crate::AppBuilder::table)),
+    /// else `<application_id>-<store>-changelog`.
+    pub(crate) fn changelog_topic(&self, application_id: &str) -> String {
+        match &self.source_topic {
+            Some(topic) => topic.clone(),
+            None => crate::kafka::changelog_topic(application_id, &self.name),
+        }
+    }
+
+    /// The topic a source table reads (`None`: a store of the processor's).
+    pub fn source_topic(&self) -> Option<&str> {
+        self.source_topic.as_deref()
     }
 
     /// The version of the value format this code writes (default 1;
@@ -309,6 +327,8 @@ pub(crate) struct AppConfig {
     /// Repartition topics (`AppBuilder::repartition`): once built, each
     /// topic is also the last of `input_topics`.
     pub(crate) repartitions: Vec<Repartition>,
+    /// Whether some store is a source table (set by `AppBuilder::finish`).
+    pub(crate) has_tables: bool,
     /// How often records of the repartition topics below the committed
     /// offsets are deleted.
     pub(crate) repartition_purge_interval: Duration,
@@ -494,6 +514,61 @@ impl AppConfig {
         &self.stores[..self.stores.len() - usize::from(self.timers)]
     }
 
+    /// The source tables (`AppBuilder::table`): key-value stores the
+    /// processor only reads, each on a topic of its own that nothing else
+    /// of the application reads or writes.
+    fn validate_tables(&self) -> Result<()> {
+        let mut topics = std::collections::HashSet::new();
+        for s in self.stores.iter() {
+            let Some(topic) = &s.source_topic else { continue };
+            let name = s.name();
+            check_name("table topic", topic)?;
+            let problem = if s.shape.is_some() {
+                Some("a table is a key-value store, not a window or session store".to_string())
+            } else if s.ttl.is_some() {
+                Some("a table holds what its topic holds: it has no TTL".into())
+            } else if s.schema.version != 1 || s.schema.upgrade.is_some() {
+                Some("a table holds its topic's values as they are: it has no schema version".into())
+            } else if !s.changelog_configs.is_empty() {
+                Some("kstate never configures a table's topic (no changelog_config)".into())
+            } else if !topics.insert(topic.as_str()) {
+                Some(format!("topic `{topic}` is read by another table too; one store per table topic"))
+            } else if self.input_topics.contains(topic) {
+                Some(format!("`{topic}` is an input topic; a table's topic is read only as the table"))
+            } else if self.global_tables.iter().any(|(_, t)| t == topic) {
+                Some(format!("`{topic}` is a global table's topic too"))
+            } else if self.repartitions.iter().any(|r| repartition_topic(&self.application_id, &r.name) == *topic) {
+                Some(format!("`{topic}` is a repartition topic, which kstate creates and purges"))
+            } else if topic.ends_with("-changelog") && topic.starts_with(&format!("{}-", self.application_id)) {
+                Some(format!("`{topic}` looks like one of this application's changelogs"))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(Error::Config(format!("table `{name}`: {problem}")));
+            }
+        }
+        if !topics.is_empty() {
+            let reset = self.kafka_overrides.iter().rev().find(|(k, _)| k == "auto.offset.reset").map(|(_, v)| v.trim());
+            if reset.is_some_and(|r| r != "earliest" && r != "smallest" && r != "beginning") {
+                return Err(Error::Config(
+                    "auto.offset.reset must be `earliest` with a table (AppBuilder::table): a partition with no committed \
+                     offset would otherwise start without the table's history"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The position among a task's stores of the table reading `topic`.
+    pub(crate) fn table_store_of(&self, topic: &str) -> Option<usize> {
+        if !self.has_tables {
+            return None;
+        }
+        self.stores.iter().position(|s| s.source_topic.as_deref() == Some(topic))
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if let Some(snapshots) = &self.snapshots {
             snapshots.validate().map_err(Error::Config)?;
@@ -502,8 +577,8 @@ impl AppConfig {
         if self.bootstrap_servers.trim().is_empty() {
             return Err(Error::Config("bootstrap_servers is empty".into()));
         }
-        if self.input_topics.is_empty() {
-            return Err(Error::Config("at least one input topic is required".into()));
+        if self.input_topics.is_empty() && !self.stores.iter().any(|s| s.source_topic.is_some()) {
+            return Err(Error::Config("at least one input topic (or a table, AppBuilder::table) is required".into()));
         }
         for t in &self.input_topics {
             check_name("input topic", t)?;
@@ -554,7 +629,7 @@ impl AppConfig {
                 return Err(Error::Config(format!("store `{}` is defined twice", s.name())));
             }
             let topic = crate::kafka::changelog_topic(&self.application_id, s.name());
-            if topic.len() > 249 {
+            if s.source_topic.is_none() && topic.len() > 249 {
                 return Err(Error::Config(format!("changelog topic name `{topic}` is longer than Kafka's 249")));
             }
             if s.schema.version == 0 {
@@ -623,6 +698,7 @@ impl AppConfig {
                 )));
             }
         }
+        self.validate_tables()?;
         if self.commit_interval.is_zero() {
             return Err(Error::Config("commit_interval must be greater than zero".into()));
         }

@@ -107,6 +107,17 @@ pub enum Error {
         problem: String,
     },
 
+    /// A source table's topic (see [`AppBuilder::table`](crate::AppBuilder::table))
+    /// cannot be a table: its `cleanup.policy` is `delete` only, so a
+    /// restore would miss every key whose records aged out.
+    #[error("table topic `{topic}` is unusable: {problem}")]
+    TableTopic {
+        /// The table's topic.
+        topic: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+
     /// An existing changelog topic does not match the shape kstate needs.
     #[error("changelog topic `{topic}` is unusable: {problem}")]
     ChangelogTopicMismatch {

@@ -128,6 +128,7 @@ mod runtime;
 mod shutdown;
 mod snapshot;
 mod store;
+mod table;
 mod task;
 mod time;
 mod timers;
@@ -152,6 +153,7 @@ pub use query::{
 pub use record::{Headers, Record, TimestampType};
 pub use restore::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 pub use shutdown::ShutdownHandle;
+pub use table::TableUpdate;
 pub use snapshot::{GcReport, RemoteSnapshot, RemoteSnapshotFile, SnapshotConfig, SnapshotHandle};
 pub use store::{SnapshotSeed, KeyValueStore, SessionRecord, SessionStore, TypedStore, WindowPut, WindowStore, WindowUpdate};
 pub use time::{InvalidTimestamp, Punctuation, PunctuationId, TimeDomain, Timer, TimestampExtractor};

@@ -3,6 +3,7 @@
 
 use crate::context::ProcessorContext;
 use crate::record::Record;
+use crate::table::TableUpdate;
 use crate::time::{Punctuation, Timer};
 use crate::windows::ClosedWindow;
 
@@ -62,6 +63,16 @@ pub trait Processor {
             closed.store()
         )
         .into())
+    }
+
+    /// A record of a source table's topic ([`AppBuilder::table`](crate::AppBuilder::table))
+    /// changed the table: the table's store has the new value already.
+    /// The default does nothing (a processor that only reads the table
+    /// needs no code). Errors go to the processing exception handler, as
+    /// `process`'s do.
+    fn on_table_update(&mut self, ctx: &mut ProcessorContext<'_>, update: &TableUpdate<'_>) -> Result<(), ProcessorError> {
+        let _ = (ctx, update);
+        Ok(())
     }
 
     /// A punctuation scheduled with [`ProcessorContext::schedule`] is due.

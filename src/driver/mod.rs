@@ -257,7 +257,7 @@ impl TestDriver {
                 name: def.name(),
                 partition,
                 dir: config.store_dir(def.name(), partition),
-                changelog_topic: crate::kafka::changelog_topic(&config.application_id, def.name()),
+                changelog_topic: def.changelog_topic(&config.application_id),
                 max_record_bytes: MAX_RECORD_BYTES,
                 producer: ChangelogSink::Memory(self.topics.clone()),
                 resources: &self.resources,
@@ -271,6 +271,10 @@ impl TestDriver {
                 schema: def.schema(),
                 final_results: def.emits_final_results(),
             })?);
+            if def.source_topic.is_some() {
+                let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;
+                stores.last_mut().expect("pushed").make_source_table(exactly_once);
+            }
         }
         let mut time = TaskTime::new(partition);
         time.load(config.time_store_index().map(|i| &stores[i]))?;
@@ -418,7 +422,7 @@ impl TestDriver {
         let index = self.config.input_topics.iter().position(|t| t == topic).expect("an input topic");
         let task = self.tasks.get_mut(&partition).expect("every partition has a task");
         let order = order_of(&self.config, &record, task.time.stream_time());
-        task.held.get_or_insert_with(|| TaskQueues::new(self.config.input_topics.len(), partition)).push(Held::of(&record, index, order));
+        task.held.get_or_insert_with(|| TaskQueues::new(&self.config, partition)).push(Held::of(&record, index, order));
         self.drain()
     }
 

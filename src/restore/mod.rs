@@ -42,7 +42,7 @@ use std::time::Duration;
 
 pub(crate) use checkpoint::{full_restore_reason, ChangelogState, LocalCheckpoint};
 pub(crate) use rate::RestoreRate;
-pub(crate) use restore_loop::cached_high;
+pub(crate) use restore_loop::{cached_high, CommittedOffsets};
 pub(crate) use restorer::{RestoreJob, RestoreOutcome, Restorer, StandbyOffsets, FETCH_QUEUE_BACKOFF_MS};
 
 /// A restore of one store partition is starting.

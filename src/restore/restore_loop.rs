@@ -25,6 +25,10 @@ use crate::store::schema::{refusals_now_readable, version_in, RestoreSchema, Sch
 use crate::store::segments::Segments;
 use crate::store::KeyValueStore;
 
+mod standby;
+mod table;
+pub(crate) use table::CommittedOffsets;
+
 /// Records written to RocksDB per restore batch.
 const BATCH_RECORDS: usize = 20_000;
 /// Bytes written to RocksDB per restore batch.
@@ -84,6 +88,8 @@ struct Active {
     expired: u64,
     /// Converts records of other schema versions, keeps refused keys.
     schema: RestoreSchema,
+    /// A source table's copy (its end is the committed offset).
+    table: Option<table::TableCopy>,
 }
 
 impl Active {
@@ -115,6 +121,8 @@ pub(super) struct RestoreLoop {
     standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
     /// Restores finished since the last time none was running.
     busy: Option<Busy>,
+    /// The application's committed offsets, which end tables' copies.
+    committed: Option<CommittedOffsets>,
 }
 
 /// Restores that overlapped in time, for [`RestoreRate`].
@@ -132,6 +140,7 @@ impl RestoreLoop {
         timeout: Duration,
         outcomes: Sender<RestoreOutcome>,
         standby_offsets: Arc<std::sync::Mutex<HashMap<(i32, usize), i64>>>,
+        committed: Option<CommittedOffsets>,
     ) -> Self {
         // SAFETY: the queue is a field declared before the consumer, and
         // `run` drops its clone before returning.
@@ -148,6 +157,7 @@ impl RestoreLoop {
             busy: None,
             active: HashMap::new(),
             standby_offsets,
+            committed,
         }
     }
 
@@ -302,6 +312,19 @@ impl RestoreLoop {
         if !self.failed_fetches.is_empty() {
             self.failed_fetches.remove(id);
         }
+        let version = match table::gate(a, offset) {
+            table::Gate::Apply if a.table.is_some() => 1, // a foreign header converts nothing
+            table::Gate::Apply => version,
+            table::Gate::Drop => return,
+            table::Gate::Park => {
+                let id = id.clone();
+                return self.park(&id, offset);
+            }
+            table::Gate::Finish => {
+                let id = id.clone();
+                return self.finish(&id);
+            }
+        };
         // Expired windows are dropped below: neither converted nor refused.
         let expired = matches!((key, &a.segments), (Some(k), Some(s)) if s.time_of(k).is_some_and(|t| s.expired(t)));
         let value = match key.filter(|_| !expired).map(|k| a.schema.apply(version, k, value)) {
@@ -420,6 +443,11 @@ impl RestoreLoop {
                 None
             }
         };
+        let (table, end) = match self.table_copy(&topic, partition, index, high) {
+            Some((t, end)) => (Some(t), end),
+            None => (None, high),
+        };
+        let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
         let recorded_id = store.engine().changelog_topic_id()?;
         let reason = match store.open_problem.take() {
             Some(problem) => Some(problem),
@@ -434,6 +462,13 @@ impl RestoreLoop {
             )
             .map_or_else(|| refusals_now_readable(store), |r| Ok(Some(r)))?,
         };
+        // Exactly-once, a table past the committed offset was reset back.
+        let reason = reason.or_else(|| {
+            let source = store.source().filter(|s| s.rebuild_if_ahead && s.restore_end.is_some())?;
+            let c = store.checkpoint().filter(|c| *c >= end)?;
+            let detail = format!("local state is at offset {c}, past the committed offset {end} of the table's topic (offsets reset?)");
+            source.rebuild_if_ahead.then_some((detail, "table_ahead_of_commit"))
+        });
         if let Some((why, kind)) = &reason {
             tracing::warn!(store = store.name(), partition, %topic, reason = %why,
                 "local state cannot be used; wiping it for a full restore from the changelog");
@@ -445,6 +480,8 @@ impl RestoreLoop {
                 store.engine().set_changelog_topic_id(id)?;
             }
         }
+        // From here on, the end of what this copy applies.
+        let high = end;
         let mut start = store.checkpoint().map_or(low, |c| c + 1).max(low);
         if store.checkpoint().is_none() && high > low {
             if let (Some(segments), Some(written_under)) = (store.segments.clone(), store.live_tail_retention) {
@@ -496,6 +533,7 @@ impl RestoreLoop {
             segments: store.segments.clone(),
             expired: 0,
             schema: RestoreSchema::new(store.schema().clone(), store.engine().refused_keys()?),
+            table,
         };
         if standby {
             let checkpoint = store.checkpoint();
@@ -545,7 +583,8 @@ impl RestoreLoop {
             store.metrics.segments_dropped.increment(update.dropped);
         }
         let last = a.last_offset;
-        let result = if a.standby && last + 1 >= a.seen_end.0 {
+        // (A table's records past `last` may be older than any read of its end.)
+        let result = if a.standby && a.table.is_none() && last + 1 >= a.seen_end.0 {
             store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
         } else {
             store.engine().commit(batch, last)
@@ -601,9 +640,13 @@ impl RestoreLoop {
             // Everything below `end` is applied (compaction gaps and markers
             // included), so the checkpoint may move to `end - 1`.
             // Records past `end - 1` were appended after `end` was read.
-            if a.end > 0 {
+            if a.end > 0 && a.table.is_none() {
                 let batch = store.segments_batch();
                 store.engine().commit_with_age_bound(batch, a.end - 1, a.end_read_at_ms)?;
+                store.set_checkpoint(Some(a.end - 1));
+            } else if a.end > 0 && store.checkpoint().is_none_or(|c| c < a.end - 1) {
+                // A table kept ahead of the committed offset keeps its checkpoint.
+                store.engine().commit(rocksdb::WriteBatch::default(), a.end - 1)?;
                 store.set_checkpoint(Some(a.end - 1));
             }
             store.engine_mut().finish_bulk_load()?;
@@ -754,7 +797,7 @@ impl RestoreLoop {
             }
             // All it returned is written: RocksDB reflects every offset below its
             // position (past commit markers), once that position is this copy's own.
-            let reflected = (a.batch.len() == 0 && (a.records > 0 || o == a.last_offset + 1)).then_some(o);
+            let reflected = (a.table.is_none() && a.batch.len() == 0 && (a.records > 0 || o == a.last_offset + 1)).then_some(o);
             if let Some(high) = cached_high(&self.consumer, &key.0, key.1) {
                 ends.push((key.clone(), high, Role::Standby, reflected));
                 lags.push((key, (high - o).max(0)));
@@ -776,6 +819,7 @@ impl RestoreLoop {
             self.standby_caught_up(&key);
         }
         self.refresh_standby_age(&positions);
+        self.refresh_table_limits();
         for (key, lag) in lags {
             if let Some((a, store)) = self.store_of(&key) {
                 store.metrics.standby_lag.set(lag as f64);
@@ -785,66 +829,6 @@ impl RestoreLoop {
         for key in done {
             self.finish(&key);
         }
-    }
-
-    /// Every [`STANDBY_AGE_REFRESH`], a caught-up standby reads its end
-    /// offset from the broker; once its position reaches it, its checkpoint
-    /// moves to `end - 1` with the time of that read as its age bound, as a
-    /// finished restore's does. Without this a standby that follows a quiet
-    /// changelog for longer than its `delete.retention.ms` would keep an old
-    /// bound (restored in full when promoted: safe, slow), and one that never
-    /// had a bound could not be checked at all.
-    fn refresh_standby_age(&mut self, positions: &TopicPartitionList) {
-        let timeout = Duration::from_secs(2);
-        for e in positions.elements() {
-            let key = (e.topic().to_string(), e.partition());
-            let Some(a) = self.active.get_mut(&key) else { continue };
-            let Offset::Offset(position) = e.offset() else { continue };
-            if !a.standby || a.bulk || a.age_refreshed.elapsed() < a.age_refresh_every {
-                continue;
-            }
-            // One broker round trip per pass at most: commands (a standby
-            // promotion waits on them) are served between passes.
-            a.age_refreshed = Instant::now();
-            let read_at = crate::store::engine::now_ms();
-            let Ok((_, high)) = self.consumer.fetch_watermarks(&key.0, key.1, timeout) else { return };
-            a.seen_end = (high, read_at);
-            if position < high || high == 0 {
-                return; // not caught up: the batch that reaches `high` records it
-            }
-            self.write_batch(&key);
-            let Some((a, store)) = self.store_of(&key) else { continue };
-            let partition = a.partition;
-            let batch = store.segments_batch();
-            match store.engine().commit_with_age_bound(batch, high - 1, read_at) {
-                Ok(()) => {
-                    store.set_checkpoint(Some(high - 1));
-                    let index = a.store_index;
-                    self.publish_standby(partition, index, Some(high - 1));
-                }
-                Err(e) => self.fail(partition, e),
-            }
-            return;
-        }
-    }
-
-    /// A standby that copied its changelog in bulk reached the end it saw
-    /// when it began: from now on it follows in normal mode.
-    fn standby_caught_up(&mut self, key: &(String, i32)) {
-        let _in_job = self.job_span(key.1).entered();
-        let Some((a, store)) = self.store_of(key) else { return };
-        if !a.bulk {
-            return;
-        }
-        a.bulk = false;
-        let partition = a.partition;
-        if let Err(e) = store.engine_mut().finish_bulk_load() {
-            self.fail(partition, e);
-            return;
-        }
-        // Readable by queries again (withdrawn for the bulk load).
-        store.publish(Role::Standby);
-        tracing::info!(store = store.name(), partition, checkpoint = ?store.checkpoint(), "standby caught up");
     }
 
     /// Re-validates the given active restores from their last written
@@ -884,17 +868,5 @@ fn leader_moving(e: &rdkafka::error::KafkaError) -> bool {
 /// The end offset librdkafka last saw for a partition it fetches (no
 /// request: from the latest fetch response).
 pub(crate) fn cached_high<C: rdkafka::consumer::ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, partition: i32) -> Option<i64> {
-    let topic = std::ffi::CString::new(topic).ok()?;
-    let (mut low, mut high) = (-1i64, -1i64);
-    // SAFETY: live consumer handle, valid C string and out pointers.
-    let err = unsafe {
-        rdkafka::bindings::rd_kafka_get_watermark_offsets(
-            consumer.client().native_ptr(),
-            topic.as_ptr(),
-            partition,
-            &mut low,
-            &mut high,
-        )
-    };
-    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+    crate::kafka::watermarks::cached(consumer.client().native_ptr(), topic, partition).map(|(_, high)| high)
 }

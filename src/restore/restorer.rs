@@ -79,6 +79,7 @@ impl Restorer {
         mut config: ClientConfig,
         listener: Arc<dyn RestoreListener>,
         timeout: Duration,
+        committed: Option<super::restore_loop::CommittedOffsets>,
     ) -> Result<Restorer> {
         config
             .set("enable.auto.commit", "false")
@@ -124,7 +125,7 @@ impl Restorer {
         let published = standby_offsets.clone();
         let thread = std::thread::Builder::new()
             .name("kstate-restore".into())
-            .spawn(move || RestoreLoop::new(consumer, probe_config, listener, timeout, otx, published).run(crx))
+            .spawn(move || RestoreLoop::new(consumer, probe_config, listener, timeout, otx, published, committed).run(crx))
             .map_err(|e| Error::io("kstate-restore thread", e))?;
         Ok(Restorer { commands: ctx, outcomes: orx, thread: Some(thread), standby_offsets })
     }

@@ -17,6 +17,7 @@ use crate::record::{Headers, Record};
 use crate::store::closing;
 use crate::store::windowed;
 use crate::store::KeyValueStore;
+use crate::table::TableUpdate;
 use crate::windows::{ClosedWindow, Shape};
 use crate::time::{InvalidTimestamp, TimeDomain};
 use crate::timers::{Due, TaskTime};
@@ -258,6 +259,21 @@ impl Callbacks<'_> {
         if let Some(key) = record.key {
             crate::partitioner::check_input(&config.partitioner, topic, partition, config.published.partitions(), key);
         }
+        // A table's record changes its store whatever its timestamp; the
+        // processor hears of it below like any record.
+        let table = config.table_store_of(topic);
+        let old = match table {
+            Some(i) => match task.stores[i].apply_source(offset, record.key, record.value, record.timestamp) {
+                Ok(old) => old,
+                Err(e) => return Ok(Handled { processed: false, fault: Some(TaskFault(partition, e)) }),
+            },
+            None => None,
+        };
+        if table.is_some() && record.key.is_none() {
+            tracing::warn!(topic, partition, offset, "a table record without a key; skipped");
+            skipped(topic, partition);
+            return Ok(Handled { processed: true, fault: None });
+        }
         // A re-keyed record carries its cause's extracted time already.
         let extracted = match &config.timestamp_extractor {
             Some(extract) if !config.is_repartition_topic(topic) => Some(extract(record, task.time.stream_time())),
@@ -302,7 +318,13 @@ impl Callbacks<'_> {
             }
         }
         let mut ctx = self.context_with(task, outputs, Some(timestamp), callbacks, record.headers);
-        let processed = caught(|| processor.process(&mut ctx, record));
+        let processed = match table {
+            Some(i) => {
+                let update = TableUpdate { store: config.stores[i].name(), record, old: old.as_deref() };
+                caught(|| processor.on_table_update(&mut ctx, &update))
+            }
+            None => caught(|| processor.process(&mut ctx, record)),
+        };
         if let Err(source) = processed {
             // kstate's own output failure, passed on by the processor's `?`: the
             // typed error, whatever a handler would say (skipping the record

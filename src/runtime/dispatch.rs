@@ -106,6 +106,11 @@ where
     fn process(&mut self, ctx: &mut ProcessorContext<'_>, record: &Record<'_>) -> std::result::Result<(), ProcessorError> {
         (self.0)(ctx, record).map_err(Into::into)
     }
+
+    /// The closure gets a table's records too (after the table has them).
+    fn on_table_update(&mut self, ctx: &mut ProcessorContext<'_>, update: &crate::TableUpdate<'_>) -> std::result::Result<(), ProcessorError> {
+        (self.0)(ctx, update.record()).map_err(Into::into)
+    }
 }
 
 impl<F, E> ProcessorSet for Closure<F, E>

@@ -44,7 +44,7 @@ impl InputMerge {
             return false;
         }
         let order = order_of(config, record, task.time.stream_time());
-        task.held.get_or_insert_with(|| TaskQueues::new(self.topics.len(), record.partition)).push(Held::of(record, topic, order));
+        task.held.get_or_insert_with(|| TaskQueues::new(config, record.partition)).push(Held::of(record, topic, order));
         true
     }
 

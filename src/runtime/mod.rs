@@ -129,9 +129,11 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     let repartition_topics: Vec<String> = config.repartitions.iter().map(|r| r.topic.clone()).collect();
     kafka::ensure_repartition_topics(&admin, &repartition_topics, partitions, config.changelog_replication_factor, config.startup_timeout)?;
     config.published.set_partitions(partitions);
+    // A table's topic is its changelog: never created nor configured.
     let specs: Vec<ChangelogSpec> = config
         .stores
         .iter()
+        .filter(|s| s.source_topic.is_none())
         .map(|s| ChangelogSpec {
             topic: kafka::changelog_topic(&config.application_id, s.name()),
             partitions,
@@ -140,11 +142,15 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
             retention_ms: s.changelog_retention_ms(),
         })
         .collect();
-    let infos = kafka::ensure_topics(&admin, &specs, config.startup_timeout, crate::store::engine::FLUSH_AT_LEAST_EVERY)?;
+    let mut infos = kafka::ensure_topics(&admin, &specs, config.startup_timeout, crate::store::engine::FLUSH_AT_LEAST_EVERY)?;
+    let table_topics: Vec<String> = config.stores.iter().filter_map(|s| s.source_topic.clone()).collect();
+    let table_infos = kafka::check_table_topics(&admin, &table_topics, config.startup_timeout)?;
     drop(admin);
     // One producer serves every changelog, so its batches must fit the
     // smallest max.message.bytes; that is also the per-record limit.
+    // (It never sends to a table's topic.)
     let max_message_bytes = infos.values().map(|i| i.max_message_bytes).min().unwrap_or(1_000_000);
+    infos.extend(table_infos);
     let process_id = process_id(&config)?;
     let new_producer: Box<dyn Fn() -> Result<ChangelogProducer> + Send> = {
         let (base, config) = (base.clone(), config.clone());
@@ -179,9 +185,17 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     // Global tables are current before this instance joins the group (a
     // task's first record may join with them).
     let (globals, followers) = crate::global::bootstrap(&config, &base, &resources, &*listener)?;
-    let restorer = Restorer::start(restore_config, listener, config.startup_timeout)?;
-
     let brokers = Brokers::new(&config.bootstrap_servers, security, client_id, connect_timeout);
+    // Standbys of a table apply its topic up to the committed offset only.
+    let committed: Option<crate::restore::CommittedOffsets> = config.has_tables.then(|| {
+        let (brokers, group) = (brokers.clone(), config.application_id.clone());
+        Arc::new(move |topic: &str, partition: i32| {
+            let wanted = [(topic.to_string(), partition)];
+            crate::group::fetch_stable(&brokers, &group, &wanted, Duration::from_secs(2)).ok()?.into_values().next().flatten()
+        }) as crate::restore::CommittedOffsets
+    });
+    let restorer = Restorer::start(restore_config, listener, config.startup_timeout, committed)?;
+
     warn_truncated_changelogs(&brokers, &specs, partitions);
     let snapshots = match &config.snapshots {
         Some(s) => Some(Arc::new(Snapshots::new(s.clone(), &config.application_id, &config.snapshot_handle).map_err(Error::Config)?)),
@@ -211,7 +225,9 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
     crate::kafka::client::set_default(&mut consumer_config, "auto.offset.reset", "earliest");
-    if config.processing_guarantee == ProcessingGuarantee::ExactlyOnce {
+    // A table's restore reads its topic `read_committed` (as every
+    // changelog): processing must not apply aborted records it never would.
+    if config.processing_guarantee == ProcessingGuarantee::ExactlyOnce || config.has_tables {
         // Committed offsets read stable (a previous owner's open transaction
         // ends first) and no aborted input records.
         consumer_config.set("isolation.level", "read_committed");
@@ -245,7 +261,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         acceptable_recovery_lag: config.acceptable_recovery_lag,
         max_warmup_replicas: config.max_warmup_replicas,
         probing_rebalance_interval: config.probing_rebalance_interval,
-        changelog_topics: config.stores.iter().map(|s| crate::kafka::changelog_topic(&config.application_id, s.name())).collect(),
+        changelog_topics: config.stores.iter().map(|s| s.changelog_topic(&config.application_id)).collect(),
         process_id,
         endpoint: config.application_server.clone(),
         peer: peer_listener(&config)?,

@@ -147,7 +147,7 @@ pub(super) fn snapshot_info(
             name: def.name().to_string(),
             schema_version: def.version(),
             definition,
-            changelog_topic: crate::kafka::changelog_topic(application_id, def.name()),
+            changelog_topic: def.changelog_topic(application_id),
         }
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod schema;
 mod seed;
 pub(crate) mod segments;
 pub(crate) mod state_dir;
+pub(crate) mod table;
 pub(crate) mod ttl;
 mod typed;
 pub use typed::TypedStore;
@@ -125,6 +126,9 @@ pub struct KeyValueStore {
     engine: Option<Arc<Engine>>,
     /// The schema version its commits write, and the upgrade function.
     schema: schema::Schema,
+    /// A source table's progress through its topic (`None`: the store's
+    /// changelog is its own).
+    source: Option<table::SourceTable>,
     /// `None` in memory (a test driver's store).
     _lock: Option<DirLock>,
 }
@@ -163,6 +167,8 @@ pub(crate) struct SealedCommit {
     key_skip: usize,
     /// The `kstate.schema` header of every record (`None`: version 1).
     schema_header: Option<Vec<u8>>,
+    /// A source table's commit: nothing to send, this checkpoint to write.
+    source: Option<table::SourceCheckpoint>,
 }
 
 impl SealedCommit {
@@ -179,6 +185,17 @@ impl SealedCommit {
     /// the copies were ~15% of the write benchmark's CPU).
     pub(crate) fn send_and_build(&mut self) -> Result<()> {
         let mut batch = Engine::batch_with_capacity(self.writes.bytes());
+        if self.source.is_some() {
+            // A table's records are in its topic already.
+            for (k, v) in self.writes.iter() {
+                match v {
+                    Some(v) => batch.put(k, v),
+                    None => batch.delete(k),
+                }
+            }
+            self.batch = Some(batch);
+            return Ok(());
+        }
         let header = self.schema_header.as_deref().map(|v| (schema::SCHEMA_HEADER, v));
         self.producer.send_all(&self.tracker, self.writes.iter(), (self.key_skip, header), |chunk| {
             for &(k, v) in chunk {
@@ -207,6 +224,16 @@ impl SealedCommit {
     /// after the checkpoint, then writes the sealed data and the new
     /// checkpoint (the offset of the last record) in one RocksDB batch.
     pub(crate) fn write(&mut self) -> Result<()> {
+        if let Some(source) = self.source {
+            // Written by others by definition: no check of who appended what.
+            let batch = self.batch.take().expect("built before the write");
+            match source.appended_after_ms {
+                Some(bound) => self.engine.commit_with_age_bound(batch, source.checkpoint, bound)?,
+                None => self.engine.commit(batch, source.checkpoint)?,
+            }
+            self.landed_checkpoint.store(source.checkpoint, Ordering::Release);
+            return Ok(());
+        }
         let acked = self.tracker.settle()?;
         let sent = self.writes.len() as i64;
         let ours = self.tracker.take_acked_count() as i64;
@@ -334,6 +361,7 @@ impl KeyValueStore {
             slot: args.published.map(|p| p.slot(args.name, args.partition)),
             engine: Some(Arc::new(engine)),
             schema: args.schema,
+            source: None,
             _lock: lock,
         })
     }
@@ -396,6 +424,7 @@ impl KeyValueStore {
     pub(crate) fn wipe(&mut self) -> Result<()> {
         self.overlay.clear();
         self.sealed = Arc::default();
+        self.forget_source_progress();
         if let Some(slot) = &self.slot {
             slot.withdraw_engine();
         }
@@ -466,6 +495,7 @@ impl KeyValueStore {
     /// write of each key since the previous commit is sent (as Kafka
     /// Streams' record cache does).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.check_writable()?;
         let stamped = match &self.ttl {
             Some(ttl) => Some(ttl.stamp(value).ok_or_else(|| {
                 Error::InvalidUse(format!(
@@ -485,6 +515,7 @@ impl KeyValueStore {
 
     /// Deletes a key (a tombstone in the changelog). Deleting a missing key is fine.
     pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.check_writable()?;
         self.check_size(key.len())?;
         self.overlay.write(key, None);
         self.metrics.deletes.increment(1);
@@ -633,7 +664,9 @@ impl KeyValueStore {
                 detail: "a previous commit of this store did not land".into(),
             });
         }
-        if self.overlay.is_empty() {
+        let sealed_at_ms = crate::store::engine::now_ms();
+        let source = self.source_checkpoint(sealed_at_ms);
+        if self.overlay.is_empty() && source.is_none() {
             return Ok(None);
         }
         self.sealed = Arc::new(std::mem::take(&mut self.overlay));
@@ -660,10 +693,11 @@ impl KeyValueStore {
             producer: self.producer.clone(),
             tracker: self.tracker.clone(),
             previous: self.checkpoint,
-            sealed_at_ms: crate::store::engine::now_ms(),
+            sealed_at_ms,
             landed_checkpoint: self.landed_checkpoint.clone(),
             batch: None,
             schema_header: self.schema.header(),
+            source,
         }))
     }
 

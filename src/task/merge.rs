@@ -96,11 +96,16 @@ pub(crate) struct TaskQueues {
     /// `kstate_input_held_records` and `kstate_input_enforced_total` of the task.
     held_gauge: metrics::Gauge,
     enforced: metrics::Counter,
+    /// Per input topic: a table's, which goes first on equal timestamps
+    /// (a record at `t` sees the table's updates at `t`).
+    first: Vec<bool>,
 }
 
 impl TaskQueues {
-    pub(crate) fn new(topics: usize, partition: i32) -> Self {
+    pub(crate) fn new(config: &AppConfig, partition: i32) -> Self {
+        let topics = config.input_topics.len();
         TaskQueues {
+            first: config.input_topics.iter().map(|t| config.table_store_of(t).is_some()).collect(),
             held_gauge: metrics::gauge!(crate::metrics::INPUT_HELD, "partition" => partition.to_string()),
             enforced: metrics::counter!(crate::metrics::INPUT_ENFORCED, "partition" => partition.to_string()),
             queues: (0..topics).map(|_| VecDeque::new()).collect(),
@@ -123,7 +128,7 @@ impl TaskQueues {
     }
 
     /// The record to process now, if the task may process one: the head
-    /// with the lowest order (ties: the first input topic) once every
+    /// with the lowest order (ties: a table's topic, then the first input topic) once every
     /// queue has a head; while one is empty, only once the wait is over:
     /// [`LAG_WAIT_MS`] (or `idle` if longer) if `lagging(topic, next
     /// offset)` says the broker holds more of an empty one (`Some(true)`;
@@ -159,7 +164,7 @@ impl TaskQueues {
             }
             self.enforced.increment(1);
         }
-        let topic = (0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()).min_by_key(|&t| (self.queues[t][0].order, t))?;
+        let topic = (0..self.queues.len()).filter(|&t| !self.queues[t].is_empty()).min_by_key(|&t| (self.queues[t][0].order, !self.first[t], t))?;
         self.held -= 1;
         self.held_gauge.set(self.held as f64);
         self.queues[topic].pop_front()

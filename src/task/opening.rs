@@ -123,7 +123,9 @@ impl TaskManager {
     /// input offsets are stable (no previous owner's transaction still
     /// open), so that its restore sees everything committed with them.
     pub(super) fn start_opening(&mut self, partition: i32, incarnation: u64, stores: Option<Vec<KeyValueStore>>) -> Result<()> {
-        let stable = (self.exactly_once() && self.tasks.contains_key(&partition)).then(|| {
+        // A table's restore ends at the committed offset of its topic,
+        // under at-least-once too.
+        let stable = ((self.exactly_once() || self.config.has_tables) && self.tasks.contains_key(&partition)).then(|| {
             (self.openers.brokers.clone(), self.config.input_topics.iter().map(|t| (t.clone(), partition)).collect::<Vec<_>>())
         });
         let config = self.config.clone();
@@ -154,7 +156,7 @@ impl TaskManager {
                     }
                     let mut stores = Vec::with_capacity(config.stores.len());
                     for def in &config.stores {
-                        let changelog_topic = crate::kafka::changelog_topic(&config.application_id, def.name());
+                        let changelog_topic = def.changelog_topic(&config.application_id);
                         let info = changelogs.get(&changelog_topic);
                         let seed_topic = changelog_topic.clone();
                         let seed = |db_dir: &std::path::Path| match &snapshots {
@@ -187,6 +189,10 @@ impl TaskManager {
                             schema: def.schema(),
                             final_results: def.emits_final_results(),
                         })?);
+                        if def.source_topic.is_some() {
+                            let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;
+                            stores.last_mut().expect("pushed").make_source_table(exactly_once);
+                        }
                     }
                     wait_stable(stores)
                 };
@@ -259,7 +265,10 @@ impl TaskManager {
                     // seek: the consumer fetches the same offsets, stable
                     // (read_committed), and seeking a partition whose
                     // offset fetch is under way fails (`__STATE`).
-                    for ((topic, _), offset) in stable.into_iter().flatten() {
+                    let exactly_once = self.config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;
+                    let mut stores = stores;
+                    table_restore_ends(&mut stores, &self.config, task, stable.as_ref(), exactly_once);
+                    for ((topic, _), offset) in stable.into_iter().flatten().filter(|_| exactly_once) {
                         if let (Some(o), true) = (offset, task.topics.contains(&topic)) {
                             if let Some(r) = task.rewind.get_mut(&topic) {
                                 *r = o;
@@ -360,4 +369,29 @@ fn live_tail_retention(def: &crate::config::StoreDefinition, changelog: Option<&
         return None;
     }
     crate::restore::live_tail::written_under(def.changelog_retention_ms()?, changelog?.retention_ms?)
+}
+
+/// Each table store's restore end: where the task processes the table's
+/// topic from. Exactly-once, the committed offset read stable; at least
+/// once, where a re-initialised task restarts (an offset commit in flight
+/// included), else the committed offset; nothing committed: 0 (the task
+/// reads the topic from its start as input).
+fn table_restore_ends(
+    stores: &mut [KeyValueStore],
+    config: &crate::config::AppConfig,
+    task: &Task,
+    stable: Option<&crate::group::StableOffsets>,
+    exactly_once: bool,
+) {
+    for (def, store) in config.stores.iter().zip(stores.iter_mut()) {
+        let Some(topic) = &def.source_topic else { continue };
+        let committed = stable.and_then(|s| s.get(&(topic.clone(), task.partition))).copied().flatten();
+        let end = match exactly_once {
+            true => committed,
+            false => task.rewind.get(topic).copied().or(committed),
+        };
+        if let Some(source) = store.source_mut() {
+            source.restore_end = Some(end.unwrap_or(0));
+        }
+    }
 }

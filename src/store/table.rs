@@ -1,0 +1,110 @@
+//! Source tables (`AppBuilder::table`): a key-value store whose changelog
+//! is a topic the application reads, not one it writes
+//! (docs/architecture.md §18). Its records are applied to the store as
+//! they are processed; a commit sends nothing and checkpoints the offset of
+//! the last record processed, so the store stays a prefix of its topic.
+
+use crate::error::{Error, Result};
+
+use super::KeyValueStore;
+
+/// A source table's progress through its topic partition.
+#[derive(Debug, Default)]
+pub(crate) struct SourceTable {
+    /// The next offset to process (every record below it was applied or
+    /// skipped): a commit checkpoints the one below.
+    next: Option<i64>,
+    /// The timestamp of the last record processed: records past the
+    /// checkpoint were appended after about then (the age bound the
+    /// restore checks against the topic's `delete.retention.ms`).
+    last_timestamp: Option<i64>,
+    /// Where an active copy's restore ends: the application's committed
+    /// offset of the topic (the task processes the records from there as
+    /// input). `None` until the task knows it, and for standbys.
+    pub(crate) restore_end: Option<i64>,
+    /// Exactly-once: local state past the committed offset cannot be the
+    /// result of a committed transaction (the offsets were reset), and is
+    /// rebuilt; at-least-once it is the commit that a crash interrupted
+    /// between the store's write and the offsets', and is kept.
+    pub(crate) rebuild_if_ahead: bool,
+}
+
+/// What a commit of a source table writes besides its data: the
+/// checkpoint (the last offset processed) and its age bound.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SourceCheckpoint {
+    pub(crate) checkpoint: i64,
+    pub(crate) appended_after_ms: Option<i64>,
+}
+
+impl KeyValueStore {
+    /// Makes this store partition a source table's (its changelog topic is
+    /// the table's topic: set when it was opened).
+    pub(crate) fn make_source_table(&mut self, rebuild_if_ahead: bool) {
+        self.source = Some(SourceTable { rebuild_if_ahead, ..Default::default() });
+    }
+
+    /// The table's state, if this store is a source table.
+    pub(crate) fn source(&self) -> Option<&SourceTable> {
+        self.source.as_ref()
+    }
+
+    pub(crate) fn source_mut(&mut self) -> Option<&mut SourceTable> {
+        self.source.as_mut()
+    }
+
+    /// Uncommitted records were dropped: the table is where its
+    /// checkpoint says (its task reprocesses the rest).
+    pub(super) fn forget_source_progress(&mut self) {
+        if let Some(source) = &mut self.source {
+            source.next = None;
+        }
+    }
+
+    /// Refuses a processor's write to a source table.
+    pub(super) fn check_writable(&self) -> Result<()> {
+        match &self.source {
+            Some(_) => Err(Error::InvalidUse(format!(
+                "store `{}` is the table of topic `{}`: it changes only through its topic (the processor reads it)",
+                self.name, self.changelog_topic
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies the table topic's record at `offset`: a value replaces the
+    /// key's, a tombstone deletes it, a record without a key is skipped
+    /// (and still moves the checkpoint). Returns the key's previous value.
+    pub(crate) fn apply_source(&mut self, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>, timestamp: Option<i64>) -> Result<Option<Vec<u8>>> {
+        let Some(source) = &mut self.source else {
+            return Err(Error::InvalidUse(format!("store `{}` is not a table", self.name)));
+        };
+        source.next = Some(offset + 1);
+        if timestamp.is_some() {
+            source.last_timestamp = timestamp;
+        }
+        let Some(key) = key else { return Ok(None) };
+        let old = self.get(key)?;
+        self.overlay.write(key, value);
+        match value {
+            Some(_) => self.metrics.puts.increment(1),
+            None => self.metrics.deletes.increment(1),
+        }
+        self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
+        Ok(old)
+    }
+
+    /// The checkpoint a commit of this table writes, if its processing
+    /// moved past the stored checkpoint.
+    pub(super) fn source_checkpoint(&self, sealed_at_ms: i64) -> Option<SourceCheckpoint> {
+        let source = self.source.as_ref()?;
+        let next = source.next?;
+        if next - 1 <= self.checkpoint.unwrap_or(-1) && self.overlay.is_empty() {
+            return None;
+        }
+        Some(SourceCheckpoint {
+            checkpoint: next - 1,
+            appended_after_ms: source.last_timestamp.map(|t| t.min(sealed_at_ms)),
+        })
+    }
+}

@@ -1,0 +1,252 @@
+//! Source tables (`AppBuilder::table`, README "Tables"), against the real
+//! broker: the table's topic is its store's changelog. A table equals its
+//! topic's latest values up to the committed offset; a wiped state dir is
+//! restored from the topic itself (no `-changelog` topic exists), and the
+//! restore stops at the committed offset while the topic runs ahead (the
+//! rest is processed as input). A topic that deletes instead of compacting
+//! is refused; the processor cannot write a table.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use kstate::{Error, Output, ProcessingGuarantee, StoreDefinition};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+const PARTITIONS: i32 = 2;
+
+/// One table record: key (`None`: keyless) and value (`None`: tombstone).
+type Change = (Option<String>, Option<String>);
+/// What the processor heard of the table.
+type Heard = Arc<Mutex<Vec<Change>>>;
+
+fn produce_changes(topic: &str, partition: i32, changes: &[Change]) {
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap()).set("enable.idempotence", "true").create().unwrap();
+    for (key, value) in changes {
+        let mut r = BaseRecord::<str, str>::to(topic).partition(partition);
+        if let Some(k) = key {
+            r = r.key(k);
+        }
+        if let Some(v) = value {
+            r = r.payload(v);
+        }
+        let mut r = Some(r);
+        while let Some(rec) = r.take() {
+            if let Err((_, rec)) = producer.send(rec) {
+                producer.poll(Duration::from_millis(10));
+                r = Some(rec);
+            }
+        }
+    }
+    producer.flush(TIMEOUT).unwrap();
+}
+
+/// Names change, every 7th change deletes its key. (A compacted topic
+/// refuses records without a key.)
+fn changes(p: i32, from: usize, n: usize) -> Vec<Change> {
+    (from..from + n)
+        .map(|i| {
+            let key = Some(format!("user{}-{p}", i % 13));
+            let value = (i % 7 != 6).then(|| format!("name{i}"));
+            (key, value)
+        })
+        .collect()
+}
+
+/// The table the first `n` changes make.
+fn table_of(changes: &[Change]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut table = BTreeMap::new();
+    for (key, value) in changes {
+        if let Some(k) = key {
+            apply(&mut table, k.as_bytes(), value.as_deref().map(str::as_bytes));
+        }
+    }
+    table
+}
+
+fn topic_exists(topic: &str) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    let metadata = consumer.fetch_metadata(None, TIMEOUT).unwrap();
+    metadata.topics().iter().any(|t| t.name() == topic && !t.partitions().is_empty())
+}
+
+#[test]
+fn a_source_table_is_restored_from_its_own_topic_up_to_the_committed_offset() {
+    restored_from_its_own_topic(ProcessingGuarantee::AtLeastOnce);
+}
+
+#[test]
+fn under_exactly_once_a_source_table_is_restored_from_its_own_topic_up_to_the_committed_offset() {
+    restored_from_its_own_topic(ProcessingGuarantee::ExactlyOnce);
+}
+
+fn restored_from_its_own_topic(guarantee: ProcessingGuarantee) {
+    let Fixture { input, app, state } = fixture("table", PARTITIONS);
+    let users = unique("table-users");
+    create_topic(&users, PARTITIONS, &[("cleanup.policy", "compact")]);
+    let out = unique("table-out");
+    create_topic(&out, PARTITIONS, &[]);
+    let mut all: Vec<Vec<Change>> = Vec::new();
+    for p in 0..PARTITIONS {
+        let c = changes(p, 0, 200);
+        produce_changes(&users, p, &c);
+        all.push(c);
+    }
+    // The processor looks clicks up in the table and counts the updates it hears of.
+    let updates: Heard = Arc::default();
+    let start = |restores: Restores, updates: Heard| {
+        let (users_topic, out_topic) = (users.clone(), out.clone());
+        Running::start(
+            builder(&app, &input, state.path()).table(&users, StoreDefinition::new("users")).restore_listener(restores).commit_interval(Duration::from_millis(200)).processing_guarantee(guarantee),
+            move |ctx, rec| {
+                if rec.topic == users_topic {
+                    // (a table's record: the store has it already)
+                    let now = rec.key.map(|k| ctx.store("users")?.get(k)).transpose()?.flatten();
+                    assert_eq!(now.as_deref(), rec.value, "the table holds the record's value when the processor hears of it");
+                    updates.lock().unwrap().push((rec.key.map(|k| String::from_utf8_lossy(k).into()), rec.value_str().map(Into::into)));
+                    return Ok::<(), Error>(());
+                }
+                let key = rec.key.unwrap_or_default();
+                let name = ctx.store("users")?.get(key)?.unwrap_or_else(|| b"-".to_vec());
+                ctx.send(Output::to(&out_topic).key(key).value(&name).partition(rec.partition))
+            },
+        )
+    };
+    let first = Restores::default();
+    let running = start(first.clone(), updates.clone());
+    wait_all_committed_at(&bootstrap(), &app, &users, PARTITIONS, TIMEOUT);
+    running.stop().unwrap();
+    let keyed = |c: &[Change]| c.iter().filter(|(k, _)| k.is_some()).count();
+    assert_eq!(updates.lock().unwrap().len(), all.iter().map(|c| keyed(c)).sum::<usize>(), "every keyed record reached the processor once");
+    assert!(!topic_exists(&kstate::changelog_topic(&app, "users")), "a table has no -changelog topic");
+    for p in 0..PARTITIONS {
+        let (data, checkpoint) = read_store_dir(state.path(), &app, "users", p);
+        assert_same_state(&data, &table_of(&all[p as usize]), "the table after processing its topic");
+        assert_eq!(checkpoint, Some(199), "partition {p}: checkpoint at the last record processed");
+    }
+
+    // A lost disk: the table comes back from its topic. More changes arrive
+    // meanwhile: the restore stops at the committed offset, the task
+    // processes the rest as input (the processor hears of those only).
+    std::fs::remove_dir_all(state.path().join(&app)).unwrap();
+    for p in 0..PARTITIONS {
+        let c = changes(p, 200, 50);
+        produce_changes(&users, p, &c);
+        all[p as usize].extend(c);
+    }
+    // A stream record after them all: joined with the newest table.
+    produce_changes(&input, 0, &[(Some("user0-0".into()), Some("click".into()))]);
+    let second = Restores::default();
+    let updates2: Heard = Arc::default();
+    let running = start(second.clone(), updates2.clone());
+    wait_until("both partitions restored", TIMEOUT, || second.ended() >= PARTITIONS as usize);
+    assert_eq!(second.restored_records(), 2 * 200, "the restore replayed the topic up to the committed offset, not past it");
+    for start in second.starts.lock().unwrap().iter() {
+        assert_eq!(start.changelog_topic, users, "restored from the table's own topic");
+        assert_eq!(start.end_offset, 200, "ends at the committed offset");
+    }
+    wait_all_committed_at(&bootstrap(), &app, &users, PARTITIONS, TIMEOUT);
+    wait_until("the click joined", TIMEOUT, || !read_partition(&out, 0).is_empty());
+    running.stop().unwrap();
+    let later: usize = all.iter().map(|c| keyed(&c[200..])).sum();
+    assert_eq!(updates2.lock().unwrap().len(), later, "only the records past the commit were processed again");
+    for p in 0..PARTITIONS {
+        let (data, checkpoint) = read_store_dir(state.path(), &app, "users", p);
+        assert_same_state(&data, &table_of(&all[p as usize]), "the table after a restore and more changes");
+        assert_eq!(checkpoint, Some(249));
+    }
+    let joined = read_partition(&out, 0);
+    let expected = table_of(&all[0]).get(b"user0-0".as_slice()).cloned().unwrap_or_else(|| b"-".to_vec());
+    assert_eq!(joined.last().unwrap().2.as_deref(), Some(expected.as_slice()), "the click saw the newest name");
+}
+
+#[test]
+fn a_table_topic_that_deletes_instead_of_compacting_is_refused_at_start() {
+    let Fixture { input, app, state } = fixture("table-delete", 1);
+    let users = unique("table-delete-users");
+    create_topic(&users, 1, &[("cleanup.policy", "delete")]);
+    let app = builder(&app, &input, state.path()).table(&users, StoreDefinition::new("users")).build().unwrap();
+    match app.run(|_, _| Ok::<(), Error>(())) {
+        Err(Error::TableTopic { topic, problem }) => {
+            assert_eq!(topic, users);
+            assert!(problem.contains("compact"), "{problem}");
+        }
+        other => panic!("expected Error::TableTopic, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_table_definitions_are_config_errors() {
+    let base = || kstate::App::builder().application_id("t").bootstrap_servers("localhost:1").state_dir("/tmp/x").input_topic("in");
+    let windowed = StoreDefinition::window("w", kstate::Windows::tumbling(Duration::from_secs(1)));
+    let cases = [
+        (base().table("users", windowed), "key-value"),
+        (base().table("users", StoreDefinition::new("a")).table("users", StoreDefinition::new("b")), "one store per table topic"),
+        (base().table("in", StoreDefinition::new("a")), "input topic"),
+        (base().table("users", StoreDefinition::new("a")).kafka_config("auto.offset.reset", "latest"), "earliest"),
+        (base().table("users", StoreDefinition::new("a").schema_version(2)), "schema"),
+    ];
+    for (builder, why) in cases {
+        match builder.build() {
+            Err(Error::Config(msg)) => assert!(msg.contains(why), "{msg} should say {why}"),
+            other => panic!("expected a config error about {why}, got {:?}", other.map(|_| ())),
+        }
+    }
+}
+
+/// The test driver runs tables as the runtime does: updates before the
+/// processor hears of them, old and new values, tombstones, table first
+/// on equal timestamps, no writes by the processor.
+#[test]
+fn the_driver_applies_table_records_and_refuses_writes_to_a_table() {
+    struct Lookup;
+    impl kstate::Processor for Lookup {
+        fn process(&mut self, ctx: &mut kstate::ProcessorContext<'_>, record: &kstate::Record<'_>) -> Result<(), kstate::ProcessorError> {
+            let key = record.key.unwrap_or_default();
+            if record.value == Some(b"write".as_slice()) {
+                ctx.store("users")?.put(key, b"mine")?;
+            }
+            let name = ctx.store("users")?.get(key)?.unwrap_or_else(|| b"-".to_vec());
+            ctx.send(Output::to("out").key(key).value(&name))?;
+            Ok(())
+        }
+        fn on_table_update(&mut self, ctx: &mut kstate::ProcessorContext<'_>, update: &kstate::TableUpdate<'_>) -> Result<(), kstate::ProcessorError> {
+            let change = format!("{:?}->{:?}", update.old().map(String::from_utf8_lossy), update.new_value().map(String::from_utf8_lossy));
+            ctx.send(Output::to("changes").key(update.key()).value(change.as_bytes()))?;
+            Ok(())
+        }
+    }
+    let app = kstate::App::builder().input_topic("clicks").table("users", StoreDefinition::new("users")).max_task_idle(Duration::from_secs(1));
+    let mut d = kstate::TestDriver::builder(app).processor(|_| Lookup).unwrap();
+    d.send(Output::to("users").value(b"nobody").partition(0).timestamp(5)).unwrap(); // no key: skipped
+    d.input("users", b"u", b"ann", 10).unwrap();
+    d.input("users", b"u", b"bob", 20).unwrap();
+    // Same timestamp on both: the table's record goes first.
+    d.input("clicks", b"u", b"c1", 30).unwrap();
+    d.input("users", b"u", b"cy", 30).unwrap();
+    d.send(Output::to("users").key(b"u").timestamp(40)).unwrap();
+    d.input("clicks", b"u", b"c2", 50).unwrap();
+    d.input("users", b"x", b"xa", 60).unwrap(); // (held: c2's turn has come)
+    let values = |topic: &str| d.outputs(topic).into_iter().map(|r| String::from_utf8(r.value.unwrap()).unwrap()).collect::<Vec<_>>();
+    assert_eq!(values("out"), ["cy", "-"], "each click sees the table as of its time, a tombstone deleted");
+    assert_eq!(
+        values("changes"),
+        ["None->Some(\"ann\")", "Some(\"ann\")->Some(\"bob\")", "Some(\"bob\")->Some(\"cy\")", "Some(\"cy\")->None"]
+    );
+    d.commit().unwrap();
+    d.crash_and_restart().unwrap();
+    let users = d.store("users", 0).unwrap();
+    assert_eq!(users.checkpoint(), Some(4), "a table's checkpoint is the offset of its last record processed");
+    assert_eq!(users.get(b"u").unwrap(), None);
+    assert!(d.changelog("users", 0).unwrap().is_empty(), "nothing was sent for the table");
+    d.input("clicks", b"u", b"write", 70).unwrap();
+    match d.input("users", b"v", b"vic", 80) {
+        Err(Error::Processor { source, .. }) => assert!(source.to_string().contains("changes only through its topic"), "{source}"),
+        other => panic!("a write to a table must fail, got {other:?}"),
+    }
+}

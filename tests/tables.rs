@@ -250,3 +250,33 @@ fn the_driver_applies_table_records_and_refuses_writes_to_a_table() {
         other => panic!("a write to a table must fail, got {other:?}"),
     }
 }
+
+/// The README's table-table outer join on two source tables: each update
+/// of either side sends the key's join result, a tombstone once neither
+/// side has the key.
+#[test]
+fn a_table_table_outer_join_of_two_source_tables_follows_both_sides() {
+    let app = kstate::App::builder()
+        .table("users", StoreDefinition::new("users"))
+        .table("accounts", StoreDefinition::new("accounts"))
+        .max_task_idle(Duration::ZERO);
+    let mut d = kstate::TestDriver::builder(app)
+        .closure(|ctx, record| {
+            let Some(key) = record.key else { return Ok(()) };
+            let (user, account) = (ctx.store("users")?.get(key)?, ctx.store("accounts")?.get(key)?);
+            let output = Output::to("user-accounts").key(key);
+            match (user, account) {
+                (None, None) => ctx.send(output),
+                (u, a) => ctx.send(output.value(&[u.as_deref().unwrap_or(b"-"), b"|", a.as_deref().unwrap_or(b"-")].concat())),
+            }
+        })
+        .unwrap();
+    d.input("users", b"k", b"ann", 1).unwrap();
+    d.input("accounts", b"k", b"acc1", 2).unwrap();
+    d.input("users", b"k", b"bob", 3).unwrap();
+    d.send(Output::to("users").key(b"k").timestamp(4)).unwrap();
+    d.send(Output::to("accounts").key(b"k").timestamp(5)).unwrap();
+    let got: Vec<Option<String>> = d.outputs("user-accounts").into_iter().map(|r| r.value.map(|v| String::from_utf8(v).unwrap())).collect();
+    let expected = [Some("ann|-"), Some("ann|acc1"), Some("bob|acc1"), Some("-|acc1"), None];
+    assert_eq!(got, expected.map(|e| e.map(String::from)));
+}

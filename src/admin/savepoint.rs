@@ -301,7 +301,15 @@ pub fn restore_savepoint(at: &SnapshotStore, app: &str, name: &str, kafka: &Kafk
     let mut plan = Vec::new();
     for task in &sp.tasks {
         for store in &task.stores {
-            plan.push((task.partition, store, savepoint_snapshot(&s, app, task.partition, store)?));
+            let snapshot = savepoint_snapshot(&s, app, task.partition, store)?;
+            // A table's changelog is a topic of the user's, which kstate never writes.
+            if let Some(table) = snapshot.as_ref().map(|m| &m.changelog_topic).filter(|t| **t != crate::kafka::changelog_topic(app, &store.store)) {
+                return Err(AdminError::Admin(format!(
+                    "savepoint `{name}` holds store `{}`, the table of topic `{table}`: restoring savepoints of applications with tables is not supported (rolling a table back would mean writing its topic)",
+                    store.store
+                )));
+            }
+            plan.push((task.partition, store, snapshot));
         }
     }
     for (partition, store, manifest) in plan {

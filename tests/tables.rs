@@ -280,3 +280,67 @@ fn a_table_table_outer_join_of_two_source_tables_follows_both_sides() {
     let expected = [Some("ann|-"), Some("ann|acc1"), Some("bob|acc1"), Some("-|acc1"), None];
     assert_eq!(got, expected.map(|e| e.map(String::from)));
 }
+
+/// A standby's copy of a table follows the topic only up to the group's
+/// committed offset: while the active task stalls and the topic runs
+/// ahead, the standby holds exactly the committed prefix, and catches up
+/// once the commits move again.
+#[test]
+fn a_standby_of_a_table_stops_at_the_committed_offset() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use kstate::CopyRole;
+    let Fixture { input, app, state } = fixture("table-standby", 1);
+    let other_state = tempfile::tempdir().unwrap();
+    let users = unique("table-standby-users");
+    create_topic(&users, 1, &[("cleanup.policy", "compact")]);
+    let stalled = Arc::new(AtomicBool::new(false));
+    let start = |dir: &std::path::Path| {
+        let app = builder(&app, &input, dir)
+            .table(&users, StoreDefinition::new("users"))
+            .num_standby_replicas(1)
+            .commit_interval(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let queries = app.queries();
+        let stalled = stalled.clone();
+        let running = Running::start_app(app, move |_, _| {
+            // The active task stalls mid-record (no commit) while asked to.
+            while stalled.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok::<(), Error>(())
+        });
+        (running, queries)
+    };
+    let (a, qa) = start(state.path());
+    wait_until("the active task running", TIMEOUT, || qa.local_lags().iter().any(|l| l.copy == CopyRole::Active));
+    let (b, qb) = start(other_state.path());
+    let standby_position = || {
+        [&qa, &qb].iter().flat_map(|q| q.local_lags()).find(|l| l.copy == CopyRole::Standby && l.store == "users").map(|l| l.position)
+    };
+    wait_until("a standby copy of the table", TIMEOUT, || standby_position().is_some());
+    let first = changes(0, 0, 50);
+    produce_changes(&users, 0, &first);
+    wait_all_committed_at(&bootstrap(), &app, &users, 1, TIMEOUT);
+    wait_until("the standby at the committed offset", TIMEOUT, || standby_position() == Some(Some(49)));
+
+    stalled.store(true, Ordering::Relaxed);
+    produce_changes(&users, 0, &changes(0, 50, 50));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(committed_offset_at(&bootstrap(), &app, &users, 0), Some(50), "the active task stalls before committing more");
+    assert_eq!(standby_position(), Some(Some(49)), "the standby applied nothing past the committed offset");
+    let stale = kstate::QueryOptions::new().allow_stale(u64::MAX);
+    let standby = if qa.local_lags().iter().any(|l| l.copy == CopyRole::Standby) { &qa } else { &qb };
+    for (key, value) in table_of(&first) {
+        let key = String::from_utf8(key).unwrap();
+        let answer = standby.get::<kstate::codec::Utf8, kstate::codec::RawBytes>("users", &key, &stale).unwrap();
+        assert_eq!(answer.copy, CopyRole::Standby);
+        assert_eq!(answer.value, Some(value), "key {key}: the standby holds the committed prefix only");
+    }
+
+    stalled.store(false, Ordering::Relaxed);
+    wait_all_committed_at(&bootstrap(), &app, &users, 1, TIMEOUT);
+    wait_until("the standby caught up with the commits", TIMEOUT, || standby_position() == Some(Some(99)));
+    b.stop().unwrap();
+    a.stop().unwrap();
+}

@@ -5,8 +5,8 @@
 //! * `consume --topic T` — plain rdkafka consumer reading every partition to the end (the physical limit);
 //! * `consume-batch --topic T` — the same, reading up to 1024 records per call as kstate does;
 //! * `rocksdb-raw --topic T --dir D` — the same consumer writing WAL-less WriteBatches into RocksDB;
-//! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U]` — kstate restoring
-//!   `A-S-changelog`; with a snapshot URL, stores without local state are seeded from snapshots first
+//! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U] [--table T]` — kstate restoring
+//!   `A-S-changelog` (with `--table T`: a source table on topic T, committed at its end, restored from T); with a snapshot URL, stores without local state are seeded from snapshots first
 //!   (S3 settings from the environment: `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials);
 //! * `kstate-snapshot --app A --store S --input I --state-dir D --snapshot-url U` — kstate opening
 //!   the state dir, then snapshotting every store partition at once: upload time, bytes uploaded
@@ -109,6 +109,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--input")?,
             opt(args, "--state-dir")?,
             opt(args, "--snapshot-url").ok(),
+            opt(args, "--table").ok(),
         ),
         "kstate-snapshot" => kstate_snapshot(
             &b,
@@ -469,11 +470,33 @@ impl RestoreListener for Times {
     }
 }
 
-fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &str, snapshot_url: Option<&str>) -> Result<String, BoxError> {
+fn kstate_restore(
+    bootstrap: &str,
+    app: &str,
+    store: &str,
+    input: &str,
+    state: &str,
+    snapshot_url: Option<&str>,
+    table: Option<&str>,
+) -> Result<String, BoxError> {
     let admin: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
     let partitions = partitions_of(&admin, input)?.len();
     let times = Times::default();
-    let mut builder = bench_app(bootstrap, app, input, state).store(StoreDefinition::new(store)).restore_listener(times.clone());
+    let builder = bench_app(bootstrap, app, input, state).restore_listener(times.clone());
+    let mut builder = match table {
+        // A source table on the topic: committed at its end, so that the
+        // restore replays all of it (as a changelog restore does).
+        Some(topic) => {
+            let group: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", app).create()?;
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for (p, _, high) in partitions_of(&admin, topic)? {
+                tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(high))?;
+            }
+            group.commit(&tpl, rdkafka::consumer::CommitMode::Sync)?;
+            builder.table(topic, StoreDefinition::new(store))
+        }
+        None => builder.store(StoreDefinition::new(store)),
+    };
     if let Some(url) = snapshot_url {
         builder = builder.snapshots(kstate::SnapshotConfig::new(url).interval(Duration::from_secs(24 * 3600)));
     }
@@ -495,8 +518,9 @@ fn kstate_restore(bootstrap: &str, app: &str, store: &str, input: &str, state: &
     let seeded_bytes: u64 = seeds.iter().map(|s| s.bytes).sum();
     let download = seeds.iter().map(|s| s.download.as_secs_f64()).fold(0.0, f64::max);
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4},\
+        "{{\"contender\":\"{}\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_running\":{to_running:.4},\
          \"seeded_partitions\":{},\"seeded_bytes\":{seeded_bytes},\"download_seconds\":{download:.4}}}",
+        if table.is_some() { "kstate-table" } else { "kstate" },
         records as f64 / secs,
         seeds.len()
     ))

@@ -406,6 +406,13 @@ class Suite:
             self.record("restore", "kafka-streams", run_json(self.java + [
                 "restore", "--bootstrap", self.b, "--app-id", app, "--store", store, "--input-topic", inp,
                 "--partitions", str(self.a.partitions), "--state-dir", ks_state]))
+            # The same records as a source table's topic (AppBuilder::table):
+            # restored from the topic itself, up to the committed offset.
+            kst_table = os.path.join(self.tmp, "kstate-table-restore")
+            shutil.rmtree(kst_table, ignore_errors=True)
+            self.record("restore", "kstate-table", run_json(
+                [self.rust, "kstate-restore", "--bootstrap", self.b, "--app", f"{app}-table-{rep}", "--store", store, "--input", inp,
+                 "--state-dir", kst_table, "--table", changelog]))
         # Tail restore: 1% more records on top of the state both just restored.
         for rep in range(self.a.reps):
             self.gen(changelog, max(1, self.a.records // 100), append=True, seed=1000 + rep)

@@ -632,10 +632,11 @@ impl TestDriver {
     /// tombstone, a TTL store's values carry their write time in front).
     pub fn changelog(&self, store: &str, partition: i32) -> Result<Vec<SentRecord>> {
         self.task(partition)?;
-        if !self.config.stores.iter().any(|s| s.name() == store) {
+        let Some(def) = self.config.stores.iter().find(|s| s.name() == store) else {
             return Err(Error::UnknownStore(store.to_string()));
-        }
-        Ok(self.topics.changelog(&crate::kafka::changelog_topic(&self.config.application_id, store), partition))
+        };
+        // (A table's changelog is its topic, which the application never writes.)
+        Ok(self.topics.changelog(&def.changelog_topic(&self.config.application_id), partition))
     }
 
     fn task(&self, partition: i32) -> Result<&DriverTask> {

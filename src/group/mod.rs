@@ -39,7 +39,7 @@ pub(crate) use failure::{CommitFailure, RetryRun};
 pub(crate) use member::{GroupEvent, GroupSettings, Membership, PollSignal};
 pub(crate) use session::{Generation, SessionClock};
 pub(crate) use payload::HostTasks;
-pub(crate) use offsets::{fetch_stable, CommitError, Committer, StableOffsets};
+pub(crate) use offsets::{fetch_committed, fetch_stable, CommitError, Committer, StableOffsets};
 pub(crate) use security::Security;
 
 #[cfg(test)]

@@ -83,6 +83,20 @@ pub(crate) fn fetch_stable(
     partitions: &[(String, i32)],
     timeout: Duration,
 ) -> Result<StableOffsets> {
+    fetch_committed(brokers, group, partitions, timeout, true)
+}
+
+/// The committed offsets of `partitions` in `group`: with `stable`, as
+/// [`fetch_stable`]; without, as they are now (offsets of an open
+/// transaction are not shown yet), for a standby's table limit, which must
+/// not wait.
+pub(crate) fn fetch_committed(
+    brokers: &Brokers,
+    group: &str,
+    partitions: &[(String, i32)],
+    timeout: Duration,
+    stable: bool,
+) -> Result<StableOffsets> {
     use kafka_protocol::messages::offset_fetch_request::{OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics};
     use kafka_protocol::messages::OffsetFetchRequest;
     let started = std::time::Instant::now();
@@ -110,14 +124,14 @@ pub(crate) fn fetch_stable(
         let attempt = (|| -> Result<std::result::Result<StableOffsets, String>> {
             let mut conn = brokers.coordinator(group, rotate)?;
             let version = conn.version::<OffsetFetchRequest>()?;
-            if version < 7 {
+            if stable && version < 7 {
                 return Err(crate::error::Error::UnsupportedBroker {
                     broker: conn.broker().to_string(),
                     detail: "exactly-once needs OffsetFetch v7 (require_stable, Kafka 2.5 or newer)".into(),
                 });
             }
             let mut request = OffsetFetchRequest::default();
-            request.require_stable = true;
+            request.require_stable = stable;
             if version >= 8 {
                 let mut g = OffsetFetchRequestGroup::default();
                 g.group_id = group_id.clone();

@@ -9,6 +9,11 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
 use super::ChangelogInfo;
+
+/// Kafka's default `delete.retention.ms`: assumed for a topic whose
+/// configuration cannot be read, so that local state older than that is
+/// still restored in full (a tombstone may have been dropped meanwhile).
+const DEFAULT_DELETE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 use crate::error::{Error, Result};
 
 /// Checks each table topic's `cleanup.policy` and reads what its restore
@@ -31,7 +36,10 @@ pub(crate) fn check_table_topics(admin: &AdminClient<DefaultClientContext>, topi
         let config = match described {
             Ok(c) => c,
             Err(code) => {
-                tracing::warn!(%topic, error = %code, "cannot read a table topic's configuration; assuming it is compacted");
+                tracing::warn!(%topic, error = %code,
+                    "cannot read a table topic's configuration; assuming it is compacted, with Kafka's default delete.retention.ms (1 day)");
+                let info = ChangelogInfo { max_message_bytes: 1_048_588, tombstone_retention: Some(DEFAULT_DELETE_RETENTION), retention_ms: None };
+                infos.insert(topic.clone(), info);
                 continue;
             }
         };

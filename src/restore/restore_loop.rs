@@ -229,7 +229,7 @@ impl RestoreLoop {
                 match msg.error() {
                     None => {
                         let version = Schema::version_of(msg.headers().last(SCHEMA_HEADER));
-                        self.on_record(topic, partition, msg.offset(), msg.key(), (msg.payload(), version));
+                        self.on_record(topic, partition, msg.offset(), msg.key(), (msg.payload(), version, msg.timestamp()));
                     }
                     // With auto.offset.reset=error librdkafka reports
                     // _AUTO_OFFSET_RESET and stops fetching the partition.
@@ -289,11 +289,11 @@ impl RestoreLoop {
     /// could not be forwarded (handed to `on_record`).
     fn serve_events(
         consumer: &BaseConsumer,
-        mut on_record: impl FnMut(&[u8], i32, i64, Option<&[u8]>, (Option<&[u8]>, u32)),
+        mut on_record: impl FnMut(&[u8], i32, i64, Option<&[u8]>, (Option<&[u8]>, u32, Option<i64>)),
     ) {
         let served: std::result::Result<(), std::convert::Infallible> = serve_consumer_queue(consumer, |event| {
             match event {
-                Some(Ok(m)) => on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), (m.payload(), version_in(m.headers()))),
+                Some(Ok(m)) => on_record(m.topic().as_bytes(), m.partition(), m.offset(), m.key(), (m.payload(), version_in(m.headers()), m.timestamp().to_millis())),
                 Some(Err(e)) => tracing::warn!(error = %e, "restore consumer error"),
                 None => {}
             }
@@ -304,7 +304,7 @@ impl RestoreLoop {
 
     /// Adds one changelog record to its store's pending batch; writes the
     /// batch when full and finishes the store at the end offset.
-    fn on_record(&mut self, topic: &[u8], partition: i32, offset: i64, key: Option<&[u8]>, (value, version): (Option<&[u8]>, u32)) {
+    fn on_record(&mut self, topic: &[u8], partition: i32, offset: i64, key: Option<&[u8]>, (value, version, time): (Option<&[u8]>, u32, Option<i64>)) {
         // Few restores run at once: a scan beats allocating a key per record.
         let Some((id, a)) = self.active.iter_mut().find(|(k, _)| k.1 == partition && k.0.as_bytes() == topic) else {
             return;
@@ -313,7 +313,7 @@ impl RestoreLoop {
             self.failed_fetches.remove(id);
         }
         let version = match table::gate(a, offset) {
-            table::Gate::Apply if a.table.is_some() => 1, // a foreign header converts nothing
+            table::Gate::Apply if a.table.is_some() => table::applying(a, time), // a foreign header converts nothing
             table::Gate::Apply => version,
             table::Gate::Drop => return,
             table::Gate::Park => {
@@ -443,7 +443,7 @@ impl RestoreLoop {
                 None
             }
         };
-        let (table, end) = match self.table_copy(&topic, partition, index, high) {
+        let (table, end) = match self.table_copy(&topic, partition, index, high)? {
             Some((t, end)) => (Some(t), end),
             None => (None, high),
         };
@@ -560,6 +560,9 @@ impl RestoreLoop {
             tracing::warn!(%topic, partition, "cannot forward the changelog partition to the restore queue; reading it one record at a time");
         }
         self.consumer.incremental_assign(&tpl)?;
+        if active.table.is_some() {
+            let _ = self.consumer.resume(&tpl); // (a pause of an earlier copy)
+        }
         active.assigned = true;
         self.active.insert(key, active);
         Ok(None)
@@ -583,9 +586,12 @@ impl RestoreLoop {
             store.metrics.segments_dropped.increment(update.dropped);
         }
         let last = a.last_offset;
-        // (A table's records past `last` may be older than any read of its end.)
+        // (A table's records past `last` may be older than any read of its
+        // end: they were appended after about the last one's timestamp.)
         let result = if a.standby && a.table.is_none() && last + 1 >= a.seen_end.0 {
             store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
+        } else if let Some(bound) = table::age_bound(a) {
+            store.engine().commit_with_age_bound(batch, last, bound)
         } else {
             store.engine().commit(batch, last)
         };
@@ -646,7 +652,10 @@ impl RestoreLoop {
                 store.set_checkpoint(Some(a.end - 1));
             } else if a.end > 0 && store.checkpoint().is_none_or(|c| c < a.end - 1) {
                 // A table kept ahead of the committed offset keeps its checkpoint.
-                store.engine().commit(rocksdb::WriteBatch::default(), a.end - 1)?;
+                match table::age_bound(&a) {
+                    Some(bound) => store.engine().commit_with_age_bound(rocksdb::WriteBatch::default(), a.end - 1, bound)?,
+                    None => store.engine().commit(rocksdb::WriteBatch::default(), a.end - 1)?,
+                }
                 store.set_checkpoint(Some(a.end - 1));
             }
             store.engine_mut().finish_bulk_load()?;
@@ -714,6 +723,10 @@ impl RestoreLoop {
         if a.assigned {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&key.0, key.1);
+            // A parked table copy's pause would outlive the assignment.
+            if a.table.as_ref().is_some_and(|t| t.parked_at.is_some()) {
+                let _ = self.consumer.resume(&tpl);
+            }
             if let Err(e) = self.consumer.incremental_unassign(&tpl) {
                 tracing::warn!(topic = %key.0, partition = key.1, error = %e, "unassigning a restored changelog partition failed");
             }

@@ -191,7 +191,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         let (brokers, group) = (brokers.clone(), config.application_id.clone());
         Arc::new(move |topic: &str, partition: i32| {
             let wanted = [(topic.to_string(), partition)];
-            crate::group::fetch_stable(&brokers, &group, &wanted, Duration::from_secs(2)).ok()?.into_values().next().flatten()
+            crate::group::fetch_committed(&brokers, &group, &wanted, Duration::from_secs(2), false).ok()?.into_values().next().flatten()
         }) as crate::restore::CommittedOffsets
     });
     let restorer = Restorer::start(restore_config, listener, config.startup_timeout, committed)?;

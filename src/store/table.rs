@@ -74,17 +74,25 @@ impl KeyValueStore {
 
     /// Applies the table topic's record at `offset`: a value replaces the
     /// key's, a tombstone deletes it, a record without a key is skipped
-    /// (and still moves the checkpoint). Returns the key's previous value.
+    /// (and still moves the checkpoint). Returns the key's previous value
+    /// (for a record at or below the checkpoint, which the store holds
+    /// already: its current value, and nothing is written).
     pub(crate) fn apply_source(&mut self, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>, timestamp: Option<i64>) -> Result<Option<Vec<u8>>> {
         let Some(source) = &mut self.source else {
             return Err(Error::InvalidUse(format!("store `{}` is not a table", self.name)));
         };
-        source.next = Some(offset + 1);
+        source.next = Some(source.next.map_or(offset + 1, |n| n.max(offset + 1)));
         if timestamp.is_some() {
             source.last_timestamp = timestamp;
         }
         let Some(key) = key else { return Ok(None) };
         let old = self.get(key)?;
+        if self.checkpoint.is_some_and(|c| offset <= c) {
+            // At-least-once, after a crash between the store's write and the
+            // offset commit: the store holds this record already (and
+            // later ones); writing it again would take keys back in time.
+            return Ok(old);
+        }
         self.overlay.write(key, value);
         match value {
             Some(_) => self.metrics.puts.increment(1),
@@ -103,7 +111,7 @@ impl KeyValueStore {
             return None;
         }
         Some(SourceCheckpoint {
-            checkpoint: next - 1,
+            checkpoint: (next - 1).max(self.checkpoint.unwrap_or(-1)),
             appended_after_ms: source.last_timestamp.map(|t| t.min(sealed_at_ms)),
         })
     }

@@ -90,8 +90,8 @@ impl TaskManager {
     /// A new active `task` that is a standby here is promoted in place: its
     /// stores are open and nearly up to date, so the restore replays only
     /// its lag. At-least-once the stores go to the restore at once;
-    /// exactly-once they are returned, to be restored once the committed
-    /// offsets are stable (as an opened task's are).
+    /// exactly-once, or with a table, they are returned, to be restored
+    /// once the committed offsets are read (as an opened task's are).
     pub(super) fn promote_standby(&mut self, task: &mut Task) -> Option<Vec<KeyValueStore>> {
         let p = task.partition;
         if self.standbys.tasks.remove(&p) != Some(Standby::Following) {
@@ -101,8 +101,9 @@ impl TaskManager {
         let _in_task = task.span.clone().entered();
         tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
         task.open_at = None;
-        if self.exactly_once() {
-            // Its restore waits for stable offsets, as an opened task's does.
+        if self.exactly_once() || self.config.has_tables {
+            // Its restore waits for stable offsets, as an opened task's
+            // does (a table's restore ends at the committed offset).
             return Some(job.stores);
         }
         task.state = TaskState::Restoring;

@@ -10,6 +10,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Active, RestoreLoop};
+use crate::error::{Error, Result};
 
 /// How often a standby's table copy reads the committed offset again.
 const LIMIT_REFRESH: Duration = Duration::from_secs(1);
@@ -27,6 +28,9 @@ pub(super) struct TableCopy {
     /// again from this offset once the limit passes it.
     pub(super) parked_at: Option<i64>,
     pub(super) limit_read: Instant,
+    /// The timestamp of the last record applied: the topic's records past
+    /// it were appended after about then (the copy's age bound).
+    pub(super) last_timestamp: Option<i64>,
 }
 
 /// What the restore does with a table's record.
@@ -38,6 +42,23 @@ pub(super) enum Gate {
     Park,
     /// Read before the partition was paused: not applied.
     Drop,
+}
+
+/// A table's record is applied: notes its timestamp; the schema version
+/// to apply it with (a table's values have none; a foreign `kstate.schema`
+/// header converts nothing).
+pub(super) fn applying(a: &mut Active, timestamp: Option<i64>) -> u32 {
+    if let (Some(t), Some(ts)) = (&mut a.table, timestamp) {
+        t.last_timestamp = Some(ts);
+    }
+    1
+}
+
+/// A table copy's age bound for what it writes: the last applied record's
+/// timestamp, no later than now (`None`: not a table, or nothing applied).
+pub(super) fn age_bound(a: &Active) -> Option<i64> {
+    let ts = a.table.as_ref()?.last_timestamp?;
+    Some(ts.min(crate::store::engine::now_ms()))
 }
 
 pub(super) fn gate(a: &Active, offset: i64) -> Gate {
@@ -54,16 +75,20 @@ pub(super) fn gate(a: &Active, offset: i64) -> Gate {
 impl RestoreLoop {
     /// A table copy's end and state: an active copy's end is the committed
     /// offset (capped at `high`), a standby's its limit. `None`: not a table.
-    pub(super) fn table_copy(&self, topic: &str, partition: i32, index: usize, high: i64) -> Option<(TableCopy, i64)> {
-        let job = self.jobs.get(&partition)?;
-        let source = job.stores[index].source()?;
+    pub(super) fn table_copy(&self, topic: &str, partition: i32, index: usize, high: i64) -> Result<Option<(TableCopy, i64)>> {
+        let Some(job) = self.jobs.get(&partition) else { return Ok(None) };
+        let Some(source) = job.stores[index].source() else { return Ok(None) };
         let now = Instant::now();
         if job.standby {
             let limit = self.committed.as_ref().and_then(|read| read(topic, partition)).unwrap_or(0);
-            return Some((TableCopy { limit: Some(limit), parked_at: None, limit_read: now }, high.min(limit)));
+            return Ok(Some((TableCopy { limit: Some(limit), parked_at: None, limit_read: now, last_timestamp: None }, high.min(limit))));
         }
-        let end = high.min(source.restore_end.unwrap_or(0));
-        Some((TableCopy { limit: None, parked_at: None, limit_read: now }, end))
+        // (Set by the opener from the committed offsets; 0 would skip the
+        // records between the checkpoint and the task's start.)
+        let Some(restore_end) = source.restore_end else {
+            return Err(Error::Restore { topic: topic.to_string(), partition, detail: "the table's restore end (the committed offset) is not known".into() });
+        };
+        Ok(Some((TableCopy { limit: None, parked_at: None, limit_read: now, last_timestamp: None }, high.min(restore_end))))
     }
 
     /// Stops a standby's table copy at its limit: what it applied is

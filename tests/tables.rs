@@ -128,6 +128,9 @@ fn restored_from_its_own_topic(guarantee: ProcessingGuarantee) {
         let (data, checkpoint) = read_store_dir(state.path(), &app, "users", p);
         assert_same_state(&data, &table_of(&all[p as usize]), "the table after processing its topic");
         assert_eq!(checkpoint, Some(199), "partition {p}: checkpoint at the last record processed");
+        // `kstate verify` compares the table with its own topic.
+        let report = kstate::admin::verify(state.path(), &app, "users", p, &kstate::admin::Kafka::new(bootstrap())).unwrap();
+        assert_eq!((report.changelog_topic.as_str(), report.difference_count()), (users.as_str(), 0), "{report:?}");
     }
 
     // A lost disk: the table comes back from its topic. More changes arrive

@@ -157,7 +157,7 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
     let consumer = kafka.consumer()?;
     let mut partitions = Vec::new();
     for store in &stores {
-        let topic = crate::kafka::changelog_topic(app, store);
+        let topic = super::changelog_topic_of(&app_dir, app, store);
         let Some(count) = kafka.partitions(&consumer, &topic)? else {
             return Err(AdminError::Changelog { topic, detail: format!("topic does not exist (store `{store}`)") });
         };

@@ -325,6 +325,20 @@ pub(crate) fn stores_of(app_dir: &Path) -> Vec<String> {
     subdirs(app_dir)
 }
 
+/// The topic a store's state comes from: a source table's own topic, as
+/// its local partitions record it, else `<app>-<store>-changelog`.
+pub(crate) fn changelog_topic_of(app_dir: &Path, app: &str, store: &str) -> String {
+    let store_dir = app_dir.join(store);
+    for p in partitions_of(&store_dir) {
+        let Ok(ro) = ReadOnly::open(&store_dir.join(p.to_string())) else { continue };
+        if let Ok(Some(topic)) = ro.db.meta_get(crate::store::table::SOURCE_TOPIC_KEY) {
+            return String::from_utf8_lossy(&topic).into_owned();
+        }
+        break; // every partition of a store is alike
+    }
+    crate::kafka::changelog_topic(app, store)
+}
+
 /// A directory of our own under the system's temporary directory, removed
 /// on drop.
 pub(crate) struct Scratch(PathBuf);

@@ -69,7 +69,10 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         store: store.to_string(),
         partition,
         checkpoint,
-        changelog_topic: crate::kafka::changelog_topic(app, store),
+        changelog_topic: match engine.meta_get(crate::store::table::SOURCE_TOPIC_KEY)? {
+            Some(topic) => String::from_utf8_lossy(&topic).into_owned(),
+            None => crate::kafka::changelog_topic(app, store),
+        },
         changelog_topic_id: engine.changelog_topic_id()?,
         created_at_ms: crate::store::engine::now_ms(),
         kstate_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -113,7 +113,7 @@ impl Digest {
 /// one may be gone from either side.
 pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
-    let topic = crate::kafka::changelog_topic(app, store);
+    let topic = super::changelog_topic_of(&state_dir.join(app), app, store);
     let consumer = kafka.consumer()?;
     let ro = ReadOnly::open(&dir)?;
     let checkpoint = ro.checkpoint(&dir)?;

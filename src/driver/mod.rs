@@ -273,7 +273,7 @@ impl TestDriver {
             })?);
             if def.source_topic.is_some() {
                 let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;
-                stores.last_mut().expect("pushed").make_source_table(exactly_once);
+                stores.last_mut().expect("pushed").make_source_table(exactly_once)?;
             }
         }
         let mut time = TaskTime::new(partition);

@@ -814,6 +814,11 @@ impl ReadOnlyDb {
         topic_id_in(&self.db)
     }
 
+    /// A meta key's value (a source table's topic).
+    pub(crate) fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.get_cf(meta_cf(&self.db), key)?)
+    }
+
     /// See [`Engine::appended_after_ms`].
     pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
         appended_after_in(&self.db)

@@ -8,6 +8,9 @@ use crate::error::{Error, Result};
 
 use super::KeyValueStore;
 
+/// The meta key naming a source table's topic (its changelog).
+pub(crate) const SOURCE_TOPIC_KEY: &[u8] = b"changelog.source_topic";
+
 /// A source table's progress through its topic partition.
 #[derive(Debug, Default)]
 pub(crate) struct SourceTable {
@@ -40,8 +43,17 @@ pub(crate) struct SourceCheckpoint {
 impl KeyValueStore {
     /// Makes this store partition a source table's (its changelog topic is
     /// the table's topic: set when it was opened).
-    pub(crate) fn make_source_table(&mut self, rebuild_if_ahead: bool) {
+    /// Records the topic in the store's meta keys, for the admin verbs,
+    /// which know a store only by its directory.
+    pub(crate) fn make_source_table(&mut self, rebuild_if_ahead: bool) -> Result<()> {
         self.source = Some(SourceTable { rebuild_if_ahead, ..Default::default() });
+        let engine = self.engine();
+        if engine.meta_get(SOURCE_TOPIC_KEY)?.as_deref() != Some(self.changelog_topic.as_bytes()) {
+            let mut batch = crate::store::engine::Engine::batch();
+            engine.put_meta(&mut batch, SOURCE_TOPIC_KEY, self.changelog_topic.as_bytes());
+            engine.write_unlogged(batch)?;
+        }
+        Ok(())
     }
 
     /// The table's state, if this store is a source table.

@@ -8,6 +8,8 @@
 //! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U] [--table T]` — kstate restoring
 //!   `A-S-changelog` (with `--table T`: a source table on topic T, committed at its end, restored from T); with a snapshot URL, stores without local state are seeded from snapshots first
 //!   (S3 settings from the environment: `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials);
+//! * `kstate-repartition --app A --input I --records N --state-dir D` — a count re-keyed through a
+//!   repartition topic by the value's first two bytes (the `repartition` scenario);
 //! * `kstate-snapshot --app A --store S --input I --state-dir D --snapshot-url U` — kstate opening
 //!   the state dir, then snapshotting every store partition at once: upload time, bytes uploaded
 //!   (files the snapshot store did not have) and the snapshots' full size;
@@ -120,6 +122,13 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--snapshot-url")?,
         ),
         "produce" => produce(&b, opt(args, "--topic")?, opt(args, "--source")?),
+        "kstate-repartition" => kstate_repartition(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--input")?,
+            opt(args, "--records")?.parse()?,
+            opt(args, "--state-dir")?,
+        ),
         "kstate-write" => kstate_write(
             &b,
             opt(args, "--app")?,
@@ -769,6 +778,53 @@ fn kstate_write(
     Ok(format!(
         "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every}}}",
         records as f64 / secs
+    ))
+}
+
+/// A count re-keyed through a repartition topic: each input record goes
+/// to the task of its value's first two bytes (`ctx.repartition`), which
+/// counts it (the Kafka Streams contender's `groupBy(..).count()`). Timed,
+/// as that one, from the first count update to the `records`-th.
+fn kstate_repartition(bootstrap: &str, app_id: &str, input: &str, records: u64, state: &str) -> Result<String, BoxError> {
+    let app = bench_app(bootstrap, app_id, input, state)
+        .store(StoreDefinition::new("counts"))
+        .repartition("by-prefix")
+        .commit_interval(Duration::from_millis(100))
+        .build()?;
+    let by_prefix = kstate::repartition_topic(app_id, "by-prefix");
+    let stop = app.shutdown_handle();
+    let counted = Arc::new(AtomicU64::new(0));
+    let times: Arc<Mutex<(Option<Instant>, Option<Instant>)>> = Arc::default();
+    let (seen, span) = (counted.clone(), times.clone());
+    let runner = std::thread::spawn(move || {
+        app.run(move |ctx, rec| {
+            if rec.topic != by_prefix {
+                let Some(v) = rec.value else { return Ok(()) };
+                let key = [v.first().copied().unwrap_or(0), v.get(1).copied().unwrap_or(0)];
+                return ctx.repartition("by-prefix", &key, b"");
+            }
+            let key = rec.key.unwrap_or_default();
+            let counts = ctx.store("counts")?;
+            let n = counts.get(key)?.map_or(0, |v| u64::from_be_bytes(v.as_slice().try_into().unwrap_or([0; 8]))) + 1;
+            counts.put(key, &n.to_be_bytes())?;
+            let c = seen.fetch_add(1, Ordering::Relaxed) + 1;
+            if c == 1 {
+                span.lock().unwrap().0 = Some(Instant::now());
+            }
+            if c == records {
+                span.lock().unwrap().1 = Some(Instant::now());
+                stop.shutdown();
+            }
+            Ok::<(), kstate::Error>(())
+        })
+    });
+    runner.join().map_err(|_| "runtime panicked")??;
+    let (first, last) = *times.lock().unwrap();
+    let secs = (last.ok_or("did not count every record")? - first.ok_or("nothing counted")?).as_secs_f64();
+    Ok(format!(
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"counted\":{}}}",
+        records as f64 / secs,
+        counted.load(Ordering::Relaxed)
     ))
 }
 

@@ -11,6 +11,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only snapshot [--records N]  # restore from a snapshot in S3 (MinIO)
     python3 testing/bench/run.py --only processor [--records N]  # the Processor trait vs the closure
     python3 testing/bench/run.py --only threads [--records N] [--work R]  # 1, 2 and 4 processing threads
+    python3 testing/bench/run.py --only repartition [--records N]  # a count re-keyed through a repartition topic
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -514,6 +515,29 @@ class Suite:
             self.record("window", "kafka-streams", run_json(self.java + ["window", *common, "--records", str(n)]))
             shutil.rmtree(sdir, ignore_errors=True)
             self.record("window-restore", "kafka-streams", run_json(self.java + ["window-restore", *common]))
+            for d in (kdir, sdir):
+                shutil.rmtree(d, ignore_errors=True)
+            self.delete_topics(ka)
+            self.delete_topics(ks)
+
+    def repartition(self):
+        """A count re-keyed through a repartition topic (issue 42): kstate's
+        `ctx.repartition` against Kafka Streams' `groupBy(..).count()`, the
+        new key the value's first two bytes, timed from the first count
+        update to the N-th. No tombstones in the input (neither counts them)."""
+        inp = f"{self.run_id}-rp-input"
+        n = self.a.records
+        log(f"generating {n} input records into {inp}")
+        self.gen(inp, n, compact=False, extra=("--delete-fraction", "0"))
+        for rep in range(self.a.reps):
+            ka, ks = f"{self.run_id}-rpk{rep}", f"{self.run_id}-rps{rep}"
+            kdir, sdir = os.path.join(self.tmp, f"krp{rep}"), os.path.join(self.tmp, f"srp{rep}")
+            self.record("repartition", "kstate", run_json(
+                [self.rust, "kstate-repartition", "--bootstrap", self.b, "--app", ka, "--input", inp,
+                 "--records", str(n), "--state-dir", kdir]))
+            self.record("repartition", "kafka-streams", run_json(self.java + [
+                "repartition", "--bootstrap", self.b, "--app-id", ks, "--store", "counts", "--input-topic", inp,
+                "--partitions", str(self.a.partitions), "--state-dir", sdir, "--records", str(n)]))
             for d in (kdir, sdir):
                 shutil.rmtree(d, ignore_errors=True)
             self.delete_topics(ka)
@@ -1225,7 +1249,7 @@ class Suite:
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
                      "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams",
-                     "processor": "closure", "threads": "kstate-1-threads"}
+                     "processor": "closure", "threads": "kstate-1-threads", "repartition": "kafka-streams"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -1286,7 +1310,7 @@ def main():
                    help="write-eos scenario: kstate only, a 1 ms sleep every K records (processing waiting on I/O); "
                         "Kafka Streams is left out")
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads"], default=None,
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition"], default=None,
                    help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1340,6 +1364,8 @@ def main():
             suite.processor()
         if a.only == "threads":
             suite.threads()
+        if a.only == "repartition":
+            suite.repartition()
         suite.report()
     finally:
         if suite is not None:

@@ -24,6 +24,7 @@ public final class KStreamsBench {
         "               [--acceptable-lag N] [--max-warmups N] [--probing-ms MS]   (KS defaults when absent)",
         "  window       COMMON --records N [--window-size-ms 300000] [--advance-ms 60000] [--event-step-ms 5] [--event-base-ms 0] [--cache-bytes 10485760]",
         "  window-restore COMMON [same window options]   (empty state dir: restore the window store's changelog)",
+        "  repartition  COMMON --records N   (groupBy(first two value bytes).count() through a repartition topic)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 
     public static void main(String[] argv) {
@@ -44,6 +45,7 @@ public final class KStreamsBench {
                 case "failover": result = FailoverBench.run(a); break;
                 case "window": result = WindowBench.run(a, false); break;
                 case "window-restore": result = WindowBench.run(a, true); break;
+                case "repartition": result = RepartitionBench.run(a); break;
                 default: throw new IllegalArgumentException("unknown subcommand " + argv[0] + "\n" + USAGE);
             }
             System.out.println(result);

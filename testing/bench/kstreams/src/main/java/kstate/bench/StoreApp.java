@@ -36,6 +36,8 @@ final class StoreApp {
     String outputTopic;
     /** window / window-restore: hopping-window counts instead of the put topology (see WindowBench). */
     WindowBench.Spec windowed;
+    /** repartition: a count re-keyed through a repartition topic (see RepartitionBench). */
+    boolean repartitioned;
 
     StoreApp(Args a) {
         bootstrap = a.str("bootstrap");
@@ -67,6 +69,7 @@ final class StoreApp {
 
     Topology topology(ProcessedCounter counter) {
         if (windowed != null) return WindowBench.topology(this, counter);
+        if (repartitioned) return RepartitionBench.topology(this, counter);
         Topology t = new Topology();
         t.addSource("source", new BytesDeserializer(), new ByteArrayDeserializer(), inputTopic);
         boolean forward = outputTopic != null;

@@ -8,6 +8,8 @@
 //! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U] [--table T]` — kstate restoring
 //!   `A-S-changelog` (with `--table T`: a source table on topic T, committed at its end, restored from T); with a snapshot URL, stores without local state are seeded from snapshots first
 //!   (S3 settings from the environment: `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials);
+//! * `kstate-join --app A --input I --table T --records N --state-dir D` — a stream-table left join,
+//!   T a source table (the `join` scenario);
 //! * `kstate-repartition --app A --input I --records N --state-dir D` — a count re-keyed through a
 //!   repartition topic by the value's first two bytes (the `repartition` scenario);
 //! * `kstate-snapshot --app A --store S --input I --state-dir D --snapshot-url U` — kstate opening
@@ -122,6 +124,14 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--snapshot-url")?,
         ),
         "produce" => produce(&b, opt(args, "--topic")?, opt(args, "--source")?),
+        "kstate-join" => kstate_join(
+            &b,
+            opt(args, "--app")?,
+            opt(args, "--input")?,
+            opt(args, "--table")?,
+            opt(args, "--records")?.parse()?,
+            opt(args, "--state-dir")?,
+        ),
         "kstate-repartition" => kstate_repartition(
             &b,
             opt(args, "--app")?,
@@ -778,6 +788,51 @@ fn kstate_write(
     Ok(format!(
         "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every}}}",
         records as f64 / secs
+    ))
+}
+
+/// A stream-table left join: `table` read as a source table
+/// (`AppBuilder::table`), each stream record looked up in it (the Kafka
+/// Streams contender's `stream.leftJoin(builder.table(..))`), no output.
+/// Timed from the first to the `records`-th stream record.
+fn kstate_join(bootstrap: &str, app_id: &str, input: &str, table: &str, records: u64, state: &str) -> Result<String, BoxError> {
+    let app = bench_app(bootstrap, app_id, input, state)
+        .table(table, StoreDefinition::new("table"))
+        .commit_interval(Duration::from_millis(100))
+        .build()?;
+    let stop = app.shutdown_handle();
+    let joined = Arc::new(AtomicU64::new(0));
+    let times: Arc<Mutex<(Option<Instant>, Option<Instant>)>> = Arc::default();
+    let (seen, span, table_topic) = (joined.clone(), times.clone(), table.to_string());
+    let found = Arc::new(AtomicU64::new(0));
+    let hits = found.clone();
+    let runner = std::thread::spawn(move || {
+        app.run(move |ctx, rec| {
+            if rec.topic == table_topic {
+                return Ok(()); // the table has it
+            }
+            let key = rec.key.unwrap_or_default();
+            if ctx.store("table")?.get(key)?.is_some() {
+                hits.fetch_add(1, Ordering::Relaxed);
+            }
+            let c = seen.fetch_add(1, Ordering::Relaxed) + 1;
+            if c == 1 {
+                span.lock().unwrap().0 = Some(Instant::now());
+            }
+            if c == records {
+                span.lock().unwrap().1 = Some(Instant::now());
+                stop.shutdown();
+            }
+            Ok::<(), kstate::Error>(())
+        })
+    });
+    runner.join().map_err(|_| "runtime panicked")??;
+    let (first, last) = *times.lock().unwrap();
+    let secs = (last.ok_or("did not join every record")? - first.ok_or("nothing joined")?).as_secs_f64();
+    Ok(format!(
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"found\":{}}}",
+        records as f64 / secs,
+        found.load(Ordering::Relaxed)
     ))
 }
 

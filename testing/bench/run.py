@@ -12,6 +12,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only processor [--records N]  # the Processor trait vs the closure
     python3 testing/bench/run.py --only threads [--records N] [--work R]  # 1, 2 and 4 processing threads
     python3 testing/bench/run.py --only repartition [--records N]  # a count re-keyed through a repartition topic
+    python3 testing/bench/run.py --only join [--records N]  # a stream-table left join over a source table
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -538,6 +539,32 @@ class Suite:
             self.record("repartition", "kafka-streams", run_json(self.java + [
                 "repartition", "--bootstrap", self.b, "--app-id", ks, "--store", "counts", "--input-topic", inp,
                 "--partitions", str(self.a.partitions), "--state-dir", sdir, "--records", str(n)]))
+            for d in (kdir, sdir):
+                shutil.rmtree(d, ignore_errors=True)
+            self.delete_topics(ka)
+            self.delete_topics(ks)
+
+    def join(self):
+        """A stream-table left join (issue 42): kstate's source table and a
+        lookup per stream record against Kafka Streams'
+        `stream.leftJoin(builder.table(..))`. The table (a tenth of the
+        stream's records, compacted) and the stream come from the same
+        generator seed, so stream keys find table rows; both topics are
+        filled before the start, the table first."""
+        table, inp = f"{self.run_id}-j-table", f"{self.run_id}-j-stream"
+        n = self.a.records
+        log(f"generating {n // 10} table records into {table} and {n} stream records into {inp}")
+        self.gen(table, max(1, n // 10), compact=True, extra=("--delete-fraction", "0"))
+        self.gen(inp, n, compact=False, extra=("--delete-fraction", "0"))
+        for rep in range(self.a.reps):
+            ka, ks = f"{self.run_id}-jk{rep}", f"{self.run_id}-js{rep}"
+            kdir, sdir = os.path.join(self.tmp, f"kj{rep}"), os.path.join(self.tmp, f"sj{rep}")
+            self.record("join", "kstate", run_json(
+                [self.rust, "kstate-join", "--bootstrap", self.b, "--app", ka, "--input", inp, "--table", table,
+                 "--records", str(n), "--state-dir", kdir]))
+            self.record("join", "kafka-streams", run_json(self.java + [
+                "join", "--bootstrap", self.b, "--app-id", ks, "--store", "table", "--input-topic", inp,
+                "--table-topic", table, "--partitions", str(self.a.partitions), "--state-dir", sdir, "--records", str(n)]))
             for d in (kdir, sdir):
                 shutil.rmtree(d, ignore_errors=True)
             self.delete_topics(ka)
@@ -1249,7 +1276,7 @@ class Suite:
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
                      "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams",
-                     "processor": "closure", "threads": "kstate-1-threads", "repartition": "kafka-streams"}
+                     "processor": "closure", "threads": "kstate-1-threads", "repartition": "kafka-streams", "join": "kafka-streams"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -1310,7 +1337,7 @@ def main():
                    help="write-eos scenario: kstate only, a 1 ms sleep every K records (processing waiting on I/O); "
                         "Kafka Streams is left out")
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition"], default=None,
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join"], default=None,
                    help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1366,6 +1393,8 @@ def main():
             suite.threads()
         if a.only == "repartition":
             suite.repartition()
+        if a.only == "join":
+            suite.join()
         suite.report()
     finally:
         if suite is not None:

@@ -25,6 +25,7 @@ public final class KStreamsBench {
         "  window       COMMON --records N [--window-size-ms 300000] [--advance-ms 60000] [--event-step-ms 5] [--event-base-ms 0] [--cache-bytes 10485760]",
         "  window-restore COMMON [same window options]   (empty state dir: restore the window store's changelog)",
         "  repartition  COMMON --records N   (groupBy(first two value bytes).count() through a repartition topic)",
+        "  join         COMMON --records N --table-topic T   (stream.leftJoin(builder.table(T)), N stream records)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 
     public static void main(String[] argv) {
@@ -46,6 +47,7 @@ public final class KStreamsBench {
                 case "window": result = WindowBench.run(a, false); break;
                 case "window-restore": result = WindowBench.run(a, true); break;
                 case "repartition": result = RepartitionBench.run(a); break;
+                case "join": result = JoinBench.run(a); break;
                 default: throw new IllegalArgumentException("unknown subcommand " + argv[0] + "\n" + USAGE);
             }
             System.out.println(result);

@@ -38,6 +38,8 @@ final class StoreApp {
     WindowBench.Spec windowed;
     /** repartition: a count re-keyed through a repartition topic (see RepartitionBench). */
     boolean repartitioned;
+    /** join: the table's topic of a stream-table join (see JoinBench); null = no join. */
+    String tableTopic;
 
     StoreApp(Args a) {
         bootstrap = a.str("bootstrap");
@@ -70,6 +72,7 @@ final class StoreApp {
     Topology topology(ProcessedCounter counter) {
         if (windowed != null) return WindowBench.topology(this, counter);
         if (repartitioned) return RepartitionBench.topology(this, counter);
+        if (tableTopic != null) return JoinBench.topology(this, counter);
         Topology t = new Topology();
         t.addSource("source", new BytesDeserializer(), new ByteArrayDeserializer(), inputTopic);
         boolean forward = outputTopic != null;

@@ -118,6 +118,10 @@ def run_json(cmd, env=None):
     if proc.returncode != 0 or "error" in result:
         raise SystemExit(f"contender failed: {' '.join(cmd)}\n{line}")
     result["peak_rss_bytes"] = usage.ru_maxrss * 1024
+    # The contender's whole life (start, restore, shutdown; a JVM's start
+    # too), user + system, broker excluded: a cost that does not depend on
+    # how the two cores are shared, as a rate does.
+    result["cpu_seconds"] = usage.ru_utime + usage.ru_stime
     return result
 
 
@@ -1287,9 +1291,9 @@ class Suite:
             print(f"\n## {scenario} ({self.a.records} records, {self.a.partitions} partitions, median of {self.a.reps})")
             # write-eos: the output records a read_committed consumer counted, per rep.
             counted = any("output_records" in r for rs in contenders.values() for r in rs)
-            print(f"| contender | records | records/s | MB/s | seconds | peak RSS MiB | ratio to {baselines[scenario]} |"
+            print(f"| contender | records | records/s | MB/s | seconds | peak RSS MiB | CPU s per M records | ratio to {baselines[scenario]} |"
                   + (" output records (read_committed) per rep |" if counted else ""))
-            print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""))
+            print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if counted else ""))
             for name, results in contenders.items():
                 rps = median_of(results, "records_per_sec")
                 secs = median_of(results, "seconds")
@@ -1301,15 +1305,18 @@ class Suite:
                 mbs = median_of([dict(r, mb=(r.get("bytes") or r["records"] * per_record) / r["seconds"] / 1e6)
                                  for r in results if r.get("seconds") and (r.get("bytes") or per_record)], "mb")
                 rss = median_of(results, "peak_rss_bytes")
+                cpu = median_of([dict(r, cpu_per_m=r["cpu_seconds"] / r["records"] * 1e6)
+                                 for r in results if r.get("cpu_seconds") is not None and r.get("records")], "cpu_per_m")
                 # Restores of different changelogs (tail, window) compare by time.
                 ratio = ((base_secs / secs if secs else None) if scenario in ("tail-restore", "window-restore")
                          else (rps / base if base else None))
                 outs = [r.get("output_records") for r in results]
                 print(f"| {name} | {int(median_of(results, 'records'))} | {rps:,.0f} | "
-                      f"{'-' if mbs is None else f'{mbs:.1f}'} | {secs:.3f} | {rss / 2**20:.0f} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+                      f"{'-' if mbs is None else f'{mbs:.1f}'} | {secs:.3f} | {rss / 2**20:.0f} | {'-' if cpu is None else f'{cpu:.2f}'} | "
+                      f"{'-' if ratio is None else f'{ratio:.2f}'} |"
                       + (f" {', '.join('-' if o is None else str(o) for o in outs)} |" if counted else ""))
                 out.append({"scenario": scenario, "contender": name, "records_per_sec": rps, "mb_per_sec": mbs,
-                            "seconds": secs, "peak_rss_bytes": rss, "ratio_to_baseline": ratio,
+                            "seconds": secs, "peak_rss_bytes": rss, "cpu_seconds_per_million": cpu, "ratio_to_baseline": ratio,
                             "baseline": baselines[scenario], "runs": results,
                             **({"output_records": outs} if counted else {})})
             if scenario == "write-eos":

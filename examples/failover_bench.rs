@@ -235,7 +235,7 @@ fn instance(o: &Opts) -> Result<(), BoxError> {
         None => app,
     };
     let app = match o.0.get("peer-address") {
-        Some(v) => app.peer_address(v),
+        Some(v) => app.peer_address(v).peer_secret("failover-bench-peer-secret"),
         None => app,
     };
     let app = match o.0.get("peer-timeout-ms") {

@@ -237,6 +237,8 @@ impl Default for AppBuilder {
                 application_server: None,
                 peer_address: None,
                 peer_timeout: DEFAULT_PEER_TIMEOUT,
+                peer_secret: None,
+                peer_plaintext: false,
                 client_tags: Default::default(),
                 processing_guarantee: ProcessingGuarantee::AtLeastOnce,
                 transaction_timeout: Duration::from_secs(10),
@@ -569,6 +571,47 @@ impl AppBuilder {
     /// session timeout only. See the README's "Failure detection".
     pub fn peer_address(mut self, host_port: impl Into<String>) -> Self {
         self.config.peer_address = Some(host_port.into());
+        self
+    }
+
+    /// The secret the peer links authenticate with (at least 16 bytes, the
+    /// same on every instance of the application): before any message of
+    /// a link counts, both ends prove they hold it by a challenge-response
+    /// (HMAC-SHA256 over both ends' nonces, incarnations and the group;
+    /// the secret never crosses the wire). A connection that fails is
+    /// closed and counted in `kstate_peer_rejected_total`. The links are
+    /// authenticated, not encrypted: what crosses them is liveness and the
+    /// group's member ids and addresses. `peer_address` needs this,
+    /// [`peer_secret_file`](Self::peer_secret_file) or
+    /// [`peer_plaintext`](Self::peer_plaintext).
+    pub fn peer_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.config.peer_secret = Some(Ok(std::sync::Arc::from(secret.as_ref())));
+        self
+    }
+
+    /// [`peer_secret`](Self::peer_secret) read from a file (its bytes,
+    /// without a trailing newline), e.g. a mounted secret. A missing or
+    /// unreadable file is `Error::Config` at `build`.
+    pub fn peer_secret_file(mut self, path: impl AsRef<std::path::Path>) -> Self {
+        let path = path.as_ref();
+        self.config.peer_secret = Some(match std::fs::read(path) {
+            Ok(mut bytes) => {
+                while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    bytes.pop();
+                }
+                Ok(std::sync::Arc::from(bytes))
+            }
+            Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
+        });
+        self
+    }
+
+    /// Runs the peer links without authentication (a warning at start):
+    /// anything that reaches the port can then say `Bye` for an instance
+    /// (which stops others from watching it) or learn the group's members.
+    /// Only for networks where nothing else can reach the port.
+    pub fn peer_plaintext(mut self) -> Self {
+        self.config.peer_plaintext = true;
         self
     }
 

@@ -362,6 +362,11 @@ pub(crate) struct AppConfig {
     pub(crate) peer_address: Option<String>,
     /// How long a silent peer holding this instance's lease is given.
     pub(crate) peer_timeout: Duration,
+    /// The peer links' shared secret (`peer_secret`), or why it could not
+    /// be read (`peer_secret_file`: reported at `build`).
+    pub(crate) peer_secret: Option<std::result::Result<std::sync::Arc<[u8]>, String>>,
+    /// Peer links without authentication, chosen explicitly.
+    pub(crate) peer_plaintext: bool,
     pub(crate) client_tags: std::collections::BTreeMap<String, String>,
     pub(crate) processing_guarantee: ProcessingGuarantee,
     /// `transaction.timeout.ms` of the transactional producer (exactly-once).
@@ -761,6 +766,26 @@ impl AppConfig {
                     )))
                 }
                 Some(_) => {}
+            }
+            match (&self.peer_secret, self.peer_plaintext) {
+                (Some(Err(why)), _) => return Err(Error::Config(format!("peer_secret_file: {why}"))),
+                (Some(Ok(secret)), _) if secret.len() < crate::group::peers::MIN_SECRET_BYTES => {
+                    return Err(Error::Config(format!(
+                        "peer_secret is {} bytes; it must be at least {} (a random secret: `openssl rand -hex 32`)",
+                        secret.len(),
+                        crate::group::peers::MIN_SECRET_BYTES
+                    )))
+                }
+                (Some(Ok(_)), true) => return Err(Error::Config("peer_secret and peer_plaintext exclude each other".into())),
+                (None, false) => {
+                    return Err(Error::Config(
+                        "peer_address needs peer_secret (or peer_secret_file) to authenticate the peer links, or \
+                         peer_plaintext() to run them unauthenticated (anyone reaching the port could then make this \
+                         instance stop watching another)"
+                            .into(),
+                    ))
+                }
+                _ => {}
             }
             let session = timeouts.session;
             if self.peer_timeout < Duration::from_millis(100) || self.peer_timeout >= session {

@@ -68,6 +68,7 @@
 //! | `kstate_peers_dropped_total` | counter | peers this instance made the group drop, label `reason` (`closed`: the process is gone; `timeout`: silent for `peer_timeout`) |
 //! | `kstate_peer_failover_seconds` | histogram | from dropping a peer to this instance's next assignment |
 //! | `kstate_peer_lease_lapses_total` | counter | times this instance stopped writing because a peer's lease ran out (a peer frozen or cut off, or this instance itself) |
+//! | `kstate_peer_rejected_total` | counter | connections the peer listener refused, label `reason` (`bad_proof`: a wrong proof of the shared secret; `unauthenticated`: a message before the handshake, or none in time; `garbage`: not a message or a line too long; `too_many_connections`: its source address holds 16 already; `wrong_group`: a peer of another application) |
 //! | `kstate_snapshots_total` | counter | snapshots of store partitions, label `result` (`ok`, `failed`; no store labels) |
 //! | `kstate_snapshot_seconds` | histogram | how long a snapshot took: checkpoint, upload of new files, manifest (no store labels) |
 //! | `kstate_snapshot_delta_bytes` | gauge | bytes the last snapshot of a store partition uploaded (files the snapshot store did not have) |
@@ -225,6 +226,8 @@ pub const PEERS_DROPPED: &str = "kstate_peers_dropped_total";
 pub const PEER_FAILOVER_SECONDS: &str = "kstate_peer_failover_seconds";
 /// See the table above.
 pub const PEER_LEASE_LAPSES: &str = "kstate_peer_lease_lapses_total";
+/// See the table above.
+pub const PEER_REJECTED: &str = "kstate_peer_rejected_total";
 
 /// Handles for one store partition, resolved once so the hot path only
 /// touches atomics.

@@ -222,6 +222,10 @@ const TOPICS: &[(&str, &[&str])] = &[
         "windows",
         &["kstate_window_segments", "kstate_window_oldest_live_ms", "kstate_window_late_records_total", "kstate_window_segments_dropped_total"],
     ),
+    (
+        "failure detection: peers, drops, lease lapses, failover, refused connections",
+        &["kstate_peers", "kstate_peers_dropped_total", "kstate_peer_lease_lapses_total", "kstate_peer_failover_seconds", "kstate_peer_rejected_total"],
+    ),
 ];
 
 /// The sections of docs/runbook.md the panels' hints point to.
@@ -321,6 +325,14 @@ const NOT_CAUSED: &[(&str, &str)] = &[
     // full restore below stays one); tests/snapshots.rs seeds them.
     ("kstate_snapshot_seed_bytes_per_sec", "needs a store seeded from a snapshot"),
     ("kstate_snapshot_seeds_total", "needs a store seeded from a snapshot"),
+    // Failure detection: these instances run without peer links; the peer
+    // metrics need instances as processes that are killed, frozen or sent
+    // strangers' connections (tests/peers.rs does each).
+    ("kstate_peers", "needs peer links"),
+    ("kstate_peers_dropped_total", "needs a peer dropped"),
+    ("kstate_peer_lease_lapses_total", "needs a peer's lease to run out"),
+    ("kstate_peer_failover_seconds", "needs a peer dropped"),
+    ("kstate_peer_rejected_total", "needs a refused peer connection"),
 ];
 
 /// Series names in a Prometheus text render, with the sum of their values.

@@ -110,7 +110,7 @@ fn a_peer_address_that_cannot_be_bound_is_a_startup_config_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let Fixture { input, app, state } = fixture("peerbind", 1);
-    let app = builder(&app, &input, state.path()).store(StoreDefinition::new("s")).peer_address(address.clone()).build().unwrap();
+    let app = builder(&app, &input, state.path()).store(StoreDefinition::new("s")).peer_address(address.clone()).peer_plaintext().build().unwrap();
     let e = app.run(|_, _| Ok::<(), Error>(())).unwrap_err();
     assert!(matches!(&e, Error::Config(m) if m.contains(&address) && m.contains("cannot listen")), "{e:?}");
 }
@@ -140,8 +140,12 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("peer address without a host", base().peer_address(":7070")),
         ("unspecified peer address", base().peer_address("0.0.0.0:7070")),
         ("unspecified IPv6 peer address", base().peer_address("[::]:7070")),
-        ("zero peer timeout", base().peer_address("h:7070").peer_timeout(Duration::ZERO)),
-        ("peer timeout not below the session timeout", base().peer_address("h:7070").peer_timeout(Duration::from_secs(45))),
+        ("zero peer timeout", base().peer_address("h:7070").peer_plaintext().peer_timeout(Duration::ZERO)),
+        ("peer timeout not below the session timeout", base().peer_address("h:7070").peer_plaintext().peer_timeout(Duration::from_secs(45))),
+        ("peer address without a secret or plaintext", base().peer_address("h:7070")),
+        ("peer secret under 16 bytes", base().peer_address("h:7070").peer_secret("short")),
+        ("peer secret file missing", base().peer_address("h:7070").peer_secret_file("/nonexistent/kstate-secret")),
+        ("peer secret and plaintext", base().peer_address("h:7070").peer_secret("0123456789abcdef").peer_plaintext()),
         ("probing interval below 1 s", base().probing_rebalance_interval(Duration::from_millis(10))),
         ("state memory below 16 MiB", base().max_state_memory(1 << 20)),
         ("transactional.id is kstate's", base().kafka_config("transactional.id", "mine")),
@@ -154,7 +158,8 @@ fn bad_configuration_is_rejected_before_connecting() {
         assert!(matches!(b.build(), Err(Error::Config(_))), "{what} must be Error::Config");
     }
     assert!(base().store(StoreDefinition::new("ok")).build().is_ok());
-    assert!(base().store(StoreDefinition::new("ok")).peer_address("[::1]:0").build().is_ok());
+    assert!(base().store(StoreDefinition::new("ok")).peer_address("[::1]:0").peer_secret("0123456789abcdef").build().is_ok());
+    assert!(base().store(StoreDefinition::new("ok")).peer_address("[::1]:0").peer_plaintext().build().is_ok());
     // The peer timeout matters only with a peer address.
     assert!(base().store(StoreDefinition::new("ok")).peer_timeout(Duration::ZERO).build().is_ok());
     assert!(eos().store(StoreDefinition::new("ok")).build().is_ok());

@@ -339,3 +339,70 @@ fn a_static_member_that_stops_cleanly_is_not_dropped_and_one_that_is_killed_is()
     let sent = feeder.join(true);
     stop_and_check(instances, &app, &input, &sent, "a static member stopped, then killed");
 }
+
+/// A stranger on the peer port: connections without the shared secret
+/// that say `Bye` for an instance (its incarnation learnt from its own
+/// listener's `Welcome`), `Nudge`, garbage or an endless line are refused
+/// and logged, and change nothing: a SIGKILL of that instance afterwards
+/// is detected at once as usual (an accepted `Bye` would have made the
+/// others stop watching it: detection only at the 45 s session timeout).
+#[test]
+fn a_stranger_without_the_secret_is_refused_and_detection_still_works() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::net::TcpStream;
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("peerauth", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let options = format!("{DEFAULTS};peer=127.0.0.1:0");
+    let mut instances: Vec<Instance> =
+        ["a", "b"].iter().map(|n| Instance::start_opts(n, &bootstrap, &app, &input, dir, "", ONE_STANDBY, &options)).collect();
+    balanced_with(&mut instances, 1, Duration::from_secs(90));
+    let address = |i: &Instance| {
+        let text = i.text();
+        let line = text.lines().find(|l| l.contains("watching the other instances")).expect("a peer listener").to_string();
+        field(&line, "address").expect("its address").to_string()
+    };
+    let (victim, watcher) = (address(&instances[0]), address(&instances[1]));
+    let connect = |at: &str| {
+        let s = TcpStream::connect(at).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s
+    };
+    // The victim's incarnation, from its listener's welcome (sent before any proof).
+    let mut s = connect(&victim);
+    writeln!(s, r#"{{"t":"Hello","group":"{app}","incarnation":7}}"#).unwrap();
+    let mut line = String::new();
+    BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
+    let welcome: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let incarnation = welcome["incarnation"].as_u64().expect("an incarnation in the welcome");
+    assert!(welcome["proof"].as_str().is_some_and(|p| p.len() == 64), "the listener proves the secret: {line}");
+    // Its `Bye`, said to the watcher by a stranger.
+    let mark = instances[1].log_len();
+    let mut s = connect(&watcher);
+    writeln!(s, r#"{{"t":"Hello","group":"{app}","incarnation":{incarnation},"member":"x"}}"#).unwrap();
+    writeln!(s, r#"{{"t":"Bye"}}"#).unwrap();
+    writeln!(s, r#"{{"t":"Proof","proof":"{}"}}"#, "0".repeat(64)).unwrap();
+    for attack in [r#"{"t":"Nudge"}"#.to_string(), "garbage".into(), "x".repeat(40_000)] {
+        let mut s = connect(&watcher);
+        let _ = writeln!(s, "{attack}");
+    }
+    wait_until("the watcher to log the refusal", Duration::from_secs(10), || {
+        instances[1].text().get(mark..).unwrap_or("").contains("a connection to the peer listener was refused")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Detection is unaffected: the victim's kill is found at once.
+    let mark = instances[1].log_len();
+    let killed = Instant::now();
+    let victim_instance = instances.remove(0);
+    victim_instance.kill();
+    wait_until("the watcher to drop the killed instance", Duration::from_secs(10), || {
+        let text = instances[0].text();
+        let after = text.get(mark..).unwrap_or("");
+        after.contains("dropped a peer from the group") || after.contains("already out of the group")
+    });
+    eprintln!("kill -> dropped: {:?}", killed.elapsed());
+    for i in instances {
+        i.stop();
+    }
+}

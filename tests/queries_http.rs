@@ -50,7 +50,7 @@ fn query_child() {
     if std::env::var("KSTATE_CHILD_PEERS").is_ok() {
         // Kafka's default heartbeat and session, with failure detection
         // among the instances (a clean shutdown's bye nudges the others).
-        app = app.kafka_config("session.timeout.ms", "45000").kafka_config("heartbeat.interval.ms", "3000").peer_address("127.0.0.1:0");
+        app = app.kafka_config("session.timeout.ms", "45000").kafka_config("heartbeat.interval.ms", "3000").peer_address("127.0.0.1:0").peer_secret("kstate-tests-peer-secret-0123");
     }
     let app = app.build().expect("valid config");
     let server = Arc::new(http::Server { queries: app.queries(), me: listen.to_string(), client: reqwest::Client::new() });

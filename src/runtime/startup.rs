@@ -119,10 +119,15 @@ pub(super) fn peer_listener(config: &AppConfig) -> Result<Option<crate::group::p
         .map_err(|e| Error::Config(format!("peer_address `{address}`: cannot listen there: {e}")))?;
     let port = listener.local_addr().map_err(|e| Error::io("peer listener", e))?.port();
     let host = crate::config::host_of(address).unwrap_or(address);
+    let secret = config.peer_secret.clone().and_then(|s| s.ok());
+    if secret.is_none() {
+        tracing::warn!(%address, "peer links run unauthenticated (peer_plaintext): anything that reaches the port can speak for an instance");
+    }
     Ok(Some(crate::group::peers::PeerSettings {
         listener: std::sync::Arc::new(listener),
         advertised: format!("{host}:{port}"),
         timeout: config.peer_timeout,
+        secret,
     }))
 }
 

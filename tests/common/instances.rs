@@ -30,6 +30,9 @@ impl RestoreListener for PrintRestores {
 /// A child instance: runs until its stdin closes, then stops cleanly.
 /// Prints `KSTATE-PROCESSED partition=P` the first time it processes a
 /// record of a partition since the partition was last (re)assigned to it.
+/// The peer links' shared secret of the test instances.
+pub const TEST_PEER_SECRET: &str = "kstate-tests-peer-secret-0123";
+
 pub fn child_main() {
     let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
     let fields: Vec<&str> = settings.split('\t').collect();
@@ -50,7 +53,8 @@ pub fn child_main() {
         builder = builder.kafka_config("group.instance.id", instance);
     }
     if let Some(address) = option("peer") {
-        builder = builder.peer_address(address);
+        // Authenticated links, as a deployment should run them.
+        builder = builder.peer_address(address).peer_secret(TEST_PEER_SECRET);
     }
     if let Some(ms) = option("peer_timeout_ms") {
         builder = builder.peer_timeout(Duration::from_millis(ms.parse().unwrap()));

@@ -2,7 +2,10 @@
 //! connects to every other instance's listener (one outbound link per
 //! peer) and answers the links that reach its own listener.
 //!
-//! On a link the caller sends `Hello` once, then a `Ping` every
+//! With a shared secret the link opens with a handshake (`auth.rs`): the
+//! caller's `Hello` carries a nonce, the listener's `Welcome` its own nonce
+//! and its proof, the caller's `Proof` its proof; nothing else counts
+//! before. On a link the caller sends `Hello` once, then a `Ping` every
 //! `peer_timeout / 6`; the listener answers `Welcome`, then an `Ack` per
 //! ping. An ack may grant the caller a lease: "I will not drop you from the
 //! group for silence until `lease_ms` after this ping was sent". The caller
@@ -20,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::super::payload::{PeerAddress, PeerInfo};
+use super::auth::{self, Handshake, Rejected};
 use super::Shared;
 
 /// One message on a peer link.
@@ -29,6 +33,9 @@ pub(super) enum Msg {
     /// Caller → listener, first: who calls. A static member that restarted
     /// into its place without a rebalance is learnt from this (`Shared::introduced`).
     Hello {
+        /// The caller's nonce (empty without a secret).
+        #[serde(default)]
+        nonce: String,
         group: String,
         incarnation: u64,
         #[serde(default)]
@@ -40,8 +47,17 @@ pub(super) enum Msg {
         #[serde(default)]
         address: String,
     },
-    /// Listener → caller: the process answering here.
-    Welcome { incarnation: u64 },
+    /// Listener → caller: the process answering here, with its nonce and
+    /// its proof of the secret (both empty without one).
+    Welcome {
+        incarnation: u64,
+        #[serde(default)]
+        nonce: String,
+        #[serde(default)]
+        proof: String,
+    },
+    /// Caller → listener, after `Welcome`: its proof of the secret.
+    Proof { proof: String },
     /// Listener → caller: not a member of this application.
     Refused { reason: String },
     /// Caller → listener: still alive, as `member` of `generation`.
@@ -104,6 +120,7 @@ fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>) -> std::io::Res
             buf.clear();
             msg.map(Some)
         }
+        Ok(_) if buf.len() > auth::MAX_LINE_BYTES => Err(std::io::Error::new(ErrorKind::InvalidData, "a line longer than the limit")),
         Ok(_) => Ok(None),
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => Ok(None),
         Err(e) => Err(e),
@@ -119,11 +136,18 @@ pub(super) fn listen(shared: Arc<Shared>, listener: Arc<TcpListener>) {
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, from)) => {
+                if !shared.gate.admit(from.ip()) {
+                    shared.gate.rejected(from.ip(), Rejected::TooManyConnections, "");
+                    continue; // (dropped: closed)
+                }
                 let shared = shared.clone();
                 let spawned = std::thread::Builder::new().name("kstate-peer-in".into()).spawn(move || {
-                    if let Err(e) = answer(&shared, stream) {
-                        tracing::debug!(%from, error = %e, "peer link closed");
+                    match answer(&shared, stream) {
+                        Ok(()) => {}
+                        Err(Refusal::Rejected(why, detail)) => shared.gate.rejected(from.ip(), why, &detail),
+                        Err(Refusal::Io(e)) => tracing::debug!(%from, error = %e, "peer link closed"),
                     }
+                    shared.gate.release(from.ip());
                 });
                 if let Err(e) = spawned {
                     tracing::warn!(error = %e, "cannot start a thread for a peer link");
@@ -138,8 +162,28 @@ pub(super) fn listen(shared: Arc<Shared>, listener: Arc<TcpListener>) {
     }
 }
 
-/// Answers one caller: its pings with acks (and leases), its nudges and bye.
-fn answer(shared: &Arc<Shared>, stream: TcpStream) -> std::io::Result<()> {
+/// Why a listener closed a link.
+enum Refusal {
+    /// Counted and logged (`kstate_peer_rejected_total`).
+    Rejected(Rejected, String),
+    /// The link broke or ended.
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Refusal {
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            ErrorKind::InvalidData => Refusal::Rejected(Rejected::Garbage, e.to_string()),
+            _ => Refusal::Io(e),
+        }
+    }
+}
+
+/// Answers one caller: the handshake, then its pings with acks (and
+/// leases), its nudges and bye. Nothing counts before the caller is
+/// authenticated (with a secret: its proof checked), and a caller that is
+/// not within `peer_timeout` is refused.
+fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_millis(100)))?;
@@ -147,44 +191,89 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> std::io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
+    // The caller's incarnation, once authenticated.
     let mut caller = None;
+    // With a secret, between `Welcome` and `Proof`: the caller's hello and this side's nonce.
+    let mut pending: Option<(Msg, String)> = None;
     let hello_by = Instant::now() + shared.timeout;
+    let unauthenticated = |what: &str| Err(Refusal::Rejected(Rejected::Unauthenticated, what.to_string()));
     while !shared.stop.load(Ordering::SeqCst) {
         let Some(msg) = receive(&mut reader, &mut buf)? else {
             if caller.is_none() && Instant::now() > hello_by {
-                return Err(std::io::Error::new(ErrorKind::TimedOut, "no hello"));
+                return unauthenticated("no handshake within peer_timeout");
             }
             continue;
         };
         match msg {
-            Msg::Hello { group, incarnation, member, generation, instance_id, address } => {
-                if group != shared.group {
-                    let reason = format!("this is a peer of application `{}`, not `{group}`", shared.group);
-                    send(&mut writer, &Msg::Refused { reason })?;
-                    return Ok(());
+            Msg::Hello { ref group, .. } if group != &shared.group => {
+                let reason = format!("this is a peer of application `{}`, not `{group}`", shared.group);
+                send(&mut writer, &Msg::Refused { reason })?;
+                return Err(Refusal::Rejected(Rejected::WrongGroup, group.clone()));
+            }
+            Msg::Hello { .. } if caller.is_some() || pending.is_some() => return unauthenticated("a second hello"),
+            Msg::Hello { ref nonce, incarnation, .. } => match &shared.secret {
+                None => {
+                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: String::new(), proof: String::new() })?;
+                    caller = Some(incarnation);
+                    welcomed(shared, msg);
+                }
+                Some(secret) => {
+                    let mine = auth::nonce();
+                    let handshake = Handshake {
+                        group: &shared.group,
+                        caller_nonce: nonce,
+                        listener_nonce: &mine,
+                        caller_incarnation: incarnation,
+                        listener_incarnation: shared.incarnation,
+                    };
+                    let proof = handshake.proof(secret, auth::LISTENER);
+                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: mine.clone(), proof })?;
+                    pending = Some((msg, mine));
+                }
+            },
+            Msg::Proof { proof } => {
+                let (Some((hello, mine)), Some(secret)) = (pending.take(), &shared.secret) else {
+                    return unauthenticated("a proof out of turn");
+                };
+                let Msg::Hello { ref nonce, incarnation, .. } = hello else { unreachable!("pending holds a hello") };
+                let handshake = Handshake {
+                    group: &shared.group,
+                    caller_nonce: nonce,
+                    listener_nonce: &mine,
+                    caller_incarnation: incarnation,
+                    listener_incarnation: shared.incarnation,
+                };
+                if !handshake.verify(secret, auth::CALLER, &proof) {
+                    return Err(Refusal::Rejected(Rejected::BadProof, "the caller's proof of the shared secret is wrong".into()));
                 }
                 caller = Some(incarnation);
-                send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation })?;
-                if let Some(instance_id) = instance_id {
-                    let info = PeerInfo { member_id: member, instance_id: Some(instance_id), address: PeerAddress { address, incarnation } };
-                    Shared::introduced(shared, info, generation);
-                }
+                welcomed(shared, hello);
             }
             Msg::Ping { seq, member, generation, armed } if caller.is_some() => {
                 let (lease_ms, dropped, generation) = shared.pinged(&member, generation, armed);
                 send(&mut writer, &Msg::Ack { seq, lease_ms, dropped, generation })?;
             }
-            Msg::Nudge => (shared.nudge)(),
-            Msg::Bye => {
+            Msg::Nudge if caller.is_some() => (shared.nudge)(),
+            Msg::Bye if caller.is_some() => {
                 if let Some(incarnation) = caller {
                     shared.departed(incarnation);
                 }
                 return Ok(());
             }
+            Msg::Ping { .. } | Msg::Nudge | Msg::Bye => return unauthenticated("a message before the handshake"),
             other => tracing::debug!(?other, "unexpected peer message"),
         }
     }
     Ok(())
+}
+
+/// An authenticated caller's hello: a static member that restarted into
+/// its place is learnt from it.
+fn welcomed(shared: &Arc<Shared>, hello: Msg) {
+    if let Msg::Hello { incarnation, member, generation, instance_id: Some(instance_id), address, .. } = hello {
+        let info = PeerInfo { member_id: member, instance_id: Some(instance_id), address: PeerAddress { address, incarnation } };
+        Shared::introduced(shared, info, generation);
+    }
 }
 
 /// This instance's link to one peer: connects, pings, reads acks; notes
@@ -241,14 +330,53 @@ pub(super) fn call(shared: Arc<Shared>, peer: PeerInfo, commands: Receiver<LinkC
     }
 }
 
-/// A bye on a connection of its own (the link was down when told to).
+/// A bye on a connection of its own (the link was down when told to),
+/// after the handshake (at most about 200 ms).
 fn say_bye(shared: &Shared, peer: &PeerInfo) {
     let Some(addr) = peer.address.address.to_socket_addrs().ok().and_then(|mut a| a.next()) else { return };
-    if let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
-        let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-        let _ = send(&mut stream, &shared.hello());
-        let _ = send(&mut stream, &Msg::Bye);
+    let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return };
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+    let Ok(mut writer) = stream.try_clone() else { return };
+    let mut reader = BufReader::new(stream);
+    let nonce = auth::nonce();
+    if send(&mut writer, &shared.hello(&nonce)).is_err() {
+        return;
     }
+    let (mut buf, by) = (Vec::new(), Instant::now() + Duration::from_millis(200));
+    while Instant::now() < by {
+        match receive(&mut reader, &mut buf) {
+            Ok(Some(Msg::Welcome { incarnation, nonce: theirs, proof })) => {
+                if let Ok(Some(reply)) = answer_welcome(shared, &nonce, (incarnation, &theirs, &proof)) {
+                    let _ = send(&mut writer, &reply);
+                }
+                let _ = send(&mut writer, &Msg::Bye);
+                return;
+            }
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The caller's side of the handshake: checks the listener's proof of the
+/// secret and returns the caller's (`None`: no secret, nothing to prove).
+fn answer_welcome(shared: &Shared, nonce: &str, (incarnation, theirs, proof): (u64, &str, &str)) -> std::io::Result<Option<Msg>> {
+    let Some(secret) = &shared.secret else { return Ok(None) };
+    let handshake = Handshake {
+        group: &shared.group,
+        caller_nonce: nonce,
+        listener_nonce: theirs,
+        caller_incarnation: shared.incarnation,
+        listener_incarnation: incarnation,
+    };
+    if !handshake.verify(secret, auth::LISTENER, proof) {
+        return Err(std::io::Error::new(
+            ErrorKind::PermissionDenied,
+            "the peer could not prove the shared secret (another peer_secret, or not a peer of this application)",
+        ));
+    }
+    Ok(Some(Msg::Proof { proof: handshake.proof(secret, auth::CALLER) }))
 }
 
 /// One connection of [`call`]. `Ok`: told to stop.
@@ -267,7 +395,8 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
-    send(&mut writer, &shared.hello())?;
+    let nonce = auth::nonce();
+    send(&mut writer, &shared.hello(&nonce))?;
     let welcome_by = Instant::now() + shared.timeout;
     let interval = shared.timeout / 6;
     let mut next_ping = Instant::now();
@@ -307,7 +436,11 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
             continue;
         };
         match msg {
-            Msg::Welcome { incarnation } => {
+            Msg::Welcome { incarnation, nonce: theirs, proof } => {
+                // Nothing the listener says counts before its proof.
+                if let Some(reply) = answer_welcome(shared, &nonce, (incarnation, &theirs, &proof))? {
+                    send(&mut writer, &reply)?;
+                }
                 if shared.is_member_incarnation(incarnation) && incarnation != peer.address.incarnation {
                     // Not a restart: two members publish addresses that
                     // lead to the same process (e.g. `localhost`).

@@ -14,7 +14,10 @@
 //! see [`super::SessionClock::alive`]), so by the time a peer drops it, it
 //! stopped writing. A dead process needs no lease: it writes nothing.
 
+mod auth;
 mod link;
+
+pub(crate) use auth::MIN_SECRET_BYTES;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::TcpListener;
@@ -45,6 +48,8 @@ pub(crate) struct PeerSettings {
     /// `host:port` other instances connect to.
     pub(crate) advertised: String,
     pub(crate) timeout: Duration,
+    /// The links' shared secret (`None`: unauthenticated, chosen explicitly).
+    pub(crate) secret: Option<Arc<[u8]>>,
 }
 
 /// Why a peer was dropped (the `reason` label of `kstate_peers_dropped_total`).
@@ -140,6 +145,10 @@ pub(super) struct Shared {
     /// Set when this instance stops on purpose: it judges no one any more.
     quiet: AtomicBool,
     state: Mutex<State>,
+    /// The links' shared secret (`None`: unauthenticated).
+    secret: Option<Arc<[u8]>>,
+    /// What the listener refuses, and the connections per source.
+    gate: auth::Gate,
 }
 
 impl Shared {
@@ -255,10 +264,11 @@ impl Shared {
         self.refresh_lease(&state);
     }
 
-    /// This instance's `Hello`.
-    fn hello(&self) -> link::Msg {
+    /// This instance's `Hello`, with its nonce for the handshake.
+    fn hello(&self, nonce: &str) -> link::Msg {
         let state = self.state();
         link::Msg::Hello {
+            nonce: nonce.to_string(),
             group: self.group.clone(),
             incarnation: self.incarnation,
             member: state.member.clone(),
@@ -348,6 +358,8 @@ impl Peers {
             nudge: Arc::from(nudge),
             stop: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
+            secret: settings.secret.clone(),
+            gate: auth::Gate::default(),
             state: Mutex::new(State {
                 member: String::new(),
                 generation: -1,
@@ -704,6 +716,8 @@ mod tests {
             nudge: Arc::new(|| {}),
             stop: AtomicBool::new(false),
             quiet: AtomicBool::new(false),
+            secret: None,
+            gate: auth::Gate::default(),
             state: Mutex::new(State {
                 member: "me".into(),
                 generation: 5,

@@ -590,14 +590,18 @@ impl AppBuilder {
     }
 
     /// [`peer_secret`](Self::peer_secret) read from a file (its bytes,
-    /// without a trailing newline), e.g. a mounted secret. A missing or
+    /// without one trailing line end), e.g. a mounted secret. A missing or
     /// unreadable file is `Error::Config` at `build`.
     pub fn peer_secret_file(mut self, path: impl AsRef<std::path::Path>) -> Self {
         let path = path.as_ref();
         self.config.peer_secret = Some(match std::fs::read(path) {
             Ok(mut bytes) => {
-                while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                // One trailing line end (an editor's), not more.
+                if bytes.ends_with(b"\n") {
                     bytes.pop();
+                    if bytes.ends_with(b"\r") {
+                        bytes.pop();
+                    }
                 }
                 Ok(std::sync::Arc::from(bytes))
             }

@@ -371,18 +371,34 @@ fn a_stranger_without_the_secret_is_refused_and_detection_still_works() {
     };
     // The victim's incarnation, from its listener's welcome (sent before any proof).
     let mut s = connect(&victim);
-    writeln!(s, r#"{{"t":"Hello","group":"{app}","incarnation":7}}"#).unwrap();
+    writeln!(s, r#"{{"t":"Hello","nonce":"00","group":"{app}","incarnation":7}}"#).unwrap();
     let mut line = String::new();
     BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
     let welcome: serde_json::Value = serde_json::from_str(&line).unwrap();
     let incarnation = welcome["incarnation"].as_u64().expect("an incarnation in the welcome");
     assert!(welcome["proof"].as_str().is_some_and(|p| p.len() == 64), "the listener proves the secret: {line}");
-    // Its `Bye`, said to the watcher by a stranger.
+    // Its `Bye`, said to the watcher by a stranger: after a wrong proof,
+    // and before any proof.
     let mark = instances[1].log_len();
+    for proof_first in [true, false] {
+        let mut s = connect(&watcher);
+        writeln!(s, r#"{{"t":"Hello","nonce":"00","group":"{app}","incarnation":{incarnation},"member":"x"}}"#).unwrap();
+        let mut welcome = String::new();
+        BufReader::new(s.try_clone().unwrap()).read_line(&mut welcome).unwrap();
+        if proof_first {
+            let _ = writeln!(s, r#"{{"t":"Proof","proof":"{}"}}"#, "0".repeat(64));
+        }
+        let _ = writeln!(s, r#"{{"t":"Bye"}}"#);
+    }
+    // A line without end, sent without pause: cut at 16 KiB.
     let mut s = connect(&watcher);
-    writeln!(s, r#"{{"t":"Hello","group":"{app}","incarnation":{incarnation},"member":"x"}}"#).unwrap();
-    writeln!(s, r#"{{"t":"Bye"}}"#).unwrap();
-    writeln!(s, r#"{{"t":"Proof","proof":"{}"}}"#, "0".repeat(64)).unwrap();
+    let _ = s.write_all(&vec![b'x'; 1 << 20]);
+    let mut byte = [0u8; 1];
+    match std::io::Read::read(&mut s, &mut byte) {
+        Ok(0) => {}
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) => {}
+        other => panic!("the listener must close a connection whose line never ends: {other:?}"),
+    }
     for attack in [r#"{"t":"Nudge"}"#.to_string(), "garbage".into(), "x".repeat(40_000)] {
         let mut s = connect(&watcher);
         let _ = writeln!(s, "{attack}");

@@ -111,19 +111,38 @@ fn send(stream: &mut TcpStream, msg: &Msg) -> std::io::Result<()> {
 }
 
 /// Reads one message, waiting at most the stream's read timeout. `Ok(None)`:
-/// nothing complete yet (the partial line stays in `buf`).
+/// nothing complete yet (the partial line stays in `buf`). A line longer
+/// than [`auth::MAX_LINE_BYTES`] is an `InvalidData` error however it
+/// arrives (in one burst or a byte at a time).
 fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>) -> std::io::Result<Option<Msg>> {
-    match reader.read_until(b'\n', buf) {
+    let room = (auth::MAX_LINE_BYTES + 1).saturating_sub(buf.len()) as u64;
+    let read = std::io::Read::take(&mut *reader, room).read_until(b'\n', buf);
+    if buf.len() > auth::MAX_LINE_BYTES && !buf.ends_with(b"\n") {
+        return Err(std::io::Error::new(ErrorKind::InvalidData, "a line longer than the limit"));
+    }
+    match read {
         Ok(0) => Err(std::io::Error::new(ErrorKind::UnexpectedEof, "the peer closed the link")),
         Ok(_) if buf.ends_with(b"\n") => {
             let msg = serde_json::from_slice(buf).map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e));
             buf.clear();
             msg.map(Some)
         }
-        Ok(_) if buf.len() > auth::MAX_LINE_BYTES => Err(std::io::Error::new(ErrorKind::InvalidData, "a line longer than the limit")),
         Ok(_) => Ok(None),
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// A listener's connection slot for its source address, given back when
+/// dropped (whatever ends the connection's thread, or its spawn failing).
+struct Slot {
+    shared: Arc<Shared>,
+    from: std::net::IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shared.gate.release(self.from);
     }
 }
 
@@ -140,14 +159,14 @@ pub(super) fn listen(shared: Arc<Shared>, listener: Arc<TcpListener>) {
                     shared.gate.rejected(from.ip(), Rejected::TooManyConnections, "");
                     continue; // (dropped: closed)
                 }
-                let shared = shared.clone();
+                let slot = Slot { shared: shared.clone(), from: from.ip() };
                 let spawned = std::thread::Builder::new().name("kstate-peer-in".into()).spawn(move || {
-                    match answer(&shared, stream) {
+                    let shared = &slot.shared;
+                    match answer(shared, stream) {
                         Ok(()) => {}
                         Err(Refusal::Rejected(why, detail)) => shared.gate.rejected(from.ip(), why, &detail),
                         Err(Refusal::Io(e)) => tracing::debug!(%from, error = %e, "peer link closed"),
                     }
-                    shared.gate.release(from.ip());
                 });
                 if let Err(e) = spawned {
                     tracing::warn!(error = %e, "cannot start a thread for a peer link");
@@ -198,12 +217,10 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
     let hello_by = Instant::now() + shared.timeout;
     let unauthenticated = |what: &str| Err(Refusal::Rejected(Rejected::Unauthenticated, what.to_string()));
     while !shared.stop.load(Ordering::SeqCst) {
-        let Some(msg) = receive(&mut reader, &mut buf)? else {
-            if caller.is_none() && Instant::now() > hello_by {
-                return unauthenticated("no handshake within peer_timeout");
-            }
-            continue;
-        };
+        if caller.is_none() && Instant::now() > hello_by {
+            return unauthenticated("no handshake within peer_timeout");
+        }
+        let Some(msg) = receive(&mut reader, &mut buf)? else { continue };
         match msg {
             Msg::Hello { ref group, .. } if group != &shared.group => {
                 let reason = format!("this is a peer of application `{}`, not `{group}`", shared.group);
@@ -211,6 +228,13 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                 return Err(Refusal::Rejected(Rejected::WrongGroup, group.clone()));
             }
             Msg::Hello { .. } if caller.is_some() || pending.is_some() => return unauthenticated("a second hello"),
+            Msg::Hello { ref nonce, .. } if nonce.is_empty() && shared.secret.is_some() => {
+                // A caller without the secret (peer_plaintext, or an older
+                // version): told so, rather than left to fail at its pings.
+                let reason = "this peer authenticates its links: set the same peer_secret on every instance".to_string();
+                send(&mut writer, &Msg::Refused { reason })?;
+                return unauthenticated("a hello without a nonce (a caller without peer_secret)");
+            }
             Msg::Hello { ref nonce, incarnation, .. } => match &shared.secret {
                 None => {
                     send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: String::new(), proof: String::new() })?;
@@ -260,7 +284,7 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                 }
                 return Ok(());
             }
-            Msg::Ping { .. } | Msg::Nudge | Msg::Bye => return unauthenticated("a message before the handshake"),
+            other if caller.is_none() => return unauthenticated(&format!("{other:?} before the handshake")),
             other => tracing::debug!(?other, "unexpected peer message"),
         }
     }
@@ -347,8 +371,12 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     while Instant::now() < by {
         match receive(&mut reader, &mut buf) {
             Ok(Some(Msg::Welcome { incarnation, nonce: theirs, proof })) => {
-                if let Ok(Some(reply)) = answer_welcome(shared, &nonce, (incarnation, &theirs, &proof)) {
-                    let _ = send(&mut writer, &reply);
+                match answer_welcome(shared, &nonce, (incarnation, &theirs, &proof)) {
+                    Ok(Some(reply)) => {
+                        let _ = send(&mut writer, &reply);
+                    }
+                    Ok(None) => {}
+                    Err(_) => return, // not a peer that holds the secret
                 }
                 let _ = send(&mut writer, &Msg::Bye);
                 return;
@@ -409,7 +437,13 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
                 Ok(LinkCommand::PingNow) => next_ping = Instant::now(),
                 Ok(LinkCommand::Nudge) => send(&mut writer, &Msg::Nudge)?,
                 Ok(LinkCommand::Bye) => {
-                    let _ = send(&mut writer, &Msg::Bye);
+                    // Before the handshake ended a bye would not count:
+                    // say it on a connection of its own.
+                    if *welcomed {
+                        let _ = send(&mut writer, &Msg::Bye);
+                    } else {
+                        say_bye(shared, peer);
+                    }
                     return Ok(());
                 }
                 Ok(LinkCommand::Stop) | Err(TryRecvError::Disconnected) => return Ok(()),

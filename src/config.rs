@@ -34,6 +34,9 @@ pub struct StoreDefinition {
     final_results: bool,
     /// A source table's topic (`AppBuilder::table`): its changelog.
     pub(crate) source_topic: Option<String>,
+    /// A table's value check (`table_values`) and what a value it
+    /// refuses does.
+    pub(crate) table_values: Option<(crate::store::table::ValueCheck, ProcessingDecision)>,
 }
 
 /// Kafka Streams' `windowstore.changelog.additional.retention.ms` default.
@@ -54,7 +57,23 @@ impl StoreDefinition {
             schema: Default::default(),
             final_results: false,
             source_topic: None,
+            table_values: None,
         }
+    }
+
+    /// For a table ([`AppBuilder::table`](crate::AppBuilder::table)): its
+    /// values must decode with `V` (e.g. `codec::Json<Price>`); a record
+    /// whose value does not is a bad record, in processing and in a
+    /// restore alike. `on_bad`: [`ProcessingDecision::Fail`] stops `run`
+    /// (or the task's restore) with [`Error::BadRecord`](crate::Error::BadRecord);
+    /// [`ProcessingDecision::Continue`] skips it (the key keeps its value,
+    /// the processor does not hear of it; logged and counted in
+    /// `kstate_skipped_records_total`). Without it a table holds its
+    /// topic's bytes as they are.
+    pub fn table_values<V: crate::codec::Codec>(mut self, on_bad: ProcessingDecision) -> Self {
+        let check = crate::store::table::ValueCheck(std::sync::Arc::new(|v: &[u8]| V::decode(v).map(|_| ()).map_err(|e| e.to_string())));
+        self.table_values = Some((check, on_bad));
+        self
     }
 
     /// The topic this store's changes go to and its restore reads: a
@@ -524,6 +543,9 @@ impl AppConfig {
     /// of the application reads or writes.
     fn validate_tables(&self) -> Result<()> {
         let mut topics = std::collections::HashSet::new();
+        if let Some(s) = self.stores.iter().find(|s| s.table_values.is_some() && s.source_topic.is_none()) {
+            return Err(Error::Config(format!("store `{}`: table_values is for a table (AppBuilder::table)", s.name())));
+        }
         for s in self.stores.iter() {
             let Some(topic) = &s.source_topic else { continue };
             let name = s.name();

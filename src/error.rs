@@ -107,6 +107,22 @@ pub enum Error {
         problem: String,
     },
 
+    /// A record of a table's topic whose value the table's check refuses
+    /// ([`StoreDefinition::table_values`](crate::StoreDefinition::table_values)
+    /// with [`ProcessingDecision::Fail`](crate::ProcessingDecision::Fail)),
+    /// in processing or in a restore.
+    #[error("bad record in `{topic}` partition {partition} at offset {offset}: {detail}")]
+    BadRecord {
+        /// The table's topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+        /// Why its value was refused.
+        detail: String,
+    },
+
     /// A source table's topic (see [`AppBuilder::table`](crate::AppBuilder::table))
     /// cannot be a table: its `cleanup.policy` is `delete` only, so a
     /// restore would miss every key whose records aged out.

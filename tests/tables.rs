@@ -468,3 +468,75 @@ fn tables_survive_a_crash_loop_exactly_once() {
 fn tables_survive_a_crash_loop_at_least_once() {
     tables_survive_a_crash_loop("alos");
 }
+
+/// `table_values`: a value the table's codec refuses is skipped under
+/// `Continue` (the key keeps its value, the processor does not hear of it)
+/// and stops the driver under `Fail`.
+#[test]
+fn the_driver_skips_or_fails_on_a_table_value_its_codec_refuses() {
+    use kstate::codec::U64Be;
+    use kstate::ProcessingDecision;
+    for on_bad in [ProcessingDecision::Continue, ProcessingDecision::Fail] {
+        let app = kstate::App::builder()
+            .input_topic("clicks")
+            .table("prices", StoreDefinition::new("prices").table_values::<U64Be>(on_bad))
+            .max_task_idle(Duration::ZERO);
+        let heard = Arc::new(Mutex::new(0));
+        let h = heard.clone();
+        let mut d = kstate::TestDriver::builder(app)
+            .closure(move |_, rec| {
+                if rec.topic == "prices" {
+                    *h.lock().unwrap() += 1;
+                }
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+        d.input("prices", b"p", &7u64.to_be_bytes(), 1).unwrap();
+        let bad = d.input("prices", b"p", b"not a u64", 2);
+        match on_bad {
+            ProcessingDecision::Continue => {
+                bad.unwrap();
+                d.input("prices", b"q", &9u64.to_be_bytes(), 3).unwrap();
+                let prices = d.store_entries::<kstate::codec::Utf8, U64Be>("prices").unwrap();
+                assert_eq!(prices, [("p".to_string(), 7), ("q".to_string(), 9)], "the bad value was skipped");
+                assert_eq!(*heard.lock().unwrap(), 2, "the processor did not hear of the bad record");
+            }
+            _ => match bad {
+                Err(Error::BadRecord { topic, offset, .. }) => assert_eq!((topic.as_str(), offset), ("prices", 1)),
+                other => panic!("expected Error::BadRecord, got {other:?}"),
+            },
+        }
+    }
+}
+
+/// A bad table value on the broker, skipped under `Continue` in processing
+/// and again in the restore from the topic after the state dir is lost.
+#[test]
+fn a_bad_table_value_is_skipped_in_processing_and_in_the_restore() {
+    use kstate::codec::U64Be;
+    let Fixture { input, app, state } = fixture("table-bad", 1);
+    let prices = unique("table-bad-prices");
+    create_topic(&prices, 1, &[("cleanup.policy", "compact")]);
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    for (key, value) in [("a", 1u64.to_be_bytes().to_vec()), ("b", 2u64.to_be_bytes().to_vec()), ("a", b"bad".to_vec()), ("c", 3u64.to_be_bytes().to_vec())] {
+        producer.send(BaseRecord::<str, [u8]>::to(&prices).partition(0).key(key).payload(&value)).unwrap();
+    }
+    producer.flush(TIMEOUT).unwrap();
+    let start = |restores: Restores| {
+        let table = StoreDefinition::new("prices").table_values::<U64Be>(kstate::ProcessingDecision::Continue);
+        Running::start(builder(&app, &input, state.path()).table(&prices, table).restore_listener(restores), |_, _| Ok::<(), Error>(()))
+    };
+    let expected: BTreeMap<Vec<u8>, Vec<u8>> =
+        [("a", 1u64), ("b", 2), ("c", 3)].into_iter().map(|(k, v)| (k.as_bytes().to_vec(), v.to_be_bytes().to_vec())).collect();
+    let running = start(Restores::default());
+    wait_all_committed_at(&bootstrap(), &app, &prices, 1, TIMEOUT);
+    running.stop().unwrap();
+    assert_same_state(&read_store_dir(state.path(), &app, "prices", 0).0, &expected, "processing skipped the bad value");
+    std::fs::remove_dir_all(state.path().join(&app)).unwrap();
+    let restores = Restores::default();
+    let running = start(restores.clone());
+    wait_until("the restore", TIMEOUT, || restores.ended() >= 1);
+    running.stop().unwrap();
+    assert_eq!(restores.restored_records(), 4);
+    assert_same_state(&read_store_dir(state.path(), &app, "prices", 0).0, &expected, "the restore skipped the bad value too");
+}

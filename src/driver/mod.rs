@@ -273,7 +273,7 @@ impl TestDriver {
             })?);
             if def.source_topic.is_some() {
                 let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;
-                stores.last_mut().expect("pushed").make_source_table(exactly_once)?;
+                stores.last_mut().expect("pushed").make_source_table(exactly_once, def.table_values.clone().map(|(c, on_bad)| (c, on_bad == crate::config::ProcessingDecision::Continue)))?;
             }
         }
         let mut time = TaskTime::new(partition);

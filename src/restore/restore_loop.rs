@@ -312,9 +312,16 @@ impl RestoreLoop {
         if !self.failed_fetches.is_empty() {
             self.failed_fetches.remove(id);
         }
-        let version = match table::gate(a, offset) {
-            table::Gate::Apply if a.table.is_some() => table::applying(a, time), // a foreign header converts nothing
-            table::Gate::Apply => version,
+        // (A table's values have no schema version: a foreign header converts nothing.)
+        let (version, skip) = match table::gate(a, offset) {
+            table::Gate::Apply if a.table.is_some() => match table::applying(a, time, value) {
+                Ok(skip) => (1, skip),
+                Err(detail) => {
+                    let topic = String::from_utf8_lossy(topic).into_owned();
+                    return self.fail(partition, Error::BadRecord { topic, partition, offset, detail });
+                }
+            },
+            table::Gate::Apply => (version, false),
             table::Gate::Drop => return,
             table::Gate::Park => {
                 let id = id.clone();
@@ -338,6 +345,7 @@ impl RestoreLoop {
         };
         let value = value.as_deref();
         match (key, &mut a.segments) {
+            (Some(_), None) if skip => {} // a table's refused value (`table_values`)
             (Some(k), None) => {
                 a.batch.push(&[k], value);
                 a.bytes += (k.len() + value.map_or(0, <[u8]>::len)) as u64;

@@ -16,6 +16,7 @@ use crate::processor::{Processor, ProcessorError};
 use crate::record::{Headers, Record};
 use crate::store::closing;
 use crate::store::windowed;
+use crate::store::table::Applied;
 use crate::store::KeyValueStore;
 use crate::table::TableUpdate;
 use crate::windows::{ClosedWindow, Shape};
@@ -262,18 +263,19 @@ impl Callbacks<'_> {
         // A table's record changes its store whatever its timestamp; the
         // processor hears of it below like any record.
         let table = config.table_store_of(topic);
-        let old = match table {
-            Some(i) => match task.stores[i].apply_source(offset, record.key, record.value, record.timestamp) {
-                Ok(old) => old,
-                Err(e) => return Ok(Handled { processed: false, fault: Some(TaskFault(partition, e)) }),
-            },
+        let old = match table.map(|i| task.stores[i].apply_source((partition, offset), record.key, record.value, record.timestamp)) {
+            Some(Ok(Applied::Old(old))) => old,
+            Some(Ok(Applied::Skipped)) => {
+                if record.key.is_none() {
+                    tracing::warn!(topic, partition, offset, "a table record without a key; skipped");
+                }
+                skipped(topic, partition);
+                return Ok(Handled { processed: true, fault: None });
+            }
+            Some(Err(e @ Error::BadRecord { .. })) => return Err(e),
+            Some(Err(e)) => return Ok(Handled { processed: false, fault: Some(TaskFault(partition, e)) }),
             None => None,
         };
-        if table.is_some() && record.key.is_none() {
-            tracing::warn!(topic, partition, offset, "a table record without a key; skipped");
-            skipped(topic, partition);
-            return Ok(Handled { processed: true, fault: None });
-        }
         // A re-keyed record carries its cause's extracted time already.
         let extracted = match &config.timestamp_extractor {
             Some(extract) if !config.is_repartition_topic(topic) => Some(extract(record, task.time.stream_time())),

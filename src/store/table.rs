@@ -11,6 +11,47 @@ use super::KeyValueStore;
 /// The meta key naming a source table's topic (its changelog).
 pub(crate) const SOURCE_TOPIC_KEY: &[u8] = b"changelog.source_topic";
 
+/// What a table's values must decode as (`StoreDefinition::table_values`).
+#[derive(Clone)]
+pub(crate) struct ValueCheck(pub(crate) std::sync::Arc<CheckFn>);
+
+/// Decodes a value, or says why it cannot.
+pub(crate) type CheckFn = dyn Fn(&[u8]) -> std::result::Result<(), String> + Send + Sync;
+
+impl std::fmt::Debug for ValueCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ValueCheck")
+    }
+}
+
+/// The value check of a table and whether a refused value is skipped
+/// (else it fails).
+pub(crate) type Values = (ValueCheck, bool);
+
+/// What became of a table record.
+pub(crate) enum Applied {
+    /// Applied (or held already): the key's value before it.
+    Old(Option<Vec<u8>>),
+    /// Skipped: no key, or a value the table's check refused under
+    /// `ProcessingDecision::Continue`.
+    Skipped,
+}
+
+/// Why a table's record is refused, if it is (`Err`: fail, `Ok(true)`: skip).
+pub(crate) fn refused(values: Option<&Values>, value: Option<&[u8]>) -> std::result::Result<bool, String> {
+    match (values, value) {
+        (Some((check, skip)), Some(v)) => match (check.0)(v) {
+            Ok(()) => Ok(false),
+            Err(why) if *skip => {
+                tracing::warn!(reason = %why, "a table record whose value does not decode; skipped");
+                Ok(true)
+            }
+            Err(why) => Err(why),
+        },
+        _ => Ok(false),
+    }
+}
+
 /// A source table's progress through its topic partition.
 #[derive(Debug, Default)]
 pub(crate) struct SourceTable {
@@ -30,6 +71,8 @@ pub(crate) struct SourceTable {
     /// rebuilt; at-least-once it is the commit that a crash interrupted
     /// between the store's write and the offsets', and is kept.
     pub(crate) rebuild_if_ahead: bool,
+    /// The table's value check, if any.
+    pub(crate) values: Option<Values>,
 }
 
 /// What a commit of a source table writes besides its data: the
@@ -45,8 +88,8 @@ impl KeyValueStore {
     /// the table's topic: set when it was opened).
     /// Records the topic in the store's meta keys, for the admin verbs,
     /// which know a store only by its directory.
-    pub(crate) fn make_source_table(&mut self, rebuild_if_ahead: bool) -> Result<()> {
-        self.source = Some(SourceTable { rebuild_if_ahead, ..Default::default() });
+    pub(crate) fn make_source_table(&mut self, rebuild_if_ahead: bool, values: Option<Values>) -> Result<()> {
+        self.source = Some(SourceTable { rebuild_if_ahead, values, ..Default::default() });
         let engine = self.engine();
         if engine.meta_get(SOURCE_TOPIC_KEY)?.as_deref() != Some(self.changelog_topic.as_bytes()) {
             let mut batch = crate::store::engine::Engine::batch();
@@ -85,25 +128,33 @@ impl KeyValueStore {
     }
 
     /// Applies the table topic's record at `offset`: a value replaces the
-    /// key's, a tombstone deletes it, a record without a key is skipped
-    /// (and still moves the checkpoint). Returns the key's previous value
-    /// (for a record at or below the checkpoint, which the store holds
-    /// already: its current value, and nothing is written).
-    pub(crate) fn apply_source(&mut self, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>, timestamp: Option<i64>) -> Result<Option<Vec<u8>>> {
+    /// key's, a tombstone deletes it; a record without a key, or whose
+    /// value the table's check refuses under `Continue`, is skipped (and
+    /// still moves the checkpoint); under `Fail` a refused value is
+    /// [`Error::BadRecord`]. Returns the key's previous value (for a record
+    /// at or below the checkpoint, which the store holds already: its
+    /// current value, and nothing is written).
+    pub(crate) fn apply_source(&mut self, (partition, offset): (i32, i64), key: Option<&[u8]>, value: Option<&[u8]>, timestamp: Option<i64>) -> Result<Applied> {
         let Some(source) = &mut self.source else {
             return Err(Error::InvalidUse(format!("store `{}` is not a table", self.name)));
         };
+        let skip = refused(source.values.as_ref(), value).map_err(|detail| Error::BadRecord {
+            topic: self.changelog_topic.clone(),
+            partition,
+            offset,
+            detail,
+        })?;
         source.next = Some(source.next.map_or(offset + 1, |n| n.max(offset + 1)));
         if timestamp.is_some() {
             source.last_timestamp = timestamp;
         }
-        let Some(key) = key else { return Ok(None) };
+        let Some(key) = key.filter(|_| !skip) else { return Ok(Applied::Skipped) };
         let old = self.get(key)?;
         if self.checkpoint.is_some_and(|c| offset <= c) {
             // At-least-once, after a crash between the store's write and the
             // offset commit: the store holds this record already (and
             // later ones); writing it again would take keys back in time.
-            return Ok(old);
+            return Ok(Applied::Old(old));
         }
         self.overlay.write(key, value);
         match value {
@@ -111,7 +162,7 @@ impl KeyValueStore {
             None => self.metrics.deletes.increment(1),
         }
         self.metrics.overlay_bytes.set(self.overlay.bytes() as f64);
-        Ok(old)
+        Ok(Applied::Old(old))
     }
 
     /// The checkpoint a commit of this table writes, if its processing

@@ -31,6 +31,8 @@ pub(super) struct TableCopy {
     /// The timestamp of the last record applied: the topic's records past
     /// it were appended after about then (the copy's age bound).
     pub(super) last_timestamp: Option<i64>,
+    /// The table's value check (`table_values`), as processing applies it.
+    values: Option<crate::store::table::Values>,
 }
 
 /// What the restore does with a table's record.
@@ -44,14 +46,15 @@ pub(super) enum Gate {
     Drop,
 }
 
-/// A table's record is applied: notes its timestamp; the schema version
-/// to apply it with (a table's values have none; a foreign `kstate.schema`
-/// header converts nothing).
-pub(super) fn applying(a: &mut Active, timestamp: Option<i64>) -> u32 {
-    if let (Some(t), Some(ts)) = (&mut a.table, timestamp) {
-        t.last_timestamp = Some(ts);
+/// A table's record is to be applied: notes its timestamp and checks its
+/// value as processing does (`Ok(true)`: skip it; `Err`: a bad record
+/// under `Fail`).
+pub(super) fn applying(a: &mut Active, timestamp: Option<i64>, value: Option<&[u8]>) -> std::result::Result<bool, String> {
+    let Some(t) = &mut a.table else { return Ok(false) };
+    if timestamp.is_some() {
+        t.last_timestamp = timestamp;
     }
-    1
+    crate::store::table::refused(t.values.as_ref(), value)
 }
 
 /// A table copy's age bound for what it writes: the last applied record's
@@ -81,14 +84,14 @@ impl RestoreLoop {
         let now = Instant::now();
         if job.standby {
             let limit = self.committed.as_ref().and_then(|read| read(topic, partition)).unwrap_or(0);
-            return Ok(Some((TableCopy { limit: Some(limit), parked_at: None, limit_read: now, last_timestamp: None }, high.min(limit))));
+            return Ok(Some((TableCopy { limit: Some(limit), parked_at: None, limit_read: now, last_timestamp: None, values: source.values.clone() }, high.min(limit))));
         }
         // (Set by the opener from the committed offsets; 0 would skip the
         // records between the checkpoint and the task's start.)
         let Some(restore_end) = source.restore_end else {
             return Err(Error::Restore { topic: topic.to_string(), partition, detail: "the table's restore end (the committed offset) is not known".into() });
         };
-        Ok(Some((TableCopy { limit: None, parked_at: None, limit_read: now, last_timestamp: None }, high.min(restore_end))))
+        Ok(Some((TableCopy { limit: None, parked_at: None, limit_read: now, last_timestamp: None, values: source.values.clone() }, high.min(restore_end))))
     }
 
     /// Stops a standby's table copy at its limit: what it applied is

@@ -501,10 +501,13 @@ fn the_driver_skips_or_fails_on_a_table_value_its_codec_refuses() {
                 assert_eq!(prices, [("p".to_string(), 7), ("q".to_string(), 9)], "the bad value was skipped");
                 assert_eq!(*heard.lock().unwrap(), 2, "the processor did not hear of the bad record");
             }
-            _ => match bad {
-                Err(Error::BadRecord { topic, offset, .. }) => assert_eq!((topic.as_str(), offset), ("prices", 1)),
-                other => panic!("expected Error::BadRecord, got {other:?}"),
-            },
+            _ => {
+                match bad {
+                    Err(Error::BadRecord { topic, offset, .. }) => assert_eq!((topic.as_str(), offset), ("prices", 1)),
+                    other => panic!("expected Error::BadRecord, got {other:?}"),
+                }
+                assert_eq!(*heard.lock().unwrap(), 1, "the processor did not hear of the bad record");
+            }
         }
     }
 }
@@ -518,8 +521,13 @@ fn a_bad_table_value_is_skipped_in_processing_and_in_the_restore() {
     let prices = unique("table-bad-prices");
     create_topic(&prices, 1, &[("cleanup.policy", "compact")]);
     let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
-    for (key, value) in [("a", 1u64.to_be_bytes().to_vec()), ("b", 2u64.to_be_bytes().to_vec()), ("a", b"bad".to_vec()), ("c", 3u64.to_be_bytes().to_vec())] {
-        producer.send(BaseRecord::<str, [u8]>::to(&prices).partition(0).key(key).payload(&value)).unwrap();
+    // A tombstone passes the check; the bad value is the last record.
+    for (key, value) in [("a", Some(1u64.to_be_bytes().to_vec())), ("b", Some(2u64.to_be_bytes().to_vec())), ("d", Some(4u64.to_be_bytes().to_vec())), ("d", None), ("c", Some(3u64.to_be_bytes().to_vec())), ("a", Some(b"bad".to_vec()))] {
+        let record = BaseRecord::<str, [u8]>::to(&prices).partition(0).key(key);
+        producer.send(match &value {
+            Some(v) => record.payload(v),
+            None => record,
+        }).unwrap();
     }
     producer.flush(TIMEOUT).unwrap();
     let start = |restores: Restores| {
@@ -531,12 +539,16 @@ fn a_bad_table_value_is_skipped_in_processing_and_in_the_restore() {
     let running = start(Restores::default());
     wait_all_committed_at(&bootstrap(), &app, &prices, 1, TIMEOUT);
     running.stop().unwrap();
-    assert_same_state(&read_store_dir(state.path(), &app, "prices", 0).0, &expected, "processing skipped the bad value");
+    let (data, checkpoint) = read_store_dir(state.path(), &app, "prices", 0);
+    assert_same_state(&data, &expected, "processing skipped the bad value");
+    assert_eq!(checkpoint, Some(5), "the skipped record moved the checkpoint");
     std::fs::remove_dir_all(state.path().join(&app)).unwrap();
     let restores = Restores::default();
     let running = start(restores.clone());
     wait_until("the restore", TIMEOUT, || restores.ended() >= 1);
     running.stop().unwrap();
-    assert_eq!(restores.restored_records(), 4);
-    assert_same_state(&read_store_dir(state.path(), &app, "prices", 0).0, &expected, "the restore skipped the bad value too");
+    assert_eq!(restores.restored_records(), 6);
+    let (data, checkpoint) = read_store_dir(state.path(), &app, "prices", 0);
+    assert_same_state(&data, &expected, "the restore skipped the bad value too");
+    assert_eq!(checkpoint, Some(5));
 }

@@ -314,7 +314,7 @@ impl RestoreLoop {
         }
         // (A table's values have no schema version: a foreign header converts nothing.)
         let (version, skip) = match table::gate(a, offset) {
-            table::Gate::Apply if a.table.is_some() => match table::applying(a, time, value) {
+            table::Gate::Apply if a.table.is_some() => match table::applying(a, (topic, offset), time, value) {
                 Ok(skip) => (1, skip),
                 Err(detail) => {
                     let topic = String::from_utf8_lossy(topic).into_owned();

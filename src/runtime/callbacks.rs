@@ -265,10 +265,9 @@ impl Callbacks<'_> {
         let table = config.table_store_of(topic);
         let old = match table.map(|i| task.stores[i].apply_source((partition, offset), record.key, record.value, record.timestamp)) {
             Some(Ok(Applied::Old(old))) => old,
+            Some(Ok(Applied::Refused)) => return Ok(Handled { processed: true, fault: None }), // counted by the check
             Some(Ok(Applied::Skipped)) => {
-                if record.key.is_none() {
-                    tracing::warn!(topic, partition, offset, "a table record without a key; skipped");
-                }
+                tracing::warn!(topic, partition, offset, "a table record without a key; skipped");
                 skipped(topic, partition);
                 return Ok(Handled { processed: true, fault: None });
             }

@@ -32,18 +32,29 @@ pub(crate) type Values = (ValueCheck, bool);
 pub(crate) enum Applied {
     /// Applied (or held already): the key's value before it.
     Old(Option<Vec<u8>>),
-    /// Skipped: no key, or a value the table's check refused under
-    /// `ProcessingDecision::Continue`.
+    /// Skipped: no key.
     Skipped,
+    /// Skipped: a value the table's check refused under
+    /// `ProcessingDecision::Continue` (counted and logged by the check).
+    Refused,
 }
 
-/// Why a table's record is refused, if it is (`Err`: fail, `Ok(true)`: skip).
-pub(crate) fn refused(values: Option<&Values>, value: Option<&[u8]>) -> std::result::Result<bool, String> {
+/// Whether a table's record is refused (`Err`: fail, `Ok(true)`: skip),
+/// checked by processing and the restore alike. A skip is counted in
+/// `kstate_skipped_records_total`; `warned` is the caller's flag for the
+/// warning, logged for its first skip only (a topic full of bad values
+/// must not flood the log).
+pub(crate) fn refused(values: Option<&Values>, value: Option<&[u8]>, at: (&str, i32, i64), warned: &mut bool) -> std::result::Result<bool, String> {
     match (values, value) {
         (Some((check, skip)), Some(v)) => match (check.0)(v) {
             Ok(()) => Ok(false),
             Err(why) if *skip => {
-                tracing::warn!(reason = %why, "a table record whose value does not decode; skipped");
+                let (topic, partition, offset) = at;
+                metrics::counter!(crate::metrics::SKIPPED_RECORDS, "topic" => topic.to_string(), "partition" => partition.to_string()).increment(1);
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(topic, partition, offset, reason = %why,
+                        "a table record whose value does not decode; skipped (later ones are only counted, in kstate_skipped_records_total)");
+                }
                 Ok(true)
             }
             Err(why) => Err(why),
@@ -73,6 +84,8 @@ pub(crate) struct SourceTable {
     pub(crate) rebuild_if_ahead: bool,
     /// The table's value check, if any.
     pub(crate) values: Option<Values>,
+    /// Whether a skipped bad value was logged.
+    warned: bool,
 }
 
 /// What a commit of a source table writes besides its data: the
@@ -138,7 +151,7 @@ impl KeyValueStore {
         let Some(source) = &mut self.source else {
             return Err(Error::InvalidUse(format!("store `{}` is not a table", self.name)));
         };
-        let skip = refused(source.values.as_ref(), value).map_err(|detail| Error::BadRecord {
+        let skip = refused(source.values.as_ref(), value, (&self.changelog_topic, partition, offset), &mut source.warned).map_err(|detail| Error::BadRecord {
             topic: self.changelog_topic.clone(),
             partition,
             offset,
@@ -148,7 +161,10 @@ impl KeyValueStore {
         if timestamp.is_some() {
             source.last_timestamp = timestamp;
         }
-        let Some(key) = key.filter(|_| !skip) else { return Ok(Applied::Skipped) };
+        if skip {
+            return Ok(Applied::Refused);
+        }
+        let Some(key) = key else { return Ok(Applied::Skipped) };
         let old = self.get(key)?;
         if self.checkpoint.is_some_and(|c| offset <= c) {
             // At-least-once, after a crash between the store's write and the

@@ -62,7 +62,7 @@ impl TaskManager {
     /// [`TaskManager::reinitialise_one`]; `count`: whether the failure
     /// counts toward [`MAX_TASK_FAILURES`].
     pub(super) fn reinitialise_counted<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>, partition: i32, cause: Error, count: bool) -> Result<()> {
-        if matches!(cause, Error::SchemaVersion { .. }) {
+        if matches!(cause, Error::SchemaVersion { .. } | Error::BadRecord { .. }) {
             // Restoring again would refuse the same records.
             tracing::error!(partition, error = %cause, "a store's changelog holds values this code cannot read; stopping");
             return Err(cause);

@@ -33,6 +33,8 @@ pub(super) struct TableCopy {
     pub(super) last_timestamp: Option<i64>,
     /// The table's value check (`table_values`), as processing applies it.
     values: Option<crate::store::table::Values>,
+    /// Whether a skipped bad value was logged.
+    warned: bool,
 }
 
 /// What the restore does with a table's record.
@@ -49,12 +51,17 @@ pub(super) enum Gate {
 /// A table's record is to be applied: notes its timestamp and checks its
 /// value as processing does (`Ok(true)`: skip it; `Err`: a bad record
 /// under `Fail`).
-pub(super) fn applying(a: &mut Active, timestamp: Option<i64>, value: Option<&[u8]>) -> std::result::Result<bool, String> {
+pub(super) fn applying(a: &mut Active, (topic, offset): (&[u8], i64), timestamp: Option<i64>, value: Option<&[u8]>) -> std::result::Result<bool, String> {
+    let partition = a.partition;
     let Some(t) = &mut a.table else { return Ok(false) };
     if timestamp.is_some() {
         t.last_timestamp = timestamp;
     }
-    crate::store::table::refused(t.values.as_ref(), value)
+    if t.values.is_none() {
+        return Ok(false);
+    }
+    let topic = String::from_utf8_lossy(topic);
+    crate::store::table::refused(t.values.as_ref(), value, (&topic, partition, offset), &mut t.warned)
 }
 
 /// A table copy's age bound for what it writes: the last applied record's
@@ -84,14 +91,14 @@ impl RestoreLoop {
         let now = Instant::now();
         if job.standby {
             let limit = self.committed.as_ref().and_then(|read| read(topic, partition)).unwrap_or(0);
-            return Ok(Some((TableCopy { limit: Some(limit), parked_at: None, limit_read: now, last_timestamp: None, values: source.values.clone() }, high.min(limit))));
+            return Ok(Some((TableCopy { limit: Some(limit), parked_at: None, limit_read: now, last_timestamp: None, values: source.values.clone(), warned: false }, high.min(limit))));
         }
         // (Set by the opener from the committed offsets; 0 would skip the
         // records between the checkpoint and the task's start.)
         let Some(restore_end) = source.restore_end else {
             return Err(Error::Restore { topic: topic.to_string(), partition, detail: "the table's restore end (the committed offset) is not known".into() });
         };
-        Ok(Some((TableCopy { limit: None, parked_at: None, limit_read: now, last_timestamp: None, values: source.values.clone() }, high.min(restore_end))))
+        Ok(Some((TableCopy { limit: None, parked_at: None, limit_read: now, last_timestamp: None, values: source.values.clone(), warned: false }, high.min(restore_end))))
     }
 
     /// Stops a standby's table copy at its limit: what it applied is

@@ -249,7 +249,10 @@ fn produce_input(bootstrap: &str, topic: &str, records: u64) -> Result<(), BoxEr
     let value = [b'v'; 100];
     for i in 0..records {
         let key = format!("key-{:011}", i % 50_000);
-        let mut rec = BaseRecord::to(topic).key(key.as_str()).payload(&value[..]).partition((i % PARTITIONS as u64) as i32);
+        // The partition the default partitioner gives the key (as a Java
+        // producer's), so that queries would find it where kstate looks.
+        let partition = kstate::murmur2_partition(key.as_bytes(), PARTITIONS);
+        let mut rec = BaseRecord::to(topic).key(key.as_str()).payload(&value[..]).partition(partition);
         loop {
             match producer.send(rec) {
                 Ok(()) => break,

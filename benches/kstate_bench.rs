@@ -5,7 +5,7 @@
 //! * `consume --topic T` — plain rdkafka consumer reading every partition to the end (the physical limit);
 //! * `consume-batch --topic T` — the same, reading up to 1024 records per call as kstate does;
 //! * `rocksdb-raw --topic T --dir D` — the same consumer writing WAL-less WriteBatches into RocksDB;
-//! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U] [--table T]` — kstate restoring
+//! * `kstate-restore --app A --store S --input I --state-dir D [--snapshot-url U] [--table T] [--in-memory]` — kstate restoring
 //!   `A-S-changelog` (with `--table T`: a source table on topic T, committed at its end, restored from T); with a snapshot URL, stores without local state are seeded from snapshots first
 //!   (S3 settings from the environment: `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials);
 //! * `kstate-join --app A --input I --table T --records N --state-dir D` — a stream-table left join,
@@ -17,7 +17,7 @@
 //!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M] [--block-every K]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record; `--block-every`: a 1 ms sleep every K records, processing that waits on I/O)
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M] [--block-every K] [--in-memory]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record; `--block-every`: a 1 ms sleep every K records, processing that waits on I/O)
 //!   — kstate putting every input record; with `--output`, also sending it unchanged to T
 //!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
@@ -73,6 +73,7 @@ fn main() {
     if let Ok(filter) = std::env::var("KSTATE_LOG") {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     }
+    IN_MEMORY.store(args.iter().any(|a| a == "--in-memory"), Ordering::Relaxed);
     let result = run(&args);
     match result {
         Ok(json) => println!("{json}"),
@@ -80,6 +81,20 @@ fn main() {
             println!("{{\"error\":{:?}}}", e.to_string());
             std::process::exit(1);
         }
+    }
+}
+
+/// `--in-memory` (kstate-write, kstate-restore): the store is
+/// `StoreDefinition::in_memory()`.
+static IN_MEMORY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The bench's store `name`, in memory with `--in-memory`.
+fn bench_store(name: &str) -> StoreDefinition {
+    let def = StoreDefinition::new(name);
+    if IN_MEMORY.load(Ordering::Relaxed) {
+        def.in_memory()
+    } else {
+        def
     }
 }
 
@@ -514,7 +529,7 @@ fn kstate_restore(
             group.commit(&tpl, rdkafka::consumer::CommitMode::Sync)?;
             builder.table(topic, StoreDefinition::new(store))
         }
-        None => builder.store(StoreDefinition::new(store)),
+        None => builder.store(bench_store(store)),
     };
     if let Some(url) = snapshot_url {
         builder = builder.snapshots(kstate::SnapshotConfig::new(url).interval(Duration::from_secs(24 * 3600)));
@@ -748,7 +763,7 @@ fn kstate_write(
     (threads, work, memory, block_every): (usize, u32, Option<usize>, u64),
 ) -> Result<String, BoxError> {
     let mut app = bench_app(bootstrap, app, input, state)
-        .store(StoreDefinition::new("kv"))
+        .store(bench_store("kv"))
         .commit_interval(Duration::from_millis(100))
         .processing_guarantee(guarantee)
         .num_stream_threads(threads);

@@ -224,6 +224,7 @@ impl Default for AppBuilder {
                 block_cache_bytes: 64 << 20,
                 write_buffer_bytes: 16 << 20,
                 max_state_memory: None,
+                in_memory_save_interval: Duration::from_secs(60),
                 rocksdb_statistics: false,
                 kafka_overrides: Vec::new(),
                 assignment: AssignmentStrategy::Auto,
@@ -449,6 +450,15 @@ impl AppBuilder {
     /// RocksDB keeps per open file. At least 16 MiB.
     pub fn max_state_memory(mut self, bytes: usize) -> Self {
         self.config.max_state_memory = Some(bytes);
+        self
+    }
+
+    /// How often an in-memory store partition that commits saves its file
+    /// in the background (default 60 s), so that a crash replays at most
+    /// about that much of its changelog; a clean stop always saves it. The
+    /// save reads the store under a read lock: its commits wait meanwhile.
+    pub fn in_memory_save_interval(mut self, every: Duration) -> Self {
+        self.config.in_memory_save_interval = every;
         self
     }
 

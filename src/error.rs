@@ -123,6 +123,24 @@ pub enum Error {
         detail: String,
     },
 
+    /// The in-memory stores of this instance
+    /// ([`StoreDefinition::in_memory`](crate::StoreDefinition::in_memory))
+    /// hold more bytes than `max_state_memory` allows. The commit or
+    /// restore that crossed the bound was applied (state stays a prefix of
+    /// the changelog); nothing more is, and `run` ends with this error
+    /// instead of the process being killed for lack of memory.
+    #[error("in-memory store partition `{store}` holds {store_bytes} bytes; all in-memory stores hold {total_bytes}, over max_state_memory = {bound}")]
+    StateMemory {
+        /// The store partition (`store/partition`) whose commit crossed the bound.
+        store: String,
+        /// Its bytes (keys, values, per-entry overhead).
+        store_bytes: u64,
+        /// Bytes of every in-memory store partition of the instance.
+        total_bytes: u64,
+        /// `max_state_memory`.
+        bound: u64,
+    },
+
     /// A source table's topic (see [`AppBuilder::table`](crate::AppBuilder::table))
     /// cannot be a table: its `cleanup.policy` is `delete` only, so a
     /// restore would miss every key whose records aged out.

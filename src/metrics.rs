@@ -11,7 +11,7 @@
 //! | name | kind | meaning |
 //! |---|---|---|
 //! | `kstate_store_logical_bytes` | gauge | key + value bytes of an active store partition, from RocksDB's table properties plus its memtables (an estimate from above: overwritten and deleted entries count until compaction drops them; 0 once the task closed here) |
-//! | `kstate_store_physical_bytes` | gauge | SST files + memtables of an active store partition (0 once the task closed here) |
+//! | `kstate_store_physical_bytes` | gauge | SST files + memtables of an active store partition, or the memory of an in-memory one (0 once the task closed here) |
 //! | `kstate_rocksdb_write_stalls_total` | counter | times RocksDB entered a write stall condition, delaying or stopping writes (`rocksdb.cf-write-stall-stats` total delays + stops) |
 //! | `kstate_rocksdb_write_stall_micros_total` | counter | microseconds writes spent stalled (RocksDB ticker `rocksdb.stall.micros`; 0 unless `AppBuilder::rocksdb_statistics(true)`) |
 //! | `kstate_rocksdb_block_cache_hits_total` | counter | block-cache hits of the store partition's reads; hit rate = hits / (hits + misses) (0 unless `AppBuilder::rocksdb_statistics(true)`) |
@@ -81,6 +81,7 @@
 //! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
 //! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
 //! | `kstate_rocksdb_block_cache_bytes` | gauge | RocksDB `rocksdb.block-cache-usage` (shared cache) |
+//! | `kstate_in_memory_bytes` | gauge | bytes of every in-memory store partition of the instance (keys, values, per-entry overhead; no store labels); `kstate_store_physical_bytes` gives each partition's |
 
 use metrics::{counter, gauge, Counter, Gauge};
 
@@ -191,6 +192,8 @@ pub const ROCKSDB_KEYS: &str = "kstate_rocksdb_estimate_num_keys";
 pub const ROCKSDB_LIVE_SST: &str = "kstate_rocksdb_live_sst_bytes";
 /// RocksDB pending compaction bytes gauge name.
 pub const ROCKSDB_PENDING_COMPACTION: &str = "kstate_rocksdb_pending_compaction_bytes";
+/// Bytes of every in-memory store partition of the instance.
+pub const IN_MEMORY_BYTES: &str = "kstate_in_memory_bytes";
 /// RocksDB block cache usage gauge name.
 pub const ROCKSDB_BLOCK_CACHE: &str = "kstate_rocksdb_block_cache_bytes";
 

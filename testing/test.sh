@@ -13,7 +13,8 @@
 #    (built once from the Go module proxy) for the snapshot tests;
 # 3. runs `cargo test --workspace --all-targets --all-features "$@"` (the library, with
 #    every snapshot backend, and the
-#    operator CLI in cli/), then the doc tests the same way.
+#    operator CLI in cli/), then the doc tests the same way, then the store
+#    behaviour tests again with in-memory stores (KSTATE_TEST_STORES=memory).
 # The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
 set -euo pipefail
 # shellcheck source=testing/lib.sh
@@ -40,6 +41,17 @@ if ((rc == 0)); then
     cargo test --workspace --all-features --doc | tee -a "$results" || rc=$?
 else
     kstate_log "skipping the doc tests: cargo test --workspace --all-targets failed (exit $rc)"
+fi
+# The store behaviour tests once more with every store in memory
+# (StoreDefinition::in_memory; tests/common's `store`, the lib's scratch stores).
+if ((rc == 0)); then
+    kstate_log "store tests again with in-memory stores (KSTATE_TEST_STORES=memory)"
+    KSTATE_TEST_STORES=memory cargo test -p kstate --all-features --lib store:: | tee -a "$results" || rc=$?
+fi
+if ((rc == 0)); then
+    KSTATE_TEST_STORES=memory cargo test -p kstate --all-features \
+        --test store_api --test crash --test exactly_once --test restore --test standby --test ttl \
+        --test windows --test queries --test snapshots --test driver --test timers | tee -a "$results" || rc=$?
 fi
 
 # Sum of all "test result:" lines, e.g. "total: 42 passed, 0 failed, 1 skipped".

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use recorded::metrics;
-use kstate::{Error, ProcessingDecision, StoreDefinition};
+use kstate::{Error, ProcessingDecision};
 
 /// The tests of this file run one at a time: they measure pauses, which
 /// another test starting a broker or several processes beside them on a
@@ -46,7 +46,7 @@ fn child_instance() {
     init_tracing();
     let app = builder(app, input, Path::new(state))
         .bootstrap_servers(bootstrap)
-        .store(StoreDefinition::new("s"))
+        .store(common::store("s"))
         .build()
         .expect("valid config");
     let stop = app.shutdown_handle();
@@ -289,7 +289,7 @@ fn under_exactly_once_a_broker_restart_under_load_loses_and_duplicates_nothing()
     // (held for the next one), and it fails.
     let builder = builder(&app, &input, state.path())
         .bootstrap_servers(&bootstrap)
-        .store(StoreDefinition::new("s"))
+        .store(common::store("s"))
         .processing_guarantee(kstate::ProcessingGuarantee::ExactlyOnce)
         // The transaction in flight fails while the broker is away (its
         // records time out), and aborts once it is back (or, should the
@@ -356,7 +356,7 @@ fn apply_record(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>
 /// partition's records were processed goes to `times`.
 fn start_counting(builder: kstate::AppBuilder, times: &ProcessedTimes) -> Running {
     let times = times.clone();
-    Running::start(builder.store(StoreDefinition::new("s")), move |ctx, rec| {
+    Running::start(builder.store(common::store("s")), move |ctx, rec| {
         apply_record(ctx, rec)?;
         times.record(rec.partition);
         Ok(())
@@ -417,7 +417,7 @@ fn a_task_failing_again_and_again_ends_run_with_a_typed_error() {
         let times = times.clone();
         // Gives up after 5 failures in a row that span at least 2 s.
         Running::start(
-            builder(&app, &input, state.path()).store(StoreDefinition::new("s")).task_timeout(Duration::from_secs(2)),
+            builder(&app, &input, state.path()).store(common::store("s")).task_timeout(Duration::from_secs(2)),
             move |ctx, rec| {
                 ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())?;
                 times.record(rec.partition);
@@ -496,7 +496,7 @@ fn the_processing_exception_handler_skips_failed_records_and_counts_them() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (tx, rx) = mpsc::channel();
     let running = Running::start(
-        builder(&app, &input, state.path()).store(StoreDefinition::new("s")).processing_exception_handler({
+        builder(&app, &input, state.path()).store(common::store("s")).processing_exception_handler({
             let skipped = skipped.clone();
             let seen = seen.clone();
             move |record, error| {
@@ -540,7 +540,7 @@ fn a_handler_that_says_fail_stops_the_app_with_the_processor_error() {
     produce(&input, &[(0, b"a".to_vec(), Some(b"bad".to_vec()))]);
     let asked = Arc::new(AtomicBool::new(false));
     let app = builder(&app, &input, state.path())
-        .store(StoreDefinition::new("s"))
+        .store(common::store("s"))
         .processing_exception_handler({
             let asked = asked.clone();
             move |_, _| {
@@ -578,7 +578,7 @@ fn a_changelog_recreated_and_refilled_past_the_checkpoint_is_restored_in_full() 
 
     let restores = Restores::default();
     let running = Running::start(
-        builder(&app, &input, state.path()).store(StoreDefinition::new("s")).restore_listener(restores.clone()),
+        builder(&app, &input, state.path()).store(common::store("s")).restore_listener(restores.clone()),
         |_, _| Ok(()),
     );
     wait_until("the restore", TIMEOUT, || restores.ended() == 1);

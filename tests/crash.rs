@@ -24,7 +24,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use kstate::StoreDefinition;
 use rand::{Rng, SeedableRng};
 
 type Model = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -51,7 +50,7 @@ fn seeded_input(seed: u64) -> Input {
 
 fn builder_for(app: &str, input: &str, state: &Path) -> kstate::AppBuilder {
     builder(app, input, state)
-        .store(StoreDefinition::new("s"))
+        .store(common::store("s"))
         .commit_interval(Duration::from_millis(30))
         // Static membership: a restarted child takes over the killed one's
         // partitions at once instead of waiting for its session to expire.
@@ -90,7 +89,7 @@ fn check_invariants(round: usize, app: &str, input_topic: &str, state: &Path, in
         if !store_db_path(state, app, "s", p).exists() {
             continue;
         }
-        let (data, checkpoint) = read_store_dir(state, app, "s", p);
+        let (data, checkpoint) = read_store_dir_after_kill(state, app, "s", p);
         let changelog = read_partition(&kstate::changelog_topic(app, "s"), p);
         // Prefix of the changelog.
         let mut replayed = Model::new();

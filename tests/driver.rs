@@ -29,8 +29,8 @@ struct Scenario {
 const WINDOW: Duration = Duration::from_secs(1);
 
 fn scenario_app(app: kstate::AppBuilder) -> kstate::AppBuilder {
-    app.store(StoreDefinition::new("counts"))
-        .store(StoreDefinition::new("recent").ttl(Duration::from_secs(5), TimeDomain::StreamTime))
+    app.store(common::store("counts"))
+        .store(common::store("recent").ttl(Duration::from_secs(5), TimeDomain::StreamTime))
         .store(StoreDefinition::window("per-second", Windows::tumbling(WINDOW)).retention(Duration::from_secs(60)))
         .timers(true)
 }
@@ -237,7 +237,7 @@ impl Processor for Counter {
 const T0: i64 = 1_000_000;
 
 fn counter_app() -> kstate::AppBuilder {
-    App::builder().input_topic("in").store(StoreDefinition::new("counts")).timers(true)
+    App::builder().input_topic("in").store(common::store("counts")).timers(true)
 }
 
 fn counter(app: kstate::AppBuilder) -> TestDriver {
@@ -417,7 +417,7 @@ fn close_runs_each_processors_close_before_a_final_commit() {
 
 #[test]
 fn a_stream_time_ttl_hides_entries_at_once_and_a_commit_sends_their_tombstones() {
-    let app = App::builder().input_topic("in").store(StoreDefinition::new("seen").ttl(Duration::from_secs(1), TimeDomain::StreamTime));
+    let app = App::builder().input_topic("in").store(common::store("seen").ttl(Duration::from_secs(1), TimeDomain::StreamTime));
     let mut d = TestDriver::builder(app)
         .closure(|ctx, record| ctx.store("seen")?.put(record.key.unwrap(), record.value.unwrap()))
         .unwrap();
@@ -434,7 +434,7 @@ fn a_stream_time_ttl_hides_entries_at_once_and_a_commit_sends_their_tombstones()
 
 #[test]
 fn a_wall_clock_ttl_follows_the_drivers_clock() {
-    let app = App::builder().input_topic("in").store(StoreDefinition::new("seen").ttl(Duration::from_secs(10), TimeDomain::WallClock));
+    let app = App::builder().input_topic("in").store(common::store("seen").ttl(Duration::from_secs(10), TimeDomain::WallClock));
     let mut d = TestDriver::builder(app)
         .wall_clock(T0)
         .closure(|ctx, record| ctx.store("seen")?.put(record.key.unwrap(), record.value.unwrap()))
@@ -520,7 +520,7 @@ fn a_failing_record_stops_the_driver_as_it_stops_run_unless_the_handler_skips_it
 
 #[test]
 fn a_panicking_processor_is_the_handlers_case() {
-    let app = || App::builder().input_topic("in").store(StoreDefinition::new("s"));
+    let app = || App::builder().input_topic("in").store(common::store("s"));
     let process = |ctx: &mut ProcessorContext<'_>, record: &Record<'_>| {
         assert_ne!(record.value_str(), Some("panic"), "a bug in the processor");
         ctx.store("s")?.put(record.key.unwrap(), record.value.unwrap())
@@ -550,9 +550,9 @@ fn bad_input_is_a_typed_error() {
 
     let err = TestDriver::builder(counter_app()).partitions(0).processor(|_| Counter { buffered: Vec::new() }).err().unwrap();
     assert!(matches!(&err, Error::Config(m) if m.contains("at least 1 partition")), "{err}");
-    let err = TestDriver::builder(App::builder().store(StoreDefinition::new("s"))).closure(|_, _| Ok::<(), Error>(())).err().unwrap();
+    let err = TestDriver::builder(App::builder().store(common::store("s"))).closure(|_, _| Ok::<(), Error>(())).err().unwrap();
     assert!(matches!(&err, Error::Config(m) if m.contains("input topic")), "{err}");
-    let app = App::builder().input_topic("in").store(StoreDefinition::new("s").ttl(Duration::ZERO, TimeDomain::StreamTime));
+    let app = App::builder().input_topic("in").store(common::store("s").ttl(Duration::ZERO, TimeDomain::StreamTime));
     assert!(matches!(TestDriver::builder(app).closure(|_, _| Ok::<(), Error>(())), Err(Error::Config(_))));
 }
 
@@ -631,7 +631,7 @@ fn a_session_store_reports_each_closed_session_once_with_its_final_value() {
 
 #[test]
 fn final_results_need_a_window_store_and_a_processor_that_takes_them() {
-    let kv = App::builder().input_topic("in").store(StoreDefinition::new("counts").emit_final_results());
+    let kv = App::builder().input_topic("in").store(common::store("counts").emit_final_results());
     let e = TestDriver::builder(kv).processor(|_| Visits).err().expect("a key-value store emits no final results");
     assert!(matches!(&e, Error::Config(m) if m.contains("only window and session stores")), "{e}");
     let e = TestDriver::builder(visits_app()).closure(|_, _| Ok::<(), Error>(())).err().expect("a closure takes no final results");

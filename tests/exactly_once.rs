@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kstate::{Error, Output, ProcessingGuarantee, StoreDefinition};
+use kstate::{Error, Output, ProcessingGuarantee};
 use rand::{Rng, SeedableRng};
 
 const PARTITIONS: i32 = 3;
@@ -25,8 +25,8 @@ const KEYS: usize = 31;
 /// `<partition>:<offset>:<count>` to the output topic under its key.
 fn count_builder(app: &str, input: &str, state: &Path, guarantee: ProcessingGuarantee) -> kstate::AppBuilder {
     builder(app, input, state)
-        .store(StoreDefinition::new("counts"))
-        .store(StoreDefinition::new("mirror"))
+        .store(common::store("counts"))
+        .store(common::store("mirror"))
         .processing_guarantee(guarantee)
         .commit_interval(Duration::from_millis(50))
         .kafka_config("session.timeout.ms", "6000")

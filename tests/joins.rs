@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use kstate::{Error, Output, StoreDefinition};
+use kstate::{Error, Output};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -120,7 +120,7 @@ fn a_stream_table_join_sees_the_table_as_of_each_records_time() {
     // the lower timestamp of its two inputs' heads.
     let (users_in, out_topic) = (users_topic.clone(), out.clone());
     let running = Running::start(
-        builder(&app, &clicks_topic, state.path()).input_topic(&users_topic).store(StoreDefinition::new("users")),
+        builder(&app, &clicks_topic, state.path()).input_topic(&users_topic).store(common::store("users")),
         move |ctx, rec| {
             let Some(key) = rec.key else { return Ok::<(), Error>(()) };
             if rec.topic == users_in {
@@ -402,7 +402,7 @@ fn a_table_table_outer_join_emits_on_changes_of_either_side() {
     }
     let (left_in, out_topic) = (left_topic.clone(), out.clone());
     let running = Running::start(
-        builder(&app, &left_topic, state.path()).input_topic(&right_topic).store(StoreDefinition::new("left")).store(StoreDefinition::new("right")),
+        builder(&app, &left_topic, state.path()).input_topic(&right_topic).store(common::store("left")).store(common::store("right")),
         move |ctx, rec| {
             let Some(key) = rec.key else { return Ok::<(), Error>(()) };
             let ([left, right], outputs) = ctx.split(["left", "right"])?;

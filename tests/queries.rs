@@ -59,7 +59,7 @@ fn reads_see_committed_state_with_positions_read_your_writes_and_typed_errors() 
     let Fixture { input, app, state } = fixture("iq-local", 2);
     let endpoint = "127.0.0.1:7001";
     let app = builder(&app, &input, state.path())
-        .store(StoreDefinition::new("counts"))
+        .store(common::store("counts"))
         .commit_interval(Duration::from_millis(200))
         .application_server(endpoint)
         .build()
@@ -169,7 +169,7 @@ fn standby_answers_within_its_lag(guarantee: kstate::ProcessingGuarantee) {
     let Fixture { input, app, state } = fixture("iq-standby", 1);
     let start = |name: &str, endpoint: &str| {
         let app = builder(&app, &input, &state.path().join(name))
-            .store(StoreDefinition::new("counts"))
+            .store(common::store("counts"))
             .processing_guarantee(guarantee)
             .commit_interval(Duration::from_millis(200))
             .num_standby_replicas(1)
@@ -229,7 +229,7 @@ fn window_and_session_stores_answer_fetches_at_their_position() {
     let app = builder(&app, &input, state.path())
         .store(StoreDefinition::window("clicks", Windows::tumbling(Duration::from_secs(10)).grace(Duration::from_secs(60))))
         .store(StoreDefinition::session("visits", SessionWindows::with_gap(Duration::from_secs(5)).grace(Duration::from_secs(60))))
-        .store(StoreDefinition::new("counts"))
+        .store(common::store("counts"))
         .commit_interval(Duration::from_millis(200))
         // The record's value is its timestamp (ms).
         .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
@@ -320,7 +320,7 @@ fn input_records_are_checked_against_the_partitioner_that_queries_use() {
 
     let run = |name: &str, partitioner: Partitioner| {
         let app = builder(&format!("{app}-{name}"), &input, &state.path().join(name))
-            .store(StoreDefinition::new("counts"))
+            .store(common::store("counts"))
             .commit_interval(Duration::from_millis(100))
             .partitioner(partitioner)
             .build()

@@ -82,20 +82,20 @@ fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_
     let ends = [(0, 300), (1, 300)];
 
     // 1. First run processes everything; nothing to restore.
-    let r = run_once(&app, &input, state.path(), 2, &ends, StoreDefinition::new("s"));
+    let r = run_once(&app, &input, state.path(), 2, &ends, common::store("s"));
     assert_eq!(r.restored_records(), 0);
     for p in 0..2 {
         assert_store_is_changelog_prefix(state.path(), &app, p, &model_of(&records, p));
     }
 
     // 2. Restart after a clean shutdown: the checkpoint is at the changelog end.
-    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
     assert_eq!(r.restored_records(), 0, "a clean restart replays nothing");
 
     // 3. Records appended past the checkpoint (as another owner would): exactly those are replayed.
     let extra: Vec<_> = (0..37).map(|i| (0, format!("extra-{i}").into_bytes(), Some(b"x".to_vec()))).collect();
     produce(&changelog, &extra);
-    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
     assert_eq!(r.restored_records(), 37, "only the 37-record tail past the checkpoint is restored");
     let start = r.starts.lock().unwrap().iter().find(|s| s.partition == 0).cloned().unwrap();
     assert_eq!(start.start_offset + 37, start.end_offset);
@@ -108,39 +108,63 @@ fn restores_only_the_tail_then_fully_when_state_is_lost_or_corrupt_or_changelog_
 
     // 4. Local state of partition 1 deleted: full restore of partition 1 only.
     std::fs::remove_dir_all(state.path().join(&app).join("s").join("1")).unwrap();
-    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
     assert_eq!(r.restored_records(), len(1), "full restore of the lost partition, tail of the other");
     assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
 
-    // 5. Corrupt checkpoint in partition 0: detected, wiped, fully restored.
-    {
-        let path = store_db_path(state.path(), &app, "s", 0);
-        let opts = rocksdb::Options::default();
-        let db = rocksdb::DB::open_cf(&opts, &path, ["default", "kstate_meta"]).unwrap();
-        db.put_cf(db.cf_handle("kstate_meta").unwrap(), b"changelog.checkpoint", b"garbage!?").unwrap();
-        db.put(b"stale-key-not-in-changelog", b"!").unwrap();
-    }
-    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
-    assert_eq!(r.restored_records(), len(0));
-    let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 0).unwrap().full_restore_reason.clone();
-    assert!(reason.is_some_and(|r| r.contains("checkpoint")), "full restore says why");
-    assert_store_is_changelog_prefix(state.path(), &app, 0, &model0);
+    if common::stores_in_memory() {
+        // 5-6. In memory: a corrupted and a truncated file are refused with
+        // the reason, and the store is restored in full.
+        for (p, damage) in [(0, "corrupted"), (1, "truncated")] {
+            let file = store_db_path(state.path(), &app, "s", p).join("heap.kstate");
+            let mut bytes = std::fs::read(&file).unwrap();
+            match damage {
+                "corrupted" => bytes[40] ^= 0x20,
+                _ => bytes.truncate(bytes.len() - 7),
+            }
+            std::fs::write(&file, bytes).unwrap();
+            let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
+            assert_eq!(r.restored_records(), len(p), "{damage}: full restore of partition {p} only");
+            let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == p).unwrap().full_restore_reason.clone();
+            assert!(reason.as_deref().is_some_and(|r| r.contains("in-memory store file refused") && r.contains("checksum")), "{damage}: {reason:?}");
+        }
+        let mut model0 = model_of(&records, 0);
+        for (_, k, v) in &extra {
+            apply(&mut model0, k, v.as_deref());
+        }
+        assert_store_is_changelog_prefix(state.path(), &app, 0, &model0);
+        assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
+    } else {
+        // 5. Corrupt checkpoint in partition 0: detected, wiped, fully restored.
+        {
+            let path = store_db_path(state.path(), &app, "s", 0);
+            let opts = rocksdb::Options::default();
+            let db = rocksdb::DB::open_cf(&opts, &path, ["default", "kstate_meta"]).unwrap();
+            db.put_cf(db.cf_handle("kstate_meta").unwrap(), b"changelog.checkpoint", b"garbage!?").unwrap();
+            db.put(b"stale-key-not-in-changelog", b"!").unwrap();
+        }
+        let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
+        assert_eq!(r.restored_records(), len(0));
+        let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 0).unwrap().full_restore_reason.clone();
+        assert!(reason.is_some_and(|r| r.contains("checkpoint")), "full restore says why");
+        assert_store_is_changelog_prefix(state.path(), &app, 0, &model0);
 
-    // 6. Unreadable RocksDB files in partition 1: detected, wiped, fully restored.
-    // (No trailing newline: RocksDB reports Corruption. Other open errors,
-    // such as too many open files, are returned and never wipe a store.)
-    std::fs::write(store_db_path(state.path(), &app, "s", 1).join("CURRENT"), b"garbage").unwrap();
-    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
-    assert_eq!(r.restored_records(), len(1));
-    let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 1).unwrap().full_restore_reason.clone();
-    assert!(reason.is_some_and(|r| r.contains("unreadable")));
-    assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
+        // 6. Unreadable RocksDB files in partition 1: detected, wiped, fully restored.
+        // (No trailing newline: RocksDB reports Corruption. Other open errors,
+        // such as too many open files, are returned and never wipe a store.)
+        std::fs::write(store_db_path(state.path(), &app, "s", 1).join("CURRENT"), b"garbage").unwrap();
+        let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
+        assert_eq!(r.restored_records(), len(1));
+        let reason = r.starts.lock().unwrap().iter().find(|s| s.partition == 1).unwrap().full_restore_reason.clone();
+        assert!(reason.is_some_and(|r| r.contains("unreadable")));
+        assert_store_is_changelog_prefix(state.path(), &app, 1, &model_of(&records, 1));
+    }
 
     // 7. Changelog deleted and recreated (empty): its topic id changed (and
     //    the checkpoints are past its end), so both stores are wiped and
     //    restored from the (empty) changelog.
     delete_topic(&changelog);
-    let r = run_once(&app, &input, state.path(), 2, &[], StoreDefinition::new("s"));
+    let r = run_once(&app, &input, state.path(), 2, &[], common::store("s"));
     assert_eq!(r.restored_records(), 0);
     for s in r.starts.lock().unwrap().iter() {
         let why = s.full_restore_reason.clone().unwrap_or_default();
@@ -156,7 +180,7 @@ fn empty_changelog_and_compacted_changelog_restore() {
     let Fixture { input, app, state } = fixture("compact", 1);
     let changelog = kstate::changelog_topic(&app, "s");
     let store = || {
-        StoreDefinition::new("s")
+        common::store("s")
             .changelog_config("segment.ms", "200")
             .changelog_config("min.cleanable.dirty.ratio", "0.01")
             .changelog_config("delete.retention.ms", "100")
@@ -246,7 +270,7 @@ fn tasks_restored_after_others_started_are_processed_at_once() {
     let first_record: Times = Times::default();
     let seen = first_record.clone();
     let running = Running::start(
-        builder(&app, &input, state.path()).store(StoreDefinition::new("s")).restore_listener(restored.clone()),
+        builder(&app, &input, state.path()).store(common::store("s")).restore_listener(restored.clone()),
         move |ctx, rec| {
             seen.lock().unwrap().entry(ctx.partition()).or_insert_with(Instant::now);
             apply_input(ctx, rec)
@@ -273,11 +297,11 @@ fn state_older_than_the_tombstone_retention_is_restored_in_full() {
     create_topic(&changelog, 1, &[("cleanup.policy", "compact"), ("delete.retention.ms", "3000")]);
     let records = seeded_input(11, 1, 60);
     produce(&input, &records);
-    run_once(&app, &input, state.path(), 1, &[(0, 60)], StoreDefinition::new("s"));
+    run_once(&app, &input, state.path(), 1, &[(0, 60)], common::store("s"));
     let logged = read_partition(&changelog, 0).len() as u64;
     assert!(logged > 0);
 
-    let at_once = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
+    let at_once = run_once(&app, &input, state.path(), 1, &[], common::store("s"));
     let start = at_once.starts.lock().unwrap()[0].clone();
     assert!(start.full_restore_reason.is_none(), "restarted at once: {start:?}");
     assert_eq!(at_once.restored_records(), 0);
@@ -290,11 +314,15 @@ fn state_older_than_the_tombstone_retention_is_restored_in_full() {
     };
     let young = estimate();
     assert!(young.note.is_none() && young.records == 0, "{young:?}");
+    // The local state's sizes, on the backend it is on.
+    let sizes = young.sizes.clone().expect("sizes of the local state");
+    assert_eq!(sizes.backend, if common::stores_in_memory() { "in_memory" } else { "rocksdb" });
+    assert!(sizes.keys > 0 && sizes.in_memory_bytes == sizes.data_bytes + sizes.keys * kstate::admin::IN_MEMORY_ENTRY_OVERHEAD, "{sizes:?}");
 
     std::thread::sleep(Duration::from_millis(3500));
     let old = estimate();
     assert!(old.note.as_deref().is_some_and(|n| n.contains("delete.retention.ms")) && old.records == logged, "{old:?}");
-    let late = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
+    let late = run_once(&app, &input, state.path(), 1, &[], common::store("s"));
     let start = late.starts.lock().unwrap()[0].clone();
     assert!(
         start.full_restore_reason.as_deref().is_some_and(|r| r.contains("delete.retention.ms")),
@@ -334,7 +362,7 @@ fn a_transactional_changelog_restores_committed_records_only() {
     transaction(&[("a", "1"), ("b", "1")], true);
     transaction(&[("c", "aborted"), ("a", "aborted")], false);
     transaction(&[("d", "1"), ("b", "2")], true);
-    let restores = run_once(&app, &input, state.path(), 1, &[], StoreDefinition::new("s"));
+    let restores = run_once(&app, &input, state.path(), 1, &[], common::store("s"));
     let (data, checkpoint) = read_store_dir(state.path(), &app, "s", 0);
     let expected: Model = [("a", "1"), ("b", "2"), ("d", "1")].iter().map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec())).collect();
     assert_same_state(&data, &expected, "the store restored from a transactional changelog");
@@ -377,11 +405,11 @@ fn a_changelog_truncated_from_its_start_is_reported_at_startup() {
     };
     let records: Vec<KeyedRecord> = (0..20).map(|i| (i % 2, format!("k{i}").into_bytes(), Some(b"v".to_vec()))).collect();
     produce(&input, &records);
-    run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
+    run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], common::store("s"));
     assert_eq!(truncated_partitions(), Some(0.0), "an intact changelog");
     // Delete the first 5 records of partition 0.
     delete_compacted_records_before(&changelog, 0, 5);
-    run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], StoreDefinition::new("s"));
+    run_once(&app, &input, state.path(), 0, &[(0, 10), (1, 10)], common::store("s"));
     assert_eq!(truncated_partitions(), Some(1.0), "one truncated partition");
     // What `kstate verify` reports: the five keys only the local store still has.
     let report = kstate::admin::verify(state.path(), &app, "s", 0, &kstate::admin::Kafka::new(bootstrap())).unwrap();

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::instances::*;
 use common::*;
-use kstate::{Error, StoreDefinition};
+use kstate::Error;
 
 /// One multi-process test at a time (2 cores).
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -222,7 +222,7 @@ fn the_state_of_a_task_that_moved_away_is_deleted_after_the_cleanup_delay() {
     produce(&input, &[(0, b"a".to_vec(), Some(b"1".to_vec())), (1, b"b".to_vec(), Some(b"1".to_vec()))]);
     let second_state = tempfile::tempdir().unwrap();
     let counting = |dir: &Path| {
-        builder(&app, &input, dir).store(StoreDefinition::new("s")).state_cleanup_delay(Duration::from_secs(2))
+        builder(&app, &input, dir).store(common::store("s")).state_cleanup_delay(Duration::from_secs(2))
     };
     let put = |ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>| -> Result<(), Error> {
         ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())
@@ -252,7 +252,7 @@ fn a_processor_stuck_past_max_poll_interval_gives_its_tasks_away() {
     let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let start = |dir: &Path, times: &ProcessedTimes, stall: bool| {
         let (times, stalled) = (times.clone(), stalled.clone());
-        let builder = builder(&app, &input, dir).store(StoreDefinition::new("s")).kafka_config("max.poll.interval.ms", "8000");
+        let builder = builder(&app, &input, dir).store(common::store("s")).kafka_config("max.poll.interval.ms", "8000");
         Running::start(builder, move |ctx, rec| {
             if stall && rec.value_str() == Some("stall") && !stalled.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_secs(14));

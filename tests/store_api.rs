@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use kstate::codec::{Json, U64Be, Utf8};
-use kstate::{Error, StoreDefinition};
+use kstate::Error;
 
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -47,8 +47,8 @@ fn crud_scans_and_read_your_writes_before_commit() {
     let (tx, rx) = mpsc::channel();
     // A long commit interval: every read below happens before any commit.
     let builder = builder(&app, &input, state.path())
-        .store(StoreDefinition::new("kv"))
-        .store(StoreDefinition::new("typed"))
+        .store(common::store("kv"))
+        .store(common::store("typed"))
         .commit_interval(Duration::from_secs(3600));
     let running = Running::start(builder, move |ctx, _rec| {
         let mut o = Observed::default();
@@ -159,7 +159,7 @@ fn run_async_processes_and_stops_on_shutdown() {
     let Fixture { input, app, state } = fixture("async", 1);
     produce(&input, &[(0, b"k".to_vec(), Some(b"v".to_vec()))]);
     // Not named `kv`: the metrics assertions of the other test count `kv` puts.
-    let app = builder(&app, &input, state.path()).store(StoreDefinition::new("async-kv")).build().unwrap();
+    let app = builder(&app, &input, state.path()).store(common::store("async-kv")).build().unwrap();
     let stop = app.shutdown_handle();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -189,7 +189,7 @@ fn counts_stay_exact_while_commits_are_in_flight() {
     produce(&input, &records);
 
     let builder = builder(&app, &input, state.path())
-        .store(StoreDefinition::new("counts"))
+        .store(common::store("counts"))
         .commit_interval(Duration::from_millis(1));
     let mut processed = std::collections::HashMap::<i32, u64>::new();
     let running = Running::start(builder, move |ctx, rec| {
@@ -235,7 +235,7 @@ fn a_full_producer_queue_is_waited_out_and_keeps_the_changelog_in_order() {
     produce(&input, &[(0, b"go".to_vec(), Some(b"".to_vec()))]);
     let (tx, rx) = mpsc::channel();
     let builder = builder(&app, &input, state.path())
-        .store(StoreDefinition::new("s"))
+        .store(common::store("s"))
         .kafka_config("queue.buffering.max.messages", "50")
         .commit_interval(Duration::from_secs(3600));
     let running = Running::start(builder, move |ctx, _| {
@@ -274,7 +274,7 @@ fn a_slow_processor_commits_on_time_and_stops_promptly() {
     produce(&input, &records);
     let processed = Arc::new(AtomicI64::new(-1));
     let seen = processed.clone();
-    let builder = builder(&app, &input, state.path()).store(StoreDefinition::new("s")).commit_interval(Duration::from_millis(50));
+    let builder = builder(&app, &input, state.path()).store(common::store("s")).commit_interval(Duration::from_millis(50));
     let running = Running::start(builder, move |ctx, rec| {
         ctx.store("s")?.put(rec.key.unwrap(), rec.value.unwrap())?;
         std::thread::sleep(Duration::from_millis(1));
@@ -309,7 +309,7 @@ fn split_reads_one_store_writes_another_and_sends_outputs_in_one_scope() {
     let users = ["ann", "bob", "ann", "cid", "ann", "bob"];
     let records: Vec<KeyedRecord> = users.iter().map(|u| (0, u.as_bytes().to_vec(), Some(b"click".to_vec()))).collect();
     produce(&input, &records);
-    let builder = builder(&app, &input, state.path()).store(StoreDefinition::new("clicks")).store(StoreDefinition::new("totals"));
+    let builder = builder(&app, &input, state.path()).store(common::store("clicks")).store(common::store("totals"));
     let (tx, rx) = mpsc::channel();
     let topic = out_topic.clone();
     let running = Running::start(builder, move |ctx, rec| {
@@ -383,7 +383,7 @@ fn close_writes_are_committed_when_a_task_is_revoked_and_at_shutdown() {
     produce(&input, &records);
     let (tx, rx) = mpsc::channel();
     let start = |dir: &std::path::Path, tx: mpsc::Sender<(&'static str, i32, usize)>| {
-        let b = builder(&app, &input, dir).store(StoreDefinition::new("buffered"));
+        let b = builder(&app, &input, dir).store(common::store("buffered"));
         Running::start_processor(b, move |partition| Buffering { partition, buffer: Vec::new(), events: tx.clone() })
     };
     let a = start(state.path(), tx.clone());
@@ -420,7 +420,7 @@ fn an_async_lookup_longer_than_the_session_timeout_keeps_the_tasks() {
     produce(&input, &[(0, b"a".to_vec(), Some(b"1".to_vec())), (0, b"b".to_vec(), Some(b"2".to_vec()))]);
     let restores = Restores::default();
     // The session timeout is 6 s (common::builder); each lookup takes 7 s.
-    let app = builder(&app_id, &input, state.path()).store(StoreDefinition::new("profiles")).restore_listener(restores.clone()).build().unwrap();
+    let app = builder(&app_id, &input, state.path()).store(common::store("profiles")).restore_listener(restores.clone()).build().unwrap();
     let stop = app.shutdown_handle();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -441,4 +441,30 @@ fn an_async_lookup_longer_than_the_session_timeout_keeps_the_tasks() {
     assert_eq!(restores.ended(), 1, "the task was never lost and reassigned (one restore, at the start)");
     let stored = read_store_dir(state.path(), &app_id, "profiles", 0).0;
     assert_eq!(stored.get(&b"b"[..]).map(Vec::as_slice), Some(&b"profile of b"[..]));
+}
+
+/// In-memory stores past `max_state_memory`: `run` ends with
+/// `Error::StateMemory` naming the store partition (never an OOM kill), and
+/// what was committed before is a prefix of the changelog.
+#[test]
+fn in_memory_stores_past_the_memory_bound_end_run_with_a_typed_error() {
+    init_tracing();
+    let Fixture { input, app, state } = fixture("heap-bound", 1);
+    // 24 MiB of values against the smallest bound (16 MiB).
+    let records: Vec<KeyedRecord> = (0..24_000).map(|i| (0, format!("k{i:06}").into_bytes(), Some(vec![b'x'; 1024]))).collect();
+    produce(&input, &records);
+    let builder = builder(&app, &input, state.path())
+        .store(kstate::StoreDefinition::new("big").in_memory())
+        .max_state_memory(16 << 20);
+    let running = Running::start(builder, |ctx, rec| {
+        ctx.store("big")?.put(rec.key.unwrap_or_default(), rec.value.unwrap_or_default())
+    });
+    wait_until("run to end", TIMEOUT, || running.is_finished());
+    match running.stop() {
+        Err(Error::StateMemory { store, bound, total_bytes, .. }) => {
+            assert_eq!((store.as_str(), bound), ("big/0", 16 << 20));
+            assert!(total_bytes > bound, "{total_bytes}");
+        }
+        other => panic!("expected Error::StateMemory, got {other:?}"),
+    }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use kstate::{Processor, ProcessorContext, ProcessorError, Record, StoreDefinition};
+use kstate::{Processor, ProcessorContext, ProcessorError, Record};
 
 const PARTITIONS: i32 = 8;
 
@@ -68,8 +68,8 @@ impl Processor for Counting {
 
 fn threaded(app: &str, input: &str, state: &std::path::Path, threads: usize) -> kstate::AppBuilder {
     builder(app, input, state)
-        .store(StoreDefinition::new("counts"))
-        .store(StoreDefinition::new("s"))
+        .store(common::store("counts"))
+        .store(common::store("s"))
         .num_stream_threads(threads)
         .commit_interval(Duration::from_millis(100))
 }

@@ -20,8 +20,7 @@ use std::time::Duration;
 
 use common::*;
 use kstate::{
-    App, Error, InvalidTimestamp, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Punctuation, Record,
-    StoreDefinition, TimeDomain, Timer,
+    App, Error, InvalidTimestamp, Output, ProcessingGuarantee, Processor, ProcessorContext, ProcessorError, Punctuation, Record, TimeDomain, Timer,
 };
 use rand::{Rng, SeedableRng};
 
@@ -398,7 +397,7 @@ fn bad_calls_are_typed_errors() {
     assert!(e[0].contains("at least 1 ms"), "{}", e[0]);
     assert!(e[1].contains("AppBuilder::timers(true)"), "{}", e[1]);
     // The time store's name is kstate's own.
-    match builder(&app, &input, state.path()).store(StoreDefinition::new(kstate::TIME_STORE)).build() {
+    match builder(&app, &input, state.path()).store(common::store(kstate::TIME_STORE)).build() {
         Err(Error::Config(m)) => assert!(m.contains("kstate's own"), "{m}"),
         other => panic!("expected a config error, got {:?}", other.err()),
     }

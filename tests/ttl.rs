@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use kstate::{ProcessorContext, Record, StoreDefinition, TimeDomain};
+use kstate::{ProcessorContext, Record, TimeDomain};
 
 /// What the probe saw at each `check` record: (key → value) via `get` of
 /// every key written so far, and the number of entries a full scan returned.
@@ -55,7 +55,7 @@ fn expired_entries_are_invisible_at_once_tombstoned_and_never_restored_or_kept_b
     let Fixture { input, app, state } = fixture("ttl-wall", 1);
     let keys: Vec<Vec<u8>> = (0..100).map(|i| format!("k{i:03}").into_bytes()).collect();
     let checks: Checks = Arc::default();
-    let store = || StoreDefinition::new("s").ttl(TTL, TimeDomain::WallClock).ttl_cleanup_interval(Duration::from_secs(1));
+    let store = || common::store("s").ttl(TTL, TimeDomain::WallClock).ttl_cleanup_interval(Duration::from_secs(1));
     let start = |dir: &std::path::Path, standbys: usize| {
         Running::start(
             builder(&app, &input, dir).store(store()).num_standby_replicas(standbys),
@@ -114,7 +114,7 @@ fn stream_time_ttl_follows_the_tasks_stream_time_across_a_restart() {
     let run = || {
         Running::start(
             builder(&app, &input, state.path())
-                .store(StoreDefinition::new("s").ttl(Duration::from_millis(100), TimeDomain::StreamTime))
+                .store(common::store("s").ttl(Duration::from_millis(100), TimeDomain::StreamTime))
                 .timers(true)
                 .timestamp_extractor(|rec, _| rec.value_str().and_then(|v| v.split(' ').next()?.parse().ok()).unwrap_or(-1)),
             {
@@ -163,7 +163,7 @@ fn a_stream_time_ttl_store_refuses_writes_before_the_first_record_and_turns_time
     }
     let log = Arc::new(Mutex::new(Vec::new()));
     let l = log.clone();
-    let b = builder(&app, &input, state.path()).store(StoreDefinition::new("s").ttl(Duration::from_secs(60), TimeDomain::StreamTime));
+    let b = builder(&app, &input, state.path()).store(common::store("s").ttl(Duration::from_secs(60), TimeDomain::StreamTime));
     let r = Running::start_processor(b, move |_| Early(l.clone()));
     produce(&input, &[(0, b"k".to_vec(), Some(b"v".to_vec()))]);
     wait_until("the record", TIMEOUT, || log.lock().unwrap().len() == 2);

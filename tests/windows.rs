@@ -258,7 +258,7 @@ fn definitions_and_changelogs_that_would_lose_live_windows_are_refused() {
     assert!(matches!(&hop, Error::Config(m) if m.contains("advance")), "{hop}");
     let ttl = build(StoreDefinition::session("s", SessionWindows::with_gap(Duration::from_secs(1))).ttl(Duration::from_secs(1), kstate::TimeDomain::WallClock)).unwrap_err();
     assert!(matches!(&ttl, Error::Config(m) if m.contains("retention, not a TTL")), "{ttl}");
-    let kv = build(StoreDefinition::new("kv").retention(Duration::from_secs(1))).unwrap_err();
+    let kv = build(common::store("kv").retention(Duration::from_secs(1))).unwrap_err();
     assert!(matches!(&kv, Error::Config(m) if m.contains("only window and session stores")), "{kv}");
     let bytes = build(StoreDefinition::window("w", w).changelog_config("retention.bytes", "1000000")).unwrap_err();
     assert!(matches!(&bytes, Error::Config(m) if m.contains("retention.bytes")), "{bytes}");

@@ -636,6 +636,25 @@ fn print_estimate(r: &admin::RestoreEstimate) {
         ]);
     }
     t.print();
+    // What the local state costs on each backend (to choose one by numbers).
+    let sized: Vec<_> = r.partitions.iter().filter_map(|p| Some((p, p.sizes.as_ref()?))).collect();
+    if !sized.is_empty() {
+        let mut t = Table::new(&["STORE", "PART", "BACKEND", "KEYS", "KEY+VALUE", "IN MEMORY", "ROCKSDB"]);
+        for (p, s) in sized {
+            t.row(vec![
+                p.store.clone(),
+                p.partition.to_string(),
+                s.backend.into(),
+                count(s.keys),
+                bytes(s.data_bytes),
+                bytes(s.in_memory_bytes),
+                if s.rocksdb_bytes > 0 { bytes(s.rocksdb_bytes) } else { "-".into() },
+            ]);
+        }
+        println!();
+        t.print();
+        println!("in memory: key + value + {} bytes per entry; RocksDB: its files and memtables", admin::IN_MEMORY_ENTRY_OVERHEAD);
+    }
     let source = match r.rate_source {
         admin::RateSource::Given => "given",
         admin::RateSource::Measured => "measured on this state dir",

@@ -97,7 +97,28 @@ pub struct PartitionEstimate {
     /// With [`EstimateOptions::snapshots`], for a restore from the start:
     /// the path through the newest usable snapshot, if there is one.
     pub snapshot: Option<SnapshotPath>,
+    /// The local state's size on each backend, when it is readable.
+    pub sizes: Option<LocalSizes>,
 }
+
+/// A store partition's local state, and what it costs on either backend.
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalSizes {
+    /// `rocksdb` or `in_memory` ([`StoreDefinition::in_memory`](crate::StoreDefinition::in_memory)).
+    pub backend: &'static str,
+    /// Keys (RocksDB: its estimate).
+    pub keys: u64,
+    /// Key and value bytes (RocksDB: an estimate from above).
+    pub data_bytes: u64,
+    /// What an in-memory store holds for it: `data_bytes` plus
+    /// [`IN_MEMORY_ENTRY_OVERHEAD`] per key.
+    pub in_memory_bytes: u64,
+    /// RocksDB's SST files and memtables (in memory: 0).
+    pub rocksdb_bytes: u64,
+}
+
+/// Bytes an in-memory store spends per entry beyond its key and value.
+pub const IN_MEMORY_ENTRY_OVERHEAD: u64 = crate::store::engine::HEAP_ENTRY_OVERHEAD as u64;
 
 /// The outcome of [`estimate_restore()`].
 #[derive(Debug, Clone, Serialize)]
@@ -173,8 +194,21 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
             let dir = app_dir.join(store).join(p.to_string());
             let is_local = local.contains(&p) && dir.join("db").is_dir();
             let mut note = None;
+            let mut sizes = None;
             let local_state = if is_local {
-                match ReadOnly::open(&dir).and_then(|db| db.local_checkpoint(&dir)) {
+                let read = |db: ReadOnly| {
+                    let stats = db.db.data_stats();
+                    let backend = if db.db.is_in_memory() { "in_memory" } else { "rocksdb" };
+                    sizes = Some(LocalSizes {
+                        backend,
+                        keys: stats.keys,
+                        data_bytes: stats.logical_bytes,
+                        in_memory_bytes: stats.logical_bytes + stats.keys * IN_MEMORY_ENTRY_OVERHEAD,
+                        rocksdb_bytes: if db.db.is_in_memory() { 0 } else { stats.physical_bytes },
+                    });
+                    db.local_checkpoint(&dir)
+                };
+                match ReadOnly::open(&dir).and_then(read) {
                     Ok(state) => Some(state),
                     Err(e) => {
                         // As kstate's own open would: unreadable local state is restored in full.
@@ -223,6 +257,7 @@ pub fn estimate_restore(state_dir: &Path, app: &str, kafka: &Kafka, options: &Es
                 sampled_records: sampled,
                 note,
                 snapshot,
+                sizes,
             });
         }
     }

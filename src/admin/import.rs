@@ -49,8 +49,8 @@ pub fn import_snapshot(state_dir: &Path, snapshot_dir: &Path, force: bool) -> Re
         return Err(mismatch(format!("{SNAPSHOT_MANIFEST} names no valid application, store and partition")));
     }
     let source_db = snapshot_dir.join("db");
-    if !source_db.join("CURRENT").is_file() {
-        return Err(mismatch("has no RocksDB database in db/".into()));
+    if !source_db.join("CURRENT").is_file() && !source_db.join(crate::store::engine::HEAP_FILE).is_file() {
+        return Err(mismatch("has no RocksDB database and no in-memory store file in db/".into()));
     }
     let dir = state_dir.join(&manifest.application_id).join(&manifest.store).join(manifest.partition.to_string());
     let _lock = DirLock::acquire(&dir, Duration::ZERO)?;

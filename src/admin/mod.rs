@@ -32,7 +32,10 @@ mod verify;
 mod wipe;
 
 pub use error::{AdminError, Result};
-pub use estimate::{estimate_restore, EstimateOptions, PartitionEstimate, RateSource, RestoreEstimate, SnapshotPath, DEFAULT_DOWNLOAD_RATE, DEFAULT_RESTORE_RATE};
+pub use estimate::{
+    estimate_restore, EstimateOptions, LocalSizes, PartitionEstimate, RateSource, RestoreEstimate, SnapshotPath, DEFAULT_DOWNLOAD_RATE, DEFAULT_RESTORE_RATE,
+    IN_MEMORY_ENTRY_OVERHEAD,
+};
 pub use import::{import_snapshot, ImportReport};
 pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, SegmentsReport, StorePartitionReport};
 pub use remote::{gc_snapshots, list_snapshots, show_snapshot, PartitionGc, PartitionSnapshots, SnapshotStore};
@@ -384,8 +387,8 @@ impl ReadOnly {
 
     /// Opens the database at `db_path`.
     pub(crate) fn open_db(db_path: &Path) -> Result<ReadOnly> {
-        if !db_path.join("CURRENT").is_file() {
-            return Err(AdminError::Admin(format!("`{}` holds no RocksDB database", db_path.display())));
+        if !db_path.join("CURRENT").is_file() && !db_path.join(crate::store::engine::HEAP_FILE).is_file() {
+            return Err(AdminError::Admin(format!("`{}` holds no RocksDB database and no in-memory store file", db_path.display())));
         }
         let scratch = Scratch::new("secondary")?;
         let db = ReadOnlyDb::open(db_path, scratch.path())?;

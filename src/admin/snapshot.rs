@@ -54,12 +54,24 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         return Err(AdminError::TargetNotEmpty { path: dest.to_path_buf(), detail: "already exists; a snapshot needs a new directory".into() });
     }
     let db_dir = dir.join("db");
-    if !db_dir.join("CURRENT").is_file() {
-        return Err(AdminError::Admin(format!("`{}` holds no RocksDB database", db_dir.display())));
+    let in_memory = db_dir.join(crate::store::engine::HEAP_FILE).is_file();
+    if !db_dir.join("CURRENT").is_file() && !in_memory {
+        return Err(AdminError::Admin(format!("`{}` holds no RocksDB database and no in-memory store file", db_dir.display())));
     }
     let _lock = DirLock::acquire(&dir, Duration::ZERO)?;
-    let engine = Engine::open(&db_dir, &EngineResources::new(8 << 20, 4 << 20))?;
-    let checkpoint = match engine.checkpoint()? {
+    // An in-memory store's file is checked and copied as it is (an engine
+    // would delete a file it refuses); RocksDB is opened for a checkpoint.
+    let source = match in_memory {
+        true => {
+            let file = db_dir.join(crate::store::engine::HEAP_FILE);
+            let bytes = std::fs::read(&file).map_err(|e| AdminError::io(&file, e))?;
+            let state = crate::store::engine::decode_heap_file(&bytes, Some(&format!("{store}/{partition}")))
+                .map_err(|why| AdminError::Admin(format!("`{}`: {why}; no snapshot taken", file.display())))?;
+            Source::Heap(crate::store::engine::ReadOnlyDb::Heap(state), bytes)
+        }
+        false => Source::Rocks(Box::new(Engine::open(&db_dir, &EngineResources::new(8 << 20, 4 << 20))?)),
+    };
+    let checkpoint = match source.checkpoint()? {
         Checkpoint::None => None,
         Checkpoint::At(c) => Some(c),
         Checkpoint::Corrupt(why) => return Err(AdminError::Admin(format!("`{}`: {why}; no snapshot taken", db_dir.display()))),
@@ -69,11 +81,11 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         store: store.to_string(),
         partition,
         checkpoint,
-        changelog_topic: match engine.meta_get(crate::store::table::SOURCE_TOPIC_KEY)? {
+        changelog_topic: match source.meta_get(crate::store::table::SOURCE_TOPIC_KEY)? {
             Some(topic) => String::from_utf8_lossy(&topic).into_owned(),
             None => crate::kafka::changelog_topic(app, store),
         },
-        changelog_topic_id: engine.changelog_topic_id()?,
+        changelog_topic_id: source.changelog_topic_id()?,
         created_at_ms: crate::store::engine::now_ms(),
         kstate_version: env!("CARGO_PKG_VERSION").to_string(),
     };
@@ -89,7 +101,14 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         }
         _ => AdminError::io(dest, e),
     })?;
-    let written = engine.create_checkpoint(&dest.join("db")).map_err(AdminError::from).and_then(|()| {
+    let copied = match &source {
+        Source::Rocks(engine) => engine.create_checkpoint(&dest.join("db")).map_err(AdminError::from),
+        Source::Heap(_, bytes) => {
+            let file = dest.join("db").join(crate::store::engine::HEAP_FILE);
+            std::fs::create_dir(dest.join("db")).and_then(|()| std::fs::write(&file, bytes)).map_err(|e| AdminError::io(file, e))
+        }
+    };
+    let written = copied.and_then(|()| {
         let path = dest.join(SNAPSHOT_MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| AdminError::Admin(e.to_string()))?;
         std::fs::write(&path, json).map_err(|e| AdminError::io(path, e))
@@ -98,6 +117,36 @@ pub fn snapshot(state_dir: &Path, app: &str, store: &str, partition: i32, dest: 
         let _ = std::fs::remove_dir_all(dest);
         return Err(e);
     }
-    drop(engine);
+    drop(source);
     Ok(SnapshotReport { path: dest.to_path_buf(), bytes: dir_bytes(dest), manifest })
+}
+
+/// What a snapshot is taken from: RocksDB opened, or an in-memory store's
+/// file read and checked (its state and its bytes).
+enum Source {
+    Rocks(Box<Engine>),
+    Heap(crate::store::engine::ReadOnlyDb, Vec<u8>),
+}
+
+impl Source {
+    fn checkpoint(&self) -> crate::error::Result<Checkpoint> {
+        match self {
+            Source::Rocks(e) => e.checkpoint(),
+            Source::Heap(db, _) => db.checkpoint(),
+        }
+    }
+
+    fn meta_get(&self, key: &[u8]) -> crate::error::Result<Option<Vec<u8>>> {
+        match self {
+            Source::Rocks(e) => e.meta_get(key),
+            Source::Heap(db, _) => db.meta_get(key),
+        }
+    }
+
+    fn changelog_topic_id(&self) -> crate::error::Result<Option<String>> {
+        match self {
+            Source::Rocks(e) => e.changelog_topic_id(),
+            Source::Heap(db, _) => db.changelog_topic_id(),
+        }
+    }
 }

@@ -270,6 +270,7 @@ impl TestDriver {
                 seed: None,
                 schema: def.schema(),
                 final_results: def.emits_final_results(),
+                in_memory: def.is_in_memory(),
             })?);
             if def.source_topic.is_some() {
                 let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;

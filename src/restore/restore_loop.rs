@@ -584,7 +584,7 @@ impl RestoreLoop {
             return;
         }
         let records = a.batch.len() as u64;
-        let mut batch = a.batch.take_sorted();
+        let mut batch = crate::store::engine::Batch::from(a.batch.take_sorted());
         store.engine().add_refused_changes(&mut batch, a.schema.take_changes());
         if let Some(segments) = &mut a.segments {
             // After the data: records of segments that expired while this
@@ -661,8 +661,8 @@ impl RestoreLoop {
             } else if a.end > 0 && store.checkpoint().is_none_or(|c| c < a.end - 1) {
                 // A table kept ahead of the committed offset keeps its checkpoint.
                 match table::age_bound(&a) {
-                    Some(bound) => store.engine().commit_with_age_bound(rocksdb::WriteBatch::default(), a.end - 1, bound)?,
-                    None => store.engine().commit(rocksdb::WriteBatch::default(), a.end - 1)?,
+                    Some(bound) => store.engine().commit_with_age_bound(Default::default(), a.end - 1, bound)?,
+                    None => store.engine().commit(Default::default(), a.end - 1)?,
                 }
                 store.set_checkpoint(Some(a.end - 1));
             }

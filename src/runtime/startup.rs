@@ -142,6 +142,9 @@ pub(super) fn snapshot_info(
             (_, Some(s)) => format!("session {s:?}"),
             _ => "key_value".to_string(),
         };
+        if def.is_in_memory() {
+            definition.push_str(" in_memory");
+        }
         if let Some(r) = def.retention_period() {
             definition.push_str(&format!(" retention={}ms", r.as_millis()));
         }

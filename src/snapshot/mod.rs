@@ -314,7 +314,7 @@ impl Snapshots {
     /// [`Snapshots::seed`]); logs what it did.
     pub(crate) fn seed_dir(
         &self,
-        (store, partition, schema_version): (&str, i32, u32),
+        (store, partition, schema_version, in_memory): (&str, i32, u32, bool),
         db_dir: &Path,
         changelog: impl FnOnce() -> std::result::Result<
             crate::restore::checkpoint::ChangelogState,
@@ -327,7 +327,7 @@ impl Snapshots {
         // Local state that exists is kept unless the changelog cannot
         // continue it (the restore's own checks); then a usable snapshot
         // replaces it, else the restore wipes it for a full replay.
-        let local = if db_dir.join("CURRENT").is_file() {
+        let local = if db_dir.join("CURRENT").is_file() || db_dir.join(crate::store::engine::HEAP_FILE).is_file() {
             match upload::read_meta(db_dir) {
                 Ok(Some(meta)) => Some(crate::restore::LocalCheckpoint {
                     checkpoint: Some(meta.checkpoint),
@@ -365,7 +365,7 @@ impl Snapshots {
                     "local state cannot be continued from the changelog; looking for a snapshot to replace it"),
             }
         }
-        let Some(seeded) = self.block_on_unless_stopped(self.seed(store, partition, db_dir, &changelog, schema_version)) else {
+        let Some(seeded) = self.block_on_unless_stopped(self.seed((store, partition, in_memory), db_dir, &changelog, schema_version)) else {
             return crate::store::Seeded { seed: None, skipped: vec!["the application is stopping".into()] };
         };
         for why in &seeded.skipped {

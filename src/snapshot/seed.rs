@@ -24,8 +24,7 @@ impl Snapshots {
     /// usable leaves `db_dir` as it was (a full replay follows).
     pub(crate) async fn seed(
         &self,
-        store: &str,
-        partition: i32,
+        (store, partition, in_memory): (&str, i32, bool),
         db_dir: &FsPath,
         changelog: &ChangelogState,
         schema_version: u32,
@@ -62,6 +61,12 @@ impl Snapshots {
                 Some(format!(
                     "its schema version is {}, this code's {schema_version} (the restore rebuilds the store from the changelog)",
                     m.schema_version
+                ))
+            } else if m.files.iter().any(|f| f.name == crate::store::engine::HEAP_FILE) != in_memory {
+                Some(format!(
+                    "it is of {}, this store is {}",
+                    if in_memory { "a RocksDB store" } else { "an in-memory store" },
+                    if in_memory { "in memory" } else { "on RocksDB" }
                 ))
             } else if m.application_id != self.app || m.store != store || m.partition != partition {
                 Some(format!(

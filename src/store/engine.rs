@@ -1,4 +1,5 @@
-//! The RocksDB engine under one store partition.
+//! The engine under one store partition: RocksDB, or the in-memory maps of
+//! [`heap`] for a store defined `in_memory()`.
 //!
 //! One RocksDB instance per (store, partition) with two column families:
 //! `default` holds the store's data, `kstate_meta` holds the changelog
@@ -16,15 +17,23 @@
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, WriteBufferManager, Direction, FlushOptions, IteratorMode,
-    MemtableFactory, Options, ReadOptions, WriteBatch, WriteOptions, DB,
-};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, FlushOptions, MemtableFactory, Options, WriteBatch, WriteBufferManager, WriteOptions, DB};
 
 use crate::error::{Error, Result};
+
+mod heap;
+mod readonly;
+mod stats;
+mod view;
+
+pub(crate) use heap::{decode as decode_heap_file, HeapBudget, ENTRY_OVERHEAD as HEAP_ENTRY_OVERHEAD, FILE as HEAP_FILE};
+pub(crate) use stats::{DataStats, Tickers};
+pub(crate) use view::{Batch, SnapshotRead};
+use view::scan_options;
+pub(crate) use readonly::{read_checkpoint_hint, remove_checkpoint_hint, write_checkpoint_hint, ReadOnlyDb, CHECKPOINT_HINT};
 
 const META_CF: &str = "kstate_meta";
 const CHECKPOINT_KEY: &[u8] = b"changelog.checkpoint";
@@ -62,8 +71,8 @@ fn meta_cf(db: &DB) -> &rocksdb::ColumnFamily {
     db.cf_handle(META_CF).expect("opened with the meta column family")
 }
 
-fn appended_after_in(db: &DB) -> Result<Option<i64>> {
-    Ok(db.get_cf(meta_cf(db), APPENDED_AFTER_KEY)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes))
+fn decode_i64(value: Option<Vec<u8>>) -> Option<i64> {
+    value.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes)
 }
 
 /// What a segmented store recorded with its last commit.
@@ -76,10 +85,6 @@ pub(crate) struct RecordedSegments {
     pub(crate) retention: i64,
 }
 
-fn segments_in(db: &DB) -> Result<Option<RecordedSegments>> {
-    Ok(decode_segments(db.get_cf(meta_cf(db), SEGMENTS_KEY)?))
-}
-
 fn decode_segments(value: Option<Vec<u8>>) -> Option<RecordedSegments> {
     let int = |b: &[u8]| Some(i64::from_be_bytes(b.try_into().ok()?));
     value.and_then(|v| {
@@ -87,12 +92,8 @@ fn decode_segments(value: Option<Vec<u8>>) -> Option<RecordedSegments> {
     })
 }
 
-fn schema_in(db: &DB) -> Result<u32> {
-    Ok(db.get_cf(meta_cf(db), SCHEMA_KEY)?.and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok()).map_or(1, u32::from_be_bytes))
-}
-
-fn topic_id_in(db: &DB) -> Result<Option<String>> {
-    Ok(db.get_cf(meta_cf(db), TOPIC_ID_KEY)?.map(|v| String::from_utf8_lossy(&v).into_owned()))
+fn decode_topic_id(value: Option<Vec<u8>>) -> Option<String> {
+    value.map(|v| String::from_utf8_lossy(&v).into_owned())
 }
 
 fn decode_checkpoint(value: Option<Vec<u8>>) -> Checkpoint {
@@ -104,6 +105,9 @@ fn decode_checkpoint(value: Option<Vec<u8>>) -> Checkpoint {
         },
     }
 }
+
+/// The entries of a scan, in key order (either backend).
+pub(crate) type Scan<'a> = Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + 'a>;
 
 /// Tuning shared by every engine of one runtime.
 #[derive(Clone)]
@@ -122,6 +126,10 @@ pub(crate) struct EngineResources {
     /// and stall tickers): they cost about 70 KiB per CPU (at least 8) per
     /// store partition, allocated and zeroed when it opens (docs/architecture.md §16).
     pub(crate) statistics: bool,
+    /// Every in-memory store partition's bytes, against `max_state_memory`.
+    pub(crate) heap_budget: Arc<HeapBudget>,
+    /// How often an in-memory store that commits saves its file.
+    pub(crate) heap_save_every: Duration,
 }
 
 impl EngineResources {
@@ -132,7 +140,14 @@ impl EngineResources {
             write_buffer_manager: None,
             memory: None,
             statistics: false,
+            heap_budget: Arc::default(),
+            heap_save_every: FLUSH_AT_LEAST_EVERY,
         }
+    }
+
+    /// In-memory stores save their files at least every `every` while they commit.
+    pub(crate) fn with_heap_save_every(self, every: Duration) -> Self {
+        EngineResources { heap_save_every: every, ..self }
     }
 
     /// With `on`: each database keeps RocksDB's tickers (see `statistics`).
@@ -179,6 +194,7 @@ impl EngineResources {
     /// databases would start (the first test run hung).
     pub(crate) fn bounded(total: usize, write_buffer_bytes: usize) -> Self {
         let block_cache = Cache::new_lru_cache(total);
+        let cache = block_cache.clone();
         let manager = WriteBufferManager::new_write_buffer_manager_with_cache(total / 2, false, block_cache.clone());
         EngineResources {
             block_cache,
@@ -186,14 +202,18 @@ impl EngineResources {
             write_buffer_manager: Some(manager),
             memory: None,
             statistics: false,
+            heap_budget: Arc::new(HeapBudget::new(Some(total)).sharing(cache)),
+            heap_save_every: FLUSH_AT_LEAST_EVERY,
         }
     }
 }
 
-/// One store partition's RocksDB instance.
+/// One store partition's RocksDB instance, or its in-memory maps.
 pub(crate) struct Engine {
-    /// Always `Some` outside of [`Engine::reopen`].
+    /// RocksDB: always `Some` outside of [`Engine::reopen`].
     db: Option<DB>,
+    /// In memory: `Some` (and `db` is `None`).
+    heap: Option<heap::Heap>,
     path: PathBuf,
     resources: EngineResources,
     bulk_loading: bool,
@@ -207,53 +227,6 @@ pub(crate) struct Engine {
     carried: Tickers,
     /// The schema version commits record.
     schema_version: u32,
-}
-
-/// Cumulative RocksDB ticker counts of one store partition.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Tickers {
-    pub(crate) block_cache_hits: u64,
-    pub(crate) block_cache_misses: u64,
-    pub(crate) stall_micros: u64,
-    /// Writes delayed or stopped (a property, not a ticker; carried the same way).
-    pub(crate) write_stalls: u64,
-}
-
-impl Tickers {
-    /// `statistics`: whether the database keeps RocksDB's tickers (else
-    /// only the write stalls, a property, are counted).
-    fn of(options: &Options, db: &DB, statistics: bool) -> Tickers {
-        use rocksdb::statistics::Ticker;
-        let ticker = |t| if statistics { options.get_ticker_count(t) } else { 0 };
-        Tickers {
-            block_cache_hits: ticker(Ticker::BlockCacheHit),
-            block_cache_misses: ticker(Ticker::BlockCacheMiss),
-            stall_micros: ticker(Ticker::StallMicros),
-            write_stalls: write_stalls(db),
-        }
-    }
-
-    /// How far each count moved since `before`; a count below its value
-    /// in `before` started again from 0 (a new engine: a wiped or reopened
-    /// store).
-    pub(crate) fn since(self, before: Tickers) -> Tickers {
-        let moved = |now: u64, then: u64| if now >= then { now - then } else { now };
-        Tickers {
-            block_cache_hits: moved(self.block_cache_hits, before.block_cache_hits),
-            block_cache_misses: moved(self.block_cache_misses, before.block_cache_misses),
-            stall_micros: moved(self.stall_micros, before.stall_micros),
-            write_stalls: moved(self.write_stalls, before.write_stalls),
-        }
-    }
-
-    fn plus(self, other: Tickers) -> Tickers {
-        Tickers {
-            block_cache_hits: self.block_cache_hits + other.block_cache_hits,
-            block_cache_misses: self.block_cache_misses + other.block_cache_misses,
-            stall_micros: self.stall_micros + other.stall_micros,
-            write_stalls: self.write_stalls + other.write_stalls,
-        }
-    }
 }
 
 /// Wall-clock milliseconds since the epoch.
@@ -280,9 +253,15 @@ impl Engine {
         if let Some(store_dir) = path.parent().filter(|_| res.memory.is_none()) {
             remove_checkpoint_hint(store_dir)?;
         }
+        if res.memory.is_none() && path.join(heap::FILE).exists() {
+            // The store was in memory until this start: rebuilt from the changelog.
+            tracing::info!(dir = %path.display(), "store is on RocksDB now; removing its in-memory file");
+            Self::wipe(path)?;
+        }
         let (db, options) = Self::open_db(path, res, false)?;
         Ok(Engine {
             db: Some(db),
+            heap: None,
             path: path.to_path_buf(),
             resources: res.clone(),
             bulk_loading: false,
@@ -291,6 +270,30 @@ impl Engine {
             carried: Tickers::default(),
             schema_version: 1,
         })
+    }
+
+    /// Opens (or creates) an in-memory store partition whose file lives at
+    /// `path` (`identity`: `store/partition`, checked against the file's).
+    /// The second value says why a file there was refused (the store then
+    /// opens empty and is restored in full).
+    pub(crate) fn open_in_memory(path: &Path, res: &EngineResources, identity: &str) -> Result<(Engine, Option<String>)> {
+        let dir = res.memory.is_none().then_some(path);
+        if let Some(store_dir) = dir.and_then(Path::parent) {
+            remove_checkpoint_hint(store_dir)?;
+        }
+        let (heap, problem) = heap::Heap::open(dir, identity, res.heap_budget.clone())?;
+        let engine = Engine {
+            db: None,
+            heap: Some(heap),
+            path: path.to_path_buf(),
+            resources: res.clone(),
+            bulk_loading: false,
+            last_flush: Mutex::new(Instant::now()),
+            options: Options::default(),
+            carried: Tickers::default(),
+            schema_version: 1,
+        };
+        Ok((engine, problem))
     }
 
     /// Opens RocksDB; `bulk` selects the restore tuning: a vector memtable
@@ -383,26 +386,29 @@ impl Engine {
 
     /// Reads the changelog checkpoint.
     pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
-        Ok(decode_checkpoint(self.db().get_cf(self.meta(), CHECKPOINT_KEY)?))
+        Ok(decode_checkpoint(self.meta_get(CHECKPOINT_KEY)?))
     }
 
     /// A segmented store's recorded segment interval and time, if any.
     pub(crate) fn segments(&self) -> Result<Option<RecordedSegments>> {
-        segments_in(self.db())
+        Ok(decode_segments(self.meta_get(SEGMENTS_KEY)?))
     }
 
     /// Adds a segmented store's bookkeeping to a commit's batch: its
     /// interval and time, and the range deletion of expired segments.
-    pub(crate) fn add_segments_update(&self, batch: &mut WriteBatch, update: &crate::store::segments::SegmentsUpdate) {
+    pub(crate) fn add_segments_update(&self, batch: &mut Batch, update: &crate::store::segments::SegmentsUpdate) {
         if let Some((from, to)) = &update.drop {
-            batch.delete_range(from.as_slice(), to.as_slice());
+            batch.ranges.push((from.to_vec(), to.to_vec()));
         }
         let value = [&update.interval.to_be_bytes()[..], &update.time.to_be_bytes(), &[update.layout.byte()], &update.retention.to_be_bytes()].concat();
-        batch.put_cf(self.meta(), SEGMENTS_KEY, value);
+        batch.meta.push((SEGMENTS_KEY.to_vec(), Some(value)));
     }
 
     /// Reads one key from the data.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(heap) = &self.heap {
+            return Ok(heap.read().data.get(key).map(|v| v.to_vec()));
+        }
         Ok(self.db().get_pinned(key)?.map(|v| v.to_vec()))
     }
 
@@ -410,38 +416,44 @@ impl Engine {
     /// snapshot's checkpoint: a reader on another thread sees one committed
     /// state at an exact changelog offset, never half a commit
     /// (architecture.md §8).
+    /// In memory: under the read lock, which commits wait for; `read` must
+    /// not call back into the engine (a second read lock could wait behind
+    /// a waiting commit).
     pub(crate) fn committed<T>(&self, read: impl FnOnce(&SnapshotRead<'_>) -> Result<T>) -> Result<(T, Checkpoint)> {
-        let view = SnapshotRead { snapshot: self.db().snapshot(), meta: self.meta() };
-        let checkpoint = decode_checkpoint(view.snapshot.get_cf(view.meta, CHECKPOINT_KEY)?);
+        let view = match &self.heap {
+            Some(heap) => SnapshotRead::Heap(heap.read()),
+            None => SnapshotRead::Rocks { snapshot: self.db().snapshot(), meta: self.meta() },
+        };
+        let checkpoint = decode_checkpoint(view.meta_get(CHECKPOINT_KEY)?);
         Ok((read(&view)?, checkpoint))
     }
 
     /// Iterates the data over `[start, end)` bounds in key order.
-    pub(crate) fn scan(
-        &self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-    ) -> impl Iterator<Item = Result<(Vec<u8>, Vec<u8>)>> + '_ {
+    pub(crate) fn scan(&self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Scan<'_> {
+        if let Some(heap) = &self.heap {
+            return Box::new(heap.scan(start, end));
+        }
         let (mode, ro, skip) = scan_options(start, end);
-        self.db()
-            .iterator_opt(mode, ro)
-            .filter(move |r| match (r, &skip) {
-                (Ok((k, _)), Some(s)) => k.as_ref() != s.as_slice(),
-                _ => true,
-            })
-            .map(|r| r.map(|(k, v)| (k.into_vec(), v.into_vec())).map_err(Error::from))
+        Box::new(
+            self.db()
+                .iterator_opt(mode, ro)
+                .filter(move |r| match (r, &skip) {
+                    (Ok((k, _)), Some(s)) => k.as_ref() != s.as_slice(),
+                    _ => true,
+                })
+                .map(|r| r.map(|(k, v)| (k.into_vec(), v.into_vec())).map_err(Error::from)),
+        )
     }
 
-
     /// Starts a batch of writes; apply it with [`Engine::commit`].
-    pub(crate) fn batch() -> WriteBatch {
-        WriteBatch::default()
+    pub(crate) fn batch() -> Batch {
+        Batch::from(WriteBatch::default())
     }
 
     /// An empty batch with room for about `data_bytes` of keys and values
     /// (growing a batch copies it each time it doubles).
-    pub(crate) fn batch_with_capacity(data_bytes: usize) -> WriteBatch {
-        WriteBatch::with_capacity_bytes(data_bytes + data_bytes / 8 + 64)
+    pub(crate) fn batch_with_capacity(data_bytes: usize) -> Batch {
+        Batch::from(WriteBatch::with_capacity_bytes(data_bytes + data_bytes / 8 + 64))
     }
 
     /// Writes `batch` plus the new checkpoint atomically, without RocksDB's
@@ -459,7 +471,7 @@ impl Engine {
     /// A store whose memtables rarely fill is flushed (in the background)
     /// at least every [`FLUSH_AT_LEAST_EVERY`], so that a crash never sends
     /// the restore back further than that.
-    pub(crate) fn commit(&self, batch: WriteBatch, checkpoint: i64) -> Result<()> {
+    pub(crate) fn commit(&self, batch: Batch, checkpoint: i64) -> Result<()> {
         self.commit_inner(batch, checkpoint, None)
     }
 
@@ -470,23 +482,23 @@ impl Engine {
     /// meanwhile and is restored in full (see the restore's `begin`).
     /// Commits without a bound keep the previous one, which stays true for
     /// any later checkpoint.
-    pub(crate) fn commit_with_age_bound(&self, batch: WriteBatch, checkpoint: i64, appended_after_ms: i64) -> Result<()> {
+    pub(crate) fn commit_with_age_bound(&self, batch: Batch, checkpoint: i64, appended_after_ms: i64) -> Result<()> {
         self.commit_inner(batch, checkpoint, Some(appended_after_ms))
     }
 
     /// The bound recorded by [`Engine::commit_with_age_bound`], if any.
     pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
-        appended_after_in(self.db())
+        Ok(decode_i64(self.meta_get(APPENDED_AFTER_KEY)?))
     }
 
     /// The changelog topic id recorded by [`Engine::set_changelog_topic_id`].
     pub(crate) fn changelog_topic_id(&self) -> Result<Option<String>> {
-        topic_id_in(self.db())
+        Ok(decode_topic_id(self.meta_get(TOPIC_ID_KEY)?))
     }
 
     /// The schema version of the data committed (1 if none was recorded).
     pub(crate) fn recorded_schema_version(&self) -> Result<u32> {
-        schema_in(self.db())
+        Ok(self.meta_get(SCHEMA_KEY)?.and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok()).map_or(1, u32::from_be_bytes))
     }
 
     /// The schema version later commits record.
@@ -498,6 +510,14 @@ impl Engine {
     /// schema version; `store::schema::RestoreSchema`), with that version.
     pub(crate) fn refused_keys(&self) -> Result<std::collections::HashMap<Vec<u8>, u32>> {
         let mut out = std::collections::HashMap::new();
+        if let Some(heap) = &self.heap {
+            let state = heap.read();
+            for (k, v) in state.meta.range::<[u8], _>((Bound::Included(REFUSED_PREFIX), Bound::Unbounded)) {
+                let Some(key) = k.strip_prefix(REFUSED_PREFIX) else { break };
+                out.insert(key.to_vec(), <[u8; 4]>::try_from(&v[..]).map_or(u32::MAX, u32::from_be_bytes));
+            }
+            return Ok(out);
+        }
         let iter = self.db().iterator_cf(self.meta(), rocksdb::IteratorMode::From(REFUSED_PREFIX, rocksdb::Direction::Forward));
         for entry in iter {
             let (k, v) = entry?;
@@ -508,13 +528,9 @@ impl Engine {
     }
 
     /// Adds changes to the refused keys (`None`: no longer refused) to `batch`.
-    pub(crate) fn add_refused_changes(&self, batch: &mut WriteBatch, changes: Vec<(Vec<u8>, Option<u32>)>) {
+    pub(crate) fn add_refused_changes(&self, batch: &mut Batch, changes: Vec<(Vec<u8>, Option<u32>)>) {
         for (key, version) in changes {
-            let k = [REFUSED_PREFIX, &key].concat();
-            match version {
-                Some(v) => batch.put_cf(self.meta(), k, v.to_be_bytes()),
-                None => batch.delete_cf(self.meta(), k),
-            }
+            batch.meta.push(([REFUSED_PREFIX, &key].concat(), version.map(|v| v.to_be_bytes().to_vec())));
         }
     }
 
@@ -522,6 +538,10 @@ impl Engine {
     /// commits it skips the WAL: a crash before the next flush loses it
     /// together with everything restored after it.
     pub(crate) fn set_changelog_topic_id(&self, id: &str) -> Result<()> {
+        if let Some(heap) = &self.heap {
+            heap.write().put_meta(TOPIC_ID_KEY, Some(id.as_bytes()));
+            return Ok(());
+        }
         let mut wo = WriteOptions::default();
         wo.disable_wal(true);
         self.db().put_cf_opt(self.meta(), TOPIC_ID_KEY, id.as_bytes(), &wo)?;
@@ -530,42 +550,89 @@ impl Engine {
 
     /// A meta key's value (a global table's bookkeeping).
     pub(crate) fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if let Some(heap) = &self.heap {
+            return Ok(heap.read().meta.get(key).map(|v| v.to_vec()));
+        }
         Ok(self.db().get_cf(self.meta(), key)?)
     }
 
     /// Adds a meta key's new value to `batch`.
-    pub(crate) fn put_meta(&self, batch: &mut WriteBatch, key: &[u8], value: &[u8]) {
-        batch.put_cf(self.meta(), key, value);
+    pub(crate) fn put_meta(&self, batch: &mut Batch, key: &[u8], value: &[u8]) {
+        batch.meta.push((key.to_vec(), Some(value.to_vec())));
     }
 
     /// Writes `batch` (data and meta keys, no checkpoint) as a commit does:
     /// atomically, without the WAL, flushed at least every
     /// [`FLUSH_AT_LEAST_EVERY`] (a global table: its source topic is the log).
-    pub(crate) fn write_unlogged(&self, batch: WriteBatch) -> Result<()> {
-        let mut wo = WriteOptions::default();
-        wo.disable_wal(true);
-        self.db().write_opt(batch, &wo)?;
-        if self.last_flush().elapsed() >= FLUSH_AT_LEAST_EVERY {
+    pub(crate) fn write_unlogged(&self, batch: Batch) -> Result<()> {
+        self.write_batch(batch)?;
+        if self.last_flush().elapsed() >= self.flush_every() {
             self.flush_opt(false)?;
         }
         Ok(())
     }
 
-    fn commit_inner(&self, mut batch: WriteBatch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
-        batch.put_cf(self.meta(), CHECKPOINT_KEY, checkpoint.to_be_bytes());
+    fn commit_inner(&self, mut batch: Batch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
+        batch.meta.push((CHECKPOINT_KEY.to_vec(), Some(checkpoint.to_be_bytes().to_vec())));
         if self.schema_version != 1 {
-            batch.put_cf(self.meta(), SCHEMA_KEY, self.schema_version.to_be_bytes());
+            batch.meta.push((SCHEMA_KEY.to_vec(), Some(self.schema_version.to_be_bytes().to_vec())));
         }
         if let Some(ms) = appended_after_ms {
-            batch.put_cf(self.meta(), APPENDED_AFTER_KEY, ms.to_be_bytes());
+            batch.meta.push((APPENDED_AFTER_KEY.to_vec(), Some(ms.to_be_bytes().to_vec())));
         }
-        let mut wo = WriteOptions::default();
-        wo.disable_wal(true);
-        self.db().write_opt(batch, &wo)?;
-        if !self.bulk_loading && self.last_flush().elapsed() >= FLUSH_AT_LEAST_EVERY {
+        self.write_batch(batch)?;
+        if !self.bulk_loading && self.last_flush().elapsed() >= self.flush_every() {
             self.flush_opt(false)?;
         }
         Ok(())
+    }
+
+    /// Applies `batch` atomically: the data, then range deletions, then
+    /// meta keys (one RocksDB write without the WAL, or one write lock).
+    /// In memory, the bytes are then charged to `max_state_memory`.
+    fn write_batch(&self, batch: Batch) -> Result<()> {
+        let Batch { mut data, ranges, meta } = batch;
+        if let Some(heap) = &self.heap {
+            {
+                let mut state = heap.write();
+                struct Apply<'a>(&'a mut heap::HeapState);
+                impl rocksdb::WriteBatchIterator for Apply<'_> {
+                    fn put(&mut self, key: &[u8], value: &[u8]) {
+                        self.0.put(key, value);
+                    }
+                    fn delete(&mut self, key: &[u8]) {
+                        self.0.delete(key);
+                    }
+                }
+                data.iterate(&mut Apply(&mut state));
+                for (from, to) in &ranges {
+                    state.delete_range(from, to);
+                }
+                for (k, v) in &meta {
+                    state.put_meta(k, v.as_deref());
+                }
+            }
+            return heap.charge();
+        }
+        for (from, to) in &ranges {
+            data.delete_range(from, to);
+        }
+        for (k, v) in &meta {
+            match v {
+                Some(v) => data.put_cf(self.meta(), k, v),
+                None => data.delete_cf(self.meta(), k),
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(true);
+        self.db().write_opt(data, &wo)?;
+        Ok(())
+    }
+
+    /// How long a committing store goes without a flush (RocksDB) or a
+    /// save of its file (in memory).
+    fn flush_every(&self) -> Duration {
+        if self.heap.is_some() { self.resources.heap_save_every } else { FLUSH_AT_LEAST_EVERY }
     }
 
     fn last_flush(&self) -> std::sync::MutexGuard<'_, Instant> {
@@ -580,7 +647,7 @@ impl Engine {
     /// Switches to restore mode: WAL off, vector memtable, auto-compaction
     /// deferred. The store must not be read until [`Engine::finish_bulk_load`].
     pub(crate) fn start_bulk_load(&mut self) -> Result<()> {
-        if !self.bulk_loading {
+        if !self.bulk_loading && self.heap.is_none() {
             self.reopen(true)?;
             self.bulk_loading = true;
         }
@@ -591,6 +658,11 @@ impl Engine {
     /// restored data is durable before the task runs), then turns
     /// compaction back on.
     pub(crate) fn finish_bulk_load(&mut self) -> Result<()> {
+        if self.heap.is_some() {
+            // Saved in the background: a crash soon after replays the tail only.
+            self.flush_opt(false)?;
+            return Ok(());
+        }
         if !self.bulk_loading {
             return Ok(());
         }
@@ -616,7 +688,20 @@ impl Engine {
 
     /// Flushes both column families atomically; `wait`: until it is done,
     /// else only until it is scheduled.
+    /// In memory: saves the file (`wait`: now, else on another thread).
+    /// (A background save not started because one is under way leaves the
+    /// clock alone: the next commit asks again.)
     fn flush_opt(&self, wait: bool) -> Result<()> {
+        if let Some(heap) = &self.heap {
+            if wait {
+                *self.last_flush() = Instant::now();
+                return heap.save();
+            }
+            if heap.save_in_background() {
+                *self.last_flush() = Instant::now();
+            }
+            return Ok(());
+        }
         *self.last_flush() = Instant::now();
         let mut fo = FlushOptions::default();
         fo.set_wait(wait);
@@ -635,18 +720,28 @@ impl Engine {
     }
 
     /// An integer RocksDB property of the data column family, e.g. `rocksdb.estimate-num-keys`.
+    /// In memory: only `rocksdb.estimate-num-keys` (the exact count).
     pub(crate) fn property(&self, name: &str) -> Option<u64> {
+        if let Some(heap) = &self.heap {
+            return (name == "rocksdb.estimate-num-keys").then(|| heap.read().data.len() as u64);
+        }
         self.db().property_int_value(name).ok().flatten()
     }
 
-    /// Block-cache and stall tickers since the engine was opened.
+    /// Block-cache and stall tickers since the engine was opened (none in memory).
     pub(crate) fn tickers(&self) -> Tickers {
+        if self.heap.is_some() {
+            return self.carried;
+        }
         self.carried.plus(Tickers::of(&self.options, self.db(), self.resources.statistics))
     }
 
     /// Sizes and compaction state of the data (RocksDB properties, no scan).
     pub(crate) fn data_stats(&self) -> DataStats {
-        DataStats::of(self.db())
+        match &self.heap {
+            Some(heap) => DataStats::of_heap(&heap.read()),
+            None => DataStats::of(self.db()),
+        }
     }
 
     /// The database's directory.
@@ -657,186 +752,14 @@ impl Engine {
     /// Writes a RocksDB checkpoint (hard links of the SST files where the
     /// file system allows) of both column families to `dest`, which must
     /// not exist. Flushes first: the data skips the WAL.
+    /// In memory: the store's file, written into `dest`.
     pub(crate) fn create_checkpoint(&self, dest: &Path) -> Result<()> {
+        if let Some(heap) = &self.heap {
+            return heap.save_to(dest);
+        }
         self.flush()?;
         rocksdb::checkpoint::Checkpoint::new(self.db())?.create_checkpoint(dest)?;
         Ok(())
-    }
-}
-
-/// Sizes of one store partition's data from RocksDB's properties (no scan).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct DataStats {
-    /// `rocksdb.estimate-num-keys`.
-    pub(crate) keys: u64,
-    /// Key + value bytes: the raw sizes of every SST entry plus the
-    /// memtables. An estimate from above: overwritten and deleted entries
-    /// count until compaction drops them.
-    pub(crate) logical_bytes: u64,
-    /// SST files plus memtables.
-    pub(crate) physical_bytes: u64,
-    /// `rocksdb.live-sst-files-size`.
-    pub(crate) sst_bytes: u64,
-    /// `rocksdb.estimate-pending-compaction-bytes`.
-    pub(crate) pending_compaction_bytes: u64,
-}
-
-impl DataStats {
-    fn of(db: &DB) -> DataStats {
-        let int = |name: &str| db.property_int_value(name).ok().flatten().unwrap_or(0);
-        let text = |name: &str| db.property_value(name).ok().flatten().unwrap_or_default();
-        let table = text("rocksdb.aggregated-table-properties");
-        let memtables = int("rocksdb.cur-size-all-mem-tables");
-        let sst_bytes = int("rocksdb.live-sst-files-size");
-        DataStats {
-            keys: int("rocksdb.estimate-num-keys"),
-            logical_bytes: stat_field(&table, "raw key size", ';') + stat_field(&table, "raw value size", ';') + memtables,
-            physical_bytes: sst_bytes + memtables,
-            sst_bytes,
-            pending_compaction_bytes: int("rocksdb.estimate-pending-compaction-bytes"),
-        }
-    }
-}
-
-/// Stall conditions RocksDB entered (`total-delays` + `total-stops` of
-/// `rocksdb.cf-write-stall-stats`).
-fn write_stalls(db: &DB) -> u64 {
-    let stalls = db.property_value("rocksdb.cf-write-stall-stats").ok().flatten().unwrap_or_default();
-    stat_field(&stalls, "total-delays", ',') + stat_field(&stalls, "total-stops", ',')
-}
-
-/// The integer after `name` in a RocksDB property text of the form
-/// `a=1; b=2` or `a: 1, b: 2` (0 if absent).
-fn stat_field(text: &str, name: &str, separator: char) -> u64 {
-    text.split(separator)
-        .filter_map(|part| part.trim().split_once(['=', ':']))
-        .find(|(k, _)| k.trim().ends_with(name))
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Reads of one snapshot of a store partition (see [`Engine::committed`]).
-pub(crate) struct SnapshotRead<'a> {
-    snapshot: rocksdb::SnapshotWithThreadMode<'a, DB>,
-    meta: &'a rocksdb::ColumnFamily,
-}
-
-impl SnapshotRead<'_> {
-    /// One key's value.
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.snapshot.get_pinned(key)?.map(|v| v.to_vec()))
-    }
-
-    /// Entries within the bounds in key order, to `take` until it returns false.
-    pub(crate) fn scan(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut take: impl FnMut(&[u8], &[u8]) -> bool) -> Result<()> {
-        let (mode, ro, skip) = scan_options(start, end);
-        for entry in self.snapshot.iterator_opt(mode, ro) {
-            let (k, v) = entry?;
-            if skip.as_deref() == Some(&k[..]) {
-                continue;
-            }
-            if !take(&k, &v) {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// A segmented store's recorded segments (its time) in this snapshot.
-    pub(crate) fn segments(&self) -> Result<Option<RecordedSegments>> {
-        Ok(decode_segments(self.snapshot.get_cf(self.meta, SEGMENTS_KEY)?))
-    }
-}
-
-/// An iterator's start, read options (the upper bound) and the key to
-/// skip for an excluded start.
-fn scan_options<'k>(start: Bound<&'k [u8]>, end: Bound<&[u8]>) -> (IteratorMode<'k>, ReadOptions, Option<Vec<u8>>) {
-    let mut ro = ReadOptions::default();
-    match end {
-        Bound::Excluded(e) => ro.set_iterate_upper_bound(e.to_vec()),
-        Bound::Included(e) => {
-            let mut v = e.to_vec();
-            v.push(0);
-            ro.set_iterate_upper_bound(v)
-        }
-        Bound::Unbounded => {}
-    }
-    let (mode, skip) = match start {
-        Bound::Unbounded => (IteratorMode::Start, None),
-        Bound::Included(s) => (IteratorMode::From(s, Direction::Forward), None),
-        Bound::Excluded(s) => (IteratorMode::From(s, Direction::Forward), Some(s.to_vec())),
-    };
-    (mode, ro, skip)
-}
-
-/// A key and its value as RocksDB's iterator returns them.
-pub(crate) type KeyValue = (Box<[u8]>, Box<[u8]>);
-
-/// A store partition's database opened as a RocksDB *secondary* instance:
-/// it takes no lock and writes nothing under the store's directory (only
-/// under its own scratch directory), so it can read a store a live
-/// instance holds. It sees the state as of the primary's last flush, which
-/// is a committed prefix with its own checkpoint (commits skip the WAL).
-pub(crate) struct ReadOnlyDb {
-    db: DB,
-}
-
-impl ReadOnlyDb {
-    /// Opens the database at `db_path` for reading; `scratch` receives the
-    /// secondary instance's own info log.
-    pub(crate) fn open(db_path: &Path, scratch: &Path) -> Result<ReadOnlyDb> {
-        let mut opts = Options::default();
-        opts.create_if_missing(false);
-        // Required by secondary instances: keep every file it opened open.
-        opts.set_max_open_files(-1);
-        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF];
-        let db = DB::open_cf_as_secondary(&opts, db_path, scratch, cfs)?;
-        Ok(ReadOnlyDb { db })
-    }
-
-    /// Opens a database nothing else has open (a checkpoint directory) read-only.
-    pub(crate) fn open_read_only(db_path: &Path) -> Result<ReadOnlyDb> {
-        let mut opts = Options::default();
-        // Table files opened as read, not all at open (a large store has thousands).
-        opts.set_max_open_files(64);
-        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF];
-        let db = DB::open_cf_for_read_only(&opts, db_path, cfs, false)?;
-        Ok(ReadOnlyDb { db })
-    }
-
-    /// The changelog checkpoint.
-    pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
-        Ok(decode_checkpoint(self.db.get_cf(meta_cf(&self.db), CHECKPOINT_KEY)?))
-    }
-
-    /// The id of the changelog topic the state came from, if recorded.
-    pub(crate) fn changelog_topic_id(&self) -> Result<Option<String>> {
-        topic_id_in(&self.db)
-    }
-
-    /// A meta key's value (a source table's topic).
-    pub(crate) fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.db.get_cf(meta_cf(&self.db), key)?)
-    }
-
-    /// See [`Engine::appended_after_ms`].
-    pub(crate) fn appended_after_ms(&self) -> Result<Option<i64>> {
-        appended_after_in(&self.db)
-    }
-
-    /// See [`Engine::segments`].
-    pub(crate) fn segments(&self) -> Result<Option<RecordedSegments>> {
-        segments_in(&self.db)
-    }
-
-    /// Sizes from RocksDB's properties.
-    pub(crate) fn data_stats(&self) -> DataStats {
-        DataStats::of(&self.db)
-    }
-
-    /// Every key and value of the data, in key order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = Result<KeyValue>> + '_ {
-        self.db.iterator(IteratorMode::Start).map(|r| r.map_err(Error::from))
     }
 }
 
@@ -845,7 +768,7 @@ impl Drop for Engine {
         // Writes skip the WAL: a store that closes makes its memtables
         // durable, so a clean shutdown or rebalance restores nothing on the
         // next start. Cheap if nothing is unflushed.
-        if self.db.is_some() {
+        if self.db.is_some() || self.heap.is_some() {
             match self.flush() {
                 Ok(()) => self.write_checkpoint_hint(),
                 Err(e) => tracing::warn!(path = %self.path.display(), error = %e,
@@ -853,34 +776,6 @@ impl Drop for Engine {
             }
         }
     }
-}
-
-/// The file beside a database that tells its checkpoint as of its last
-/// clean close, so the group subscription can report how caught up every
-/// local copy is without opening each RocksDB instance.
-pub(crate) const CHECKPOINT_HINT: &str = "kstate.checkpoint";
-
-/// Writes the hint of a store partition directory whose database is closed
-/// at checkpoint `c` (`kstate import-snapshot` writes it too).
-pub(crate) fn write_checkpoint_hint(store_dir: &Path, c: i64) -> std::io::Result<()> {
-    crate::store::state_dir::write_atomically(&store_dir.join(CHECKPOINT_HINT), c.to_string().as_bytes())
-}
-
-/// Removes the hint: the database is about to change.
-pub(crate) fn remove_checkpoint_hint(store_dir: &Path) -> Result<()> {
-    let hint = store_dir.join(CHECKPOINT_HINT);
-    match std::fs::remove_file(&hint) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(hint, e)),
-    }
-}
-
-/// The checkpoint a store partition directory's database had when it was
-/// last closed cleanly, if it was (see [`CHECKPOINT_HINT`]). A lower bound
-/// of its state: a database that is open, crashed or was wiped has none.
-pub(crate) fn read_checkpoint_hint(store_dir: &Path) -> Option<i64> {
-    std::fs::read_to_string(store_dir.join(CHECKPOINT_HINT)).ok()?.trim().parse().ok()
 }
 
 impl Engine {
@@ -906,17 +801,63 @@ mod tests {
 
     #[test]
     fn checkpoint_is_written_with_data_and_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let e = Engine::open(dir.path(), &res()).unwrap();
-            assert_eq!(e.checkpoint().unwrap(), Checkpoint::None);
-            let mut b = Engine::batch();
-            b.put(b"k", b"v");
-            e.commit(b, 41).unwrap();
+        for heap in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let e = open_as(dir.path(), heap);
+                assert_eq!(e.checkpoint().unwrap(), Checkpoint::None);
+                let mut b = Engine::batch();
+                b.put(b"k", b"v");
+                e.commit(b, 41).unwrap();
+            }
+            let e = open_as(dir.path(), heap);
+            assert_eq!(e.checkpoint().unwrap(), Checkpoint::At(41), "in memory: {heap}");
+            assert_eq!(e.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
         }
-        let e = Engine::open(dir.path(), &res()).unwrap();
-        assert_eq!(e.checkpoint().unwrap(), Checkpoint::At(41));
-        assert_eq!(e.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    }
+
+    /// RocksDB, or in memory as the store partition `s/0`.
+    fn open_as(path: &Path, heap: bool) -> Engine {
+        match heap {
+            true => Engine::open_in_memory(path, &res(), "s/0").unwrap().0,
+            false => Engine::open(path, &res()).unwrap(),
+        }
+    }
+
+    #[test]
+    fn in_memory_commits_meta_ranges_snapshots_and_a_changed_backend_work_as_on_rocksdb() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        let e = open_as(&db, true);
+        let mut b = Engine::batch();
+        for k in ["a1", "a2", "b1", "c1"] {
+            b.put(k, "v");
+        }
+        b.delete("c1");
+        e.add_segments_update(&mut b, &crate::store::segments::SegmentsUpdate {
+            drop: Some((*b"a\0\0\0\0\0\0\0", *b"b\0\0\0\0\0\0\0")), interval: 10, time: 20, layout: crate::store::segments::Layout::Window, retention: 30, dropped: 1,
+        });
+        e.add_refused_changes(&mut b, vec![(b"x".to_vec(), Some(2))]);
+        e.commit_with_age_bound(b, 5, 1234).unwrap();
+        assert_eq!(e.scan(Bound::Unbounded, Bound::Unbounded).map(|r| r.unwrap().0).collect::<Vec<_>>(), vec![b"b1".to_vec()]);
+        assert_eq!(e.segments().unwrap().map(|s| (s.interval, s.time, s.retention)), Some((10, 20, 30)));
+        assert_eq!(e.refused_keys().unwrap().get(&b"x"[..]), Some(&2));
+        assert_eq!(e.appended_after_ms().unwrap(), Some(1234));
+        let (seen, checkpoint) = e.committed(|view| view.get(b"b1")).unwrap();
+        assert_eq!((seen.as_deref(), checkpoint), (Some(&b"v"[..]), Checkpoint::At(5)));
+        e.create_checkpoint(&dir.path().join("snap")).unwrap();
+        drop(e);
+        assert_eq!(read_checkpoint_hint(dir.path()), Some(5), "a closed in-memory store leaves the hint");
+        let ro = ReadOnlyDb::open_read_only(&dir.path().join("snap")).unwrap();
+        assert!(ro.is_in_memory());
+        assert_eq!((ro.checkpoint().unwrap(), ro.iter().count()), (Checkpoint::At(5), 1));
+        // RocksDB now: the in-memory file goes, the store starts empty; and back.
+        let e = open_as(&db, false);
+        assert_eq!(e.checkpoint().unwrap(), Checkpoint::None);
+        drop(e);
+        let (e, problem) = Engine::open_in_memory(&db, &res(), "s/0").unwrap();
+        assert!(problem.unwrap().contains("RocksDB"));
+        assert_eq!(e.checkpoint().unwrap(), Checkpoint::None);
     }
 
     #[test]
@@ -1035,18 +976,29 @@ mod tests {
 
     #[test]
     fn scan_honours_bounds() {
+        for heap in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let e = open_as(dir.path(), heap);
+            let mut b = Engine::batch();
+            for k in ["a", "b", "c", "d"] {
+                b.put(k, k);
+            }
+            e.commit(b, 0).unwrap();
+            let keys = |s, t| -> Vec<String> { e.scan(s, t).map(|r| String::from_utf8(r.unwrap().0).unwrap()).collect() };
+            assert_eq!(keys(Bound::Included(&b"b"[..]), Bound::Excluded(&b"d"[..])), ["b", "c"]);
+            assert_eq!(keys(Bound::Excluded(&b"b"[..]), Bound::Included(&b"d"[..])), ["c", "d"]);
+            assert_eq!(keys(Bound::Unbounded, Bound::Unbounded), ["a", "b", "c", "d"]);
+            assert!(keys(Bound::Excluded(&b"b"[..]), Bound::Excluded(&b"b"[..])).is_empty());
+        }
+        // In memory, a scan longer than one chunk sees every key once, in order.
         let dir = tempfile::tempdir().unwrap();
-        let e = Engine::open(dir.path(), &res()).unwrap();
+        let e = open_as(dir.path(), true);
         let mut b = Engine::batch();
-        for k in ["a", "b", "c", "d"] {
-            b.put(k, k);
+        for i in 0..1000u32 {
+            b.put(i.to_be_bytes(), b"v");
         }
         e.commit(b, 0).unwrap();
-        let keys = |s, t| -> Vec<String> {
-            e.scan(s, t).map(|r| String::from_utf8(r.unwrap().0).unwrap()).collect()
-        };
-        assert_eq!(keys(Bound::Included(&b"b"[..]), Bound::Excluded(&b"d"[..])), ["b", "c"]);
-        assert_eq!(keys(Bound::Excluded(&b"b"[..]), Bound::Included(&b"d"[..])), ["c", "d"]);
-        assert_eq!(keys(Bound::Unbounded, Bound::Unbounded), ["a", "b", "c", "d"]);
+        let keys: Vec<u32> = e.scan(Bound::Excluded(&3u32.to_be_bytes()[..]), Bound::Unbounded).map(|r| u32::from_be_bytes(r.unwrap().0.try_into().unwrap())).collect();
+        assert_eq!(keys, (4..1000).collect::<Vec<_>>());
     }
 }

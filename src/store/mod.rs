@@ -15,6 +15,10 @@ pub(crate) mod overlay;
 pub(crate) mod published;
 pub(crate) mod schema;
 mod seed;
+#[cfg(test)]
+mod scratch;
+#[cfg(test)]
+pub(crate) use scratch::{scratch_store, scratch_store_with};
 pub(crate) mod segments;
 pub(crate) mod state_dir;
 pub(crate) mod table;
@@ -71,6 +75,8 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) schema: schema::Schema,
     /// Whether its windows close with a final result (kstate's own timers).
     pub(crate) final_results: bool,
+    /// Held in memory ([`crate::StoreDefinition::in_memory`]), not in RocksDB.
+    pub(crate) in_memory: bool,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -118,6 +124,8 @@ pub struct KeyValueStore {
     pub(crate) live_tail_retention: Option<i64>,
     /// Whether a window write registers its window's closing (final results).
     pub(crate) final_results: bool,
+    /// Held in memory (a wipe reopens it so).
+    in_memory: bool,
     /// This store partition's slot for interactive queries (its engine
     /// withdrawn before the engine closes, reopens or is replaced).
     slot: Option<Arc<published::Slot>>,
@@ -159,7 +167,7 @@ pub(crate) struct SealedCommit {
     sealed_at_ms: i64,
     landed_checkpoint: Arc<AtomicI64>,
     /// The RocksDB batch, once built.
-    batch: Option<rocksdb::WriteBatch>,
+    batch: Option<engine::Batch>,
     /// A segmented store's bookkeeping, written with the data.
     segments: Option<SegmentsUpdate>,
     /// Bytes in front of each RocksDB key that the changelog key leaves
@@ -290,33 +298,35 @@ impl KeyValueStore {
         let lock = if in_memory { None } else { Some(DirLock::acquire(&args.dir, args.lock_timeout)?) };
         let db_dir = args.dir.join("db");
         let seeded = args.seed.filter(|_| !in_memory).map(|seed| seed(&db_dir)).unwrap_or_default();
-        let (engine, open_problem) = match Engine::open(&db_dir, args.resources) {
-            Ok(e) => match e.checkpoint() {
+        let identity = format!("{}/{}", args.name, args.partition);
+        let heap = args.in_memory.then_some(identity.as_str());
+        let (engine, open_problem) = match Self::open_engine(&db_dir, args.resources, heap) {
+            Ok((e, refused_file)) => match e.checkpoint() {
                 Ok(Checkpoint::Corrupt(why)) => {
                     drop(e);
-                    (Self::reopen_empty(&db_dir, args.resources)?, Some((why, UNREADABLE)))
+                    (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((why, UNREADABLE)))
                 }
                 Ok(checkpoint) => match (layout_problem(&e, &checkpoint, args.segments)?, schema_problem(&e, &checkpoint, &args.schema)?) {
                     // Rebuilt from the changelog, whose keys have no segment.
                     (Some(why), _) => {
                         drop(e);
-                        (Self::reopen_empty(&db_dir, args.resources)?, Some((why, "layout_changed")))
+                        (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((why, "layout_changed")))
                     }
                     // Rebuilt from the changelog, converting its records.
                     (None, Some(why)) => {
                         drop(e);
-                        (Self::reopen_empty(&db_dir, args.resources)?, Some((why, "schema_changed")))
+                        (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((why, "schema_changed")))
                     }
-                    (None, None) => (e, None),
+                    (None, None) => (e, refused_file.map(|why| (why, UNREADABLE))),
                 },
                 Err(Error::RocksDb(err)) if err.is_corruption() => {
                     drop(e);
-                    (Self::reopen_empty(&db_dir, args.resources)?, Some((format!("checkpoint unreadable: {err}"), UNREADABLE)))
+                    (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((format!("checkpoint unreadable: {err}"), UNREADABLE)))
                 }
                 Err(err) => return Err(err),
             },
             Err(Error::RocksDb(err)) if err.is_corruption() => (
-                Self::reopen_empty(&db_dir, args.resources)?,
+                Self::reopen_empty(&db_dir, args.resources, heap)?,
                 Some((format!("local store unreadable: {err}"), UNREADABLE)),
             ),
             Err(err) => return Err(err),
@@ -358,6 +368,7 @@ impl KeyValueStore {
             shape: args.segments.map(|(shape, _)| shape),
             live_tail_retention: args.live_tail_retention,
             final_results: args.final_results,
+            in_memory: args.in_memory,
             slot: args.published.map(|p| p.slot(args.name, args.partition)),
             engine: Some(Arc::new(engine)),
             schema: args.schema,
@@ -401,9 +412,17 @@ impl KeyValueStore {
         self.db_dir.ancestors().nth(3)
     }
 
-    fn reopen_empty(db_dir: &Path, res: &EngineResources) -> Result<Engine> {
+    /// `heap`: in memory, as this store partition (`store/partition`).
+    fn open_engine(db_dir: &Path, res: &EngineResources, heap: Option<&str>) -> Result<(Engine, Option<String>)> {
+        match heap {
+            Some(identity) => Engine::open_in_memory(db_dir, res, identity),
+            None => Ok((Engine::open(db_dir, res)?, None)),
+        }
+    }
+
+    fn reopen_empty(db_dir: &Path, res: &EngineResources, heap: Option<&str>) -> Result<Engine> {
         res.wipe(db_dir)?;
-        Engine::open(db_dir, res)
+        Ok(Self::open_engine(db_dir, res, heap)?.0)
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -429,7 +448,8 @@ impl KeyValueStore {
             slot.withdraw_engine();
         }
         drop(self.engine.take());
-        let mut engine = Self::reopen_empty(&self.db_dir, &self.resources)?;
+        let identity = format!("{}/{}", self.name, self.partition);
+        let mut engine = Self::reopen_empty(&self.db_dir, &self.resources, self.in_memory.then_some(identity.as_str()))?;
         engine.set_schema_version(self.schema.version);
         self.engine = Some(Arc::new(engine));
         self.checkpoint = None;
@@ -737,7 +757,7 @@ impl KeyValueStore {
     /// An otherwise empty batch with a segmented store's bookkeeping (its
     /// time and layout, with every checkpoint a restore writes, so that
     /// the next open finds them even when no data record was applied).
-    pub(crate) fn segments_batch(&mut self) -> rocksdb::WriteBatch {
+    pub(crate) fn segments_batch(&mut self) -> engine::Batch {
         let mut batch = Engine::batch();
         let update = self.segments.as_mut().map(|segments| {
             let update = segments.take_update();
@@ -848,41 +868,6 @@ pub(crate) fn prefix_successor(prefix: &[u8]) -> Option<Vec<u8>> {
         }
     }
     None
-}
-
-/// A store in `dir` whose changelog producer never connects (unit tests
-/// of what is built on stores: nothing is committed).
-#[cfg(test)]
-pub(crate) fn scratch_store(dir: &Path) -> KeyValueStore {
-    scratch_store_with(dir, None)
-}
-
-/// A scratch store of `segments`' shape (`None`: key-value).
-#[cfg(test)]
-pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>) -> KeyValueStore {
-    let mut config = rdkafka::ClientConfig::new();
-    config.set("bootstrap.servers", "127.0.0.1:1");
-    let producer = ChangelogSink::Producer(Arc::new(crate::kafka::ChangelogProducer::new(config, 1_000_000, Duration::from_secs(1)).expect("producer")));
-    let resources = EngineResources::new(8 << 20, 4 << 20);
-    KeyValueStore::open(StoreOpenArgs {
-        seed: None,
-        name: "scratch",
-        partition: 0,
-        dir: dir.to_path_buf(),
-        changelog_topic: "scratch-changelog".into(),
-        max_record_bytes: 1_000_000,
-        producer,
-        resources: &resources,
-        lock_timeout: Duration::from_secs(1),
-        tombstone_retention: None,
-        ttl: None,
-        segments,
-        live_tail_retention: None,
-        published: None,
-        schema: Default::default(),
-        final_results: false,
-    })
-    .expect("scratch store")
 }
 
 #[cfg(test)]

@@ -160,7 +160,7 @@ impl TaskManager {
                         let info = changelogs.get(&changelog_topic);
                         let seed_topic = changelog_topic.clone();
                         let seed = |db_dir: &std::path::Path| match &snapshots {
-                            Some(s) => s.seed_dir((def.name(), partition, def.version()), db_dir, || {
+                            Some(s) => s.seed_dir((def.name(), partition, def.version(), def.is_in_memory()), db_dir, || {
                                 let (low, high, topic_id) = producer.describe_changelog(&seed_topic, partition, config.startup_timeout)?;
                                 Ok(crate::restore::checkpoint::ChangelogState {
                                     low,
@@ -188,6 +188,7 @@ impl TaskManager {
                             seed: Some(&seed),
                             schema: def.schema(),
                             final_results: def.emits_final_results(),
+                            in_memory: def.is_in_memory(),
                         })?);
                         if def.source_topic.is_some() {
                             let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;
@@ -302,6 +303,11 @@ impl TaskManager {
             };
             let job = match outcome {
                 RestoreOutcome::Done(job) => job,
+                // Past the memory bound, a standby ends `run` too (README "In-memory stores").
+                RestoreOutcome::Failed(job, e @ Error::StateMemory { .. }) if job.standby => {
+                    self.closer.close(job.stores);
+                    return Err(e);
+                }
                 RestoreOutcome::Failed(job, e) if job.standby => {
                     let _in_standby = job.span.clone().entered();
                     let partition = job.partition;

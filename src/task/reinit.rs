@@ -67,6 +67,11 @@ impl TaskManager {
             tracing::error!(partition, error = %cause, "a store's changelog holds values this code cannot read; stopping");
             return Err(cause);
         }
+        if matches!(cause, Error::StateMemory { .. }) {
+            // Restoring again would fill the same memory.
+            tracing::error!(partition, error = %cause, "in-memory stores hold more than max_state_memory; stopping");
+            return Err(cause);
+        }
         // A transaction in flight may commit offsets of this task: it must
         // restart after them, or it would apply them again on top of the
         // restored records. Should it fail instead, its abort re-initialised

@@ -13,6 +13,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only threads [--records N] [--work R]  # 1, 2 and 4 processing threads
     python3 testing/bench/run.py --only repartition [--records N]  # a count re-keyed through a repartition topic
     python3 testing/bench/run.py --only join [--records N]  # a stream-table left join over a source table
+    python3 testing/bench/run.py --only memory [--records N]  # in-memory stores vs RocksDB (kstate and Kafka Streams)
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -547,6 +548,48 @@ class Suite:
                 shutil.rmtree(d, ignore_errors=True)
             self.delete_topics(ka)
             self.delete_topics(ks)
+
+    def memory(self):
+        """In-memory stores against RocksDB (issue 43), the same workloads:
+        `rmw` (a get, a little CPU work and a put per record: kstate-write
+        --work 1), `write` (a put per record, as Kafka Streams' contender),
+        a full `restore` of the changelog, and `restart`: the same state
+        restored again after a clean stop (kstate: its file or RocksDB plus
+        nothing to replay; Kafka Streams' in-memory store replays its whole
+        changelog on every start, its RocksDB store nothing)."""
+        inp = f"{self.run_id}-m-input"
+        n = self.a.records
+        log(f"generating {n} input records into {inp}")
+        self.gen(inp, n, compact=False)
+        for rep in range(self.a.reps):
+            for backend, flag in (("rocksdb", []), ("in-memory", ["--in-memory"])):
+                app = f"{self.run_id}-mk{rep}-{backend}"
+                kdir = os.path.join(self.tmp, f"mk{rep}-{backend}")
+                self.record("rmw", f"kstate-{backend}", run_json(
+                    [self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
+                     "--records", str(n), "--state-dir", kdir, "--work", "1", *flag]))
+                # The same app again: its stores hold the state of n records.
+                shutil.rmtree(kdir, ignore_errors=True)
+                self.record("restore", f"kstate-{backend}", run_json(
+                    [self.rust, "kstate-restore", "--bootstrap", self.b, "--app", app, "--store", "kv", "--input", inp,
+                     "--state-dir", kdir, *flag]))
+                r = run_json([self.rust, "kstate-restore", "--bootstrap", self.b, "--app", app, "--store", "kv", "--input", inp,
+                              "--state-dir", kdir, *flag])
+                r["seconds"] = r["seconds_to_running"]
+                self.record("restart", f"kstate-{backend}", r)
+                shutil.rmtree(kdir, ignore_errors=True)
+                self.delete_topics(app)
+                ks = f"{self.run_id}-ms{rep}-{backend}"
+                sdir = os.path.join(self.tmp, f"ms{rep}-{backend}")
+                common = ["--bootstrap", self.b, "--app-id", ks, "--store", "kv", "--input-topic", inp,
+                          "--partitions", str(self.a.partitions), "--state-dir", sdir, *flag]
+                self.record("write", f"kafka-streams-{backend}", run_json(self.java + ["write", *common, "--records", str(n)]))
+                shutil.rmtree(sdir, ignore_errors=True)
+                self.record("restore", f"kafka-streams-{backend}", run_json(self.java + ["restore", *common]))
+                r = run_json(self.java + ["tail-restore", *common])
+                self.record("restart", f"kafka-streams-{backend}", r)
+                shutil.rmtree(sdir, ignore_errors=True)
+                self.delete_topics(ks)
 
     def join(self):
         """A stream-table left join (issue 42): kstate's source table and a
@@ -1280,7 +1323,8 @@ class Suite:
     def report(self):
         baselines = {"restore": "plain-consumer", "tail-restore": "kafka-streams", "write": "plain-producer",
                      "write-eos": "kafka-streams-eos-out", "window": "kafka-streams", "window-restore": "kafka-streams",
-                     "processor": "closure", "threads": "kstate-1-threads", "repartition": "kafka-streams", "join": "kafka-streams"}
+                     "processor": "closure", "threads": "kstate-1-threads", "repartition": "kafka-streams", "join": "kafka-streams",
+                     "rmw": "kstate-rocksdb", "restart": "kafka-streams-in-memory"}
         out = []
         self.failover_report(out)
         self.scaleout_report(out)
@@ -1308,7 +1352,7 @@ class Suite:
                 cpu = median_of([dict(r, cpu_per_m=r["cpu_seconds"] / r["records"] * 1e6)
                                  for r in results if r.get("cpu_seconds") is not None and r.get("records")], "cpu_per_m")
                 # Restores of different changelogs (tail, window) compare by time.
-                ratio = ((base_secs / secs if secs else None) if scenario in ("tail-restore", "window-restore")
+                ratio = ((base_secs / secs if secs else None) if scenario in ("tail-restore", "window-restore", "restart")
                          else (rps / base if base else None))
                 outs = [r.get("output_records") for r in results]
                 print(f"| {name} | {int(median_of(results, 'records'))} | {rps:,.0f} | "
@@ -1344,7 +1388,7 @@ def main():
                    help="write-eos scenario: kstate only, a 1 ms sleep every K records (processing waiting on I/O); "
                         "Kafka Streams is left out")
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join"], default=None,
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join", "memory"], default=None,
                    help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1402,6 +1446,8 @@ def main():
             suite.repartition()
         if a.only == "join":
             suite.join()
+        if a.only == "memory":
+            suite.memory()
         suite.report()
     finally:
         if suite is not None:

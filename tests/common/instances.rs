@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kstate::{Error, RestoreEnd, RestoreListener, RestoreStart, StoreDefinition};
+use kstate::{Error, RestoreEnd, RestoreListener, RestoreStart};
 
 use super::*;
 
@@ -44,7 +44,7 @@ pub fn child_main() {
     init_tracing();
     let mut builder = builder(app, input, Path::new(state))
         .bootstrap_servers(bootstrap)
-        .store(StoreDefinition::new("s"))
+        .store(super::store("s"))
         .num_standby_replicas(standbys.parse().unwrap())
         .acceptable_recovery_lag(lag.parse().unwrap())
         .probing_rebalance_interval(Duration::from_millis(probing_ms.parse().unwrap()))

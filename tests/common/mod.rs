@@ -227,10 +227,65 @@ pub fn apply(model: &mut BTreeMap<Vec<u8>, Vec<u8>>, key: &[u8], value: Option<&
     };
 }
 
-/// Opens a store partition's RocksDB directly (the app must be stopped):
-/// its data and its checkpoint.
+/// Whether this run's stores are in memory (`KSTATE_TEST_STORES=memory`):
+/// the store behaviour tests run once per backend (testing/test.sh).
+pub fn stores_in_memory() -> bool {
+    std::env::var("KSTATE_TEST_STORES").is_ok_and(|v| v == "memory")
+}
+
+/// A store definition on this run's backend (see [`stores_in_memory`]).
+pub fn store(name: impl Into<String>) -> kstate::StoreDefinition {
+    let def = kstate::StoreDefinition::new(name);
+    if stores_in_memory() {
+        def.in_memory()
+    } else {
+        def
+    }
+}
+
+/// Keys and values by key.
+pub type Bytes = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// Reads an in-memory store partition's file (`heap.kstate`): its data and
+/// meta keys. Written independently of the library's reader.
+pub fn read_heap_file(path: &Path) -> (Bytes, Bytes) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    assert_eq!(crc32fast::hash(body), u32::from_be_bytes(crc.try_into().unwrap()), "checksum of {}", path.display());
+    assert_eq!(&body[..8], b"KSTHEAP\x01");
+    let mut at = 12;
+    let mut take = |n: usize| {
+        let out = &body[at..at + n];
+        at += n;
+        out
+    };
+    let id_len = u32::from_be_bytes(take(4).try_into().unwrap()) as usize;
+    take(id_len);
+    let mut maps = Vec::new();
+    for _ in 0..2 {
+        let count = u64::from_be_bytes(take(8).try_into().unwrap());
+        let mut map = BTreeMap::new();
+        for _ in 0..count {
+            let kl = u32::from_be_bytes(take(4).try_into().unwrap()) as usize;
+            let vl = u32::from_be_bytes(take(4).try_into().unwrap()) as usize;
+            let k = take(kl).to_vec();
+            map.insert(k, take(vl).to_vec());
+        }
+        maps.push(map);
+    }
+    let data = maps.pop().unwrap();
+    (data, maps.pop().unwrap())
+}
+
+/// Opens a store partition's RocksDB (or in-memory file) directly (the app
+/// must be stopped): its data and its checkpoint.
 pub fn read_store_dir(state_dir: &Path, app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
     let path = store_db_path(state_dir, app, store, partition);
+    if path.join("heap.kstate").exists() {
+        let (data, meta) = read_heap_file(&path.join("heap.kstate"));
+        let cp = meta.get(&b"changelog.checkpoint"[..]).map(|v| i64::from_be_bytes(v.as_slice().try_into().unwrap()));
+        return (data, cp);
+    }
     let opts = rocksdb::Options::default();
     let db = rocksdb::DB::open_cf_for_read_only(&opts, &path, ["default", "kstate_meta"], false)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
@@ -245,6 +300,16 @@ pub fn read_store_dir(state_dir: &Path, app: &str, store: &str, partition: i32) 
         .unwrap()
         .map(|v| i64::from_be_bytes(v.as_slice().try_into().unwrap()));
     (data, cp)
+}
+
+/// [`read_store_dir`] after a SIGKILL: an in-memory store killed before its
+/// first save has no file yet, which reads as empty with no checkpoint.
+pub fn read_store_dir_after_kill(state_dir: &Path, app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
+    let path = store_db_path(state_dir, app, store, partition);
+    if stores_in_memory() && !path.join("CURRENT").exists() && !path.join("heap.kstate").exists() {
+        return (BTreeMap::new(), None);
+    }
+    read_store_dir(state_dir, app, store, partition)
 }
 
 pub fn store_db_path(state_dir: &Path, app: &str, store: &str, partition: i32) -> PathBuf {
@@ -347,14 +412,21 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 }
 
 /// A builder with test-friendly settings.
+/// With in-memory stores (see [`stores_in_memory`]) their files are saved
+/// every 300 ms, so that crash tests restart from background saves too.
 pub fn builder(app_id: &str, input: &str, state_dir: &Path) -> AppBuilder {
-    App::builder()
+    let builder = App::builder()
         .application_id(app_id)
         .bootstrap_servers(bootstrap())
         .input_topic(input)
         .state_dir(state_dir)
         .kafka_config("session.timeout.ms", "6000")
-        .kafka_config("heartbeat.interval.ms", "500")
+        .kafka_config("heartbeat.interval.ms", "500");
+    if stores_in_memory() {
+        builder.in_memory_save_interval(Duration::from_millis(300))
+    } else {
+        builder
+    }
 }
 
 /// Panics with a short description of how two key-value maps differ.

@@ -40,6 +40,8 @@ final class StoreApp {
     boolean repartitioned;
     /** join: the table's topic of a stream-table join (see JoinBench); null = no join. */
     String tableTopic;
+    /** --in-memory: Stores.inMemoryKeyValueStore instead of RocksDB (replayed in full on every start). */
+    boolean inMemory;
 
     StoreApp(Args a) {
         bootstrap = a.str("bootstrap");
@@ -49,6 +51,7 @@ final class StoreApp {
         partitions = a.integer("partitions");
         stateDir = a.str("state-dir");
         threads = a.integer("threads", 1);
+        inMemory = a.bool("in-memory", false);
     }
 
     String changelog() {
@@ -80,7 +83,9 @@ final class StoreApp {
         // Default partitioner: murmur2 of the serialized key, as kstate's Output without a partition.
         if (forward) t.addSink("out", outputTopic, new BytesSerializer(), new ByteArraySerializer(), "put");
         t.addStateStore(
-            Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(store), Serdes.Bytes(), Serdes.ByteArray())
+            Stores.keyValueStoreBuilder(
+                    inMemory ? Stores.inMemoryKeyValueStore(store) : Stores.persistentKeyValueStore(store),
+                    Serdes.Bytes(), Serdes.ByteArray())
                 .withCachingDisabled()
                 .withLoggingEnabled(java.util.Map.of()),
             "put");

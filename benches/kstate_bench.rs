@@ -698,6 +698,14 @@ struct WriteBody {
     /// A 1 ms sleep every this many records (0: never): processing that
     /// waits on something else (a lookup, a disk) with the CPU idle.
     block_every: u64,
+    /// With `work`: the get and put of every 16th record, timed (ns).
+    latencies: Arc<Mutex<(Vec<u32>, Vec<u32>)>>,
+}
+
+/// The `q` quantile of `v` (sorts it), 0 if empty.
+fn quantile(v: &mut [u32], q: f64) -> u32 {
+    v.sort_unstable();
+    v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or(0)
 }
 
 impl WriteBody {
@@ -709,14 +717,23 @@ impl WriteBody {
         match rec.value {
             Some(v) if self.work > 0 => {
                 let key = rec.key.unwrap_or_default();
+                let timed = self.seen.load(Ordering::Relaxed).is_multiple_of(16);
+                let started = Instant::now();
                 let mut acc = store.get(key)?.unwrap_or_default();
+                let got = started.elapsed();
                 acc.resize(v.len().max(8), 0);
                 for round in 0..self.work {
                     for (i, b) in v.iter().enumerate() {
                         acc[i] = acc[i].rotate_left(3) ^ b.wrapping_add(round as u8);
                     }
                 }
-                store.put(key, &std::hint::black_box(acc))?
+                let started = Instant::now();
+                store.put(key, &std::hint::black_box(acc))?;
+                if timed {
+                    let mut l = self.latencies.lock().unwrap();
+                    l.0.push(got.as_nanos() as u32);
+                    l.1.push(started.elapsed().as_nanos() as u32);
+                }
             }
             Some(v) => store.put(rec.key.unwrap_or_default(), v)?,
             None => store.delete(rec.key.unwrap_or_default())?,
@@ -780,8 +797,9 @@ fn kstate_write(
         stop: app.shutdown_handle(),
         work,
         block_every,
+        latencies: Arc::default(),
     };
-    let (first, last) = (body.first.clone(), body.last.clone());
+    let (first, last, latencies) = (body.first.clone(), body.last.clone(), body.latencies.clone());
     let runner = std::thread::spawn(move || {
         if as_trait {
             app.run_processor(move |_| body.clone())
@@ -800,8 +818,10 @@ fn kstate_write(
     };
     let output = output.map_or("null".to_string(), |t| format!("{t:?}"));
     let processor = if as_trait { "trait" } else { "closure" };
+    let (gets, puts) = &mut *latencies.lock().unwrap();
+    let (get50, get99, put50, put99) = (quantile(gets, 0.5), quantile(gets, 0.99), quantile(puts, 0.5), quantile(puts, 0.99));
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every}}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every},\"get_ns_p50\":{get50},\"get_ns_p99\":{get99},\"put_ns_p50\":{put50},\"put_ns_p99\":{put99}}}",
         records as f64 / secs
     ))
 }

@@ -407,7 +407,7 @@ impl Engine {
     /// Reads one key from the data.
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if let Some(heap) = &self.heap {
-            return Ok(heap.read().data.get(key).map(|v| v.to_vec()));
+            return Ok(heap.read().get(key).map(<[u8]>::to_vec));
         }
         Ok(self.db().get_pinned(key)?.map(|v| v.to_vec()))
     }

@@ -1365,6 +1365,12 @@ class Suite:
                             **({"output_records": outs} if counted else {})})
             if scenario == "write-eos":
                 self.write_eos_ratios(contenders, out)
+            if scenario == "rmw":
+                # Each 16th record's get and put, timed in the processor (medians of the reps' quantiles).
+                print("\n| contender | get p50 ns | get p99 ns | put p50 ns | put p99 ns |\n|---|---:|---:|---:|---:|")
+                for name, results in contenders.items():
+                    q = [median_of(results, k) for k in ("get_ns_p50", "get_ns_p99", "put_ns_p50", "put_ns_p99")]
+                    print(f"| {name} | " + " | ".join("-" if v is None else f"{v:,.0f}" for v in q) + " |")
         os.makedirs(os.path.join(ROOT, "target/bench"), exist_ok=True)
         with open(os.path.join(ROOT, "target/bench/results.json"), "w") as f:
             json.dump({"records": self.a.records, "partitions": self.a.partitions, "reps": self.a.reps,

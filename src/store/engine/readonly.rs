@@ -113,7 +113,7 @@ impl ReadOnlyDb {
     pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = Result<KeyValue>> + '_> {
         match self {
             ReadOnlyDb::Rocks(db) => Box::new(db.iterator(IteratorMode::Start).map(|r| r.map_err(Error::from))),
-            ReadOnlyDb::Heap(state) => Box::new(state.data.iter().map(|(k, v)| Ok((k.clone(), v.clone())))),
+            ReadOnlyDb::Heap(state) => Box::new(state.data.iter().map(|e| Ok((e.key().into(), e.value().into())))),
         }
     }
 }

@@ -19,7 +19,7 @@ impl SnapshotRead<'_> {
     pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         match self {
             SnapshotRead::Rocks { snapshot, .. } => Ok(snapshot.get_pinned(key)?.map(|v| v.to_vec())),
-            SnapshotRead::Heap(state) => Ok(state.data.get(key).map(|v| v.to_vec())),
+            SnapshotRead::Heap(state) => Ok(state.get(key).map(<[u8]>::to_vec)),
         }
     }
 

@@ -191,6 +191,11 @@ def minio_env():
     return env
 
 
+def dir_bytes(path):
+    """Bytes of the files under `path` (0 if it does not exist)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
 def median_of(results, key):
     vals = [r[key] for r in results if key in r]
     return statistics.median(vals) if vals else None
@@ -565,9 +570,10 @@ class Suite:
             for backend, flag in (("rocksdb", []), ("in-memory", ["--in-memory"])):
                 app = f"{self.run_id}-mk{rep}-{backend}"
                 kdir = os.path.join(self.tmp, f"mk{rep}-{backend}")
-                self.record("rmw", f"kstate-{backend}", run_json(
-                    [self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
-                     "--records", str(n), "--state-dir", kdir, "--work", "1", *flag]))
+                r = run_json([self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
+                              "--records", str(n), "--state-dir", kdir, "--work", "1", *flag])
+                r["disk_bytes"] = dir_bytes(kdir)  # RocksDB's files, or the in-memory stores' files
+                self.record("rmw", f"kstate-{backend}", r)
                 # The same app again: its stores hold the state of n records.
                 shutil.rmtree(kdir, ignore_errors=True)
                 self.record("restore", f"kstate-{backend}", run_json(
@@ -583,7 +589,9 @@ class Suite:
                 sdir = os.path.join(self.tmp, f"ms{rep}-{backend}")
                 common = ["--bootstrap", self.b, "--app-id", ks, "--store", "kv", "--input-topic", inp,
                           "--partitions", str(self.a.partitions), "--state-dir", sdir, *flag]
-                self.record("write", f"kafka-streams-{backend}", run_json(self.java + ["write", *common, "--records", str(n)]))
+                r = run_json(self.java + ["write", *common, "--records", str(n)])
+                r["disk_bytes"] = dir_bytes(sdir)
+                self.record("write", f"kafka-streams-{backend}", r)
                 shutil.rmtree(sdir, ignore_errors=True)
                 self.record("restore", f"kafka-streams-{backend}", run_json(self.java + ["restore", *common]))
                 r = run_json(self.java + ["tail-restore", *common])
@@ -1367,9 +1375,9 @@ class Suite:
                 self.write_eos_ratios(contenders, out)
             if scenario == "rmw":
                 # Each 16th record's get and put, timed in the processor (medians of the reps' quantiles).
-                print("\n| contender | get p50 ns | get p99 ns | put p50 ns | put p99 ns |\n|---|---:|---:|---:|---:|")
+                print("\n| contender | get p50 ns | get p99 ns | put p50 ns | put p99 ns | disk bytes after the run |\n|---|---:|---:|---:|---:|---:|")
                 for name, results in contenders.items():
-                    q = [median_of(results, k) for k in ("get_ns_p50", "get_ns_p99", "put_ns_p50", "put_ns_p99")]
+                    q = [median_of(results, k) for k in ("get_ns_p50", "get_ns_p99", "put_ns_p50", "put_ns_p99", "disk_bytes")]
                     print(f"| {name} | " + " | ".join("-" if v is None else f"{v:,.0f}" for v in q) + " |")
         os.makedirs(os.path.join(ROOT, "target/bench"), exist_ok=True)
         with open(os.path.join(ROOT, "target/bench/results.json"), "w") as f:

@@ -261,9 +261,14 @@ impl Heap {
             }
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
             let path = dir.join(FILE);
+            let started = std::time::Instant::now();
             match std::fs::read(&path) {
                 Ok(bytes) => match decode(&bytes, Some(identity)) {
-                    Ok(loaded) => state = loaded,
+                    Ok(loaded) => {
+                        tracing::info!(store = identity, entries = loaded.data.len(), bytes = bytes.len(), seconds = started.elapsed().as_secs_f64(),
+                            "in-memory store loaded from its file");
+                        state = loaded;
+                    }
                     Err(why) => {
                         tracing::warn!(file = %path.display(), reason = %why, "in-memory store file refused; restoring the store in full");
                         std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
@@ -476,7 +481,7 @@ pub(crate) fn decode(bytes: &[u8], identity: Option<&str>) -> std::result::Resul
     let mut state = HeapState::default();
     let mut meta = Vec::new();
     read_entries(&mut r, |k, v| meta.push((Box::<[u8]>::from(k), Box::<[u8]>::from(v))))?;
-    let mut data = Vec::new();
+    let mut data = Vec::with_capacity(r.peek_u64().unwrap_or(0).min(1 << 26) as usize);
     let (mut bytes, mut data_bytes) = (0, 0);
     read_entries(&mut r, |k, v| {
         bytes += cost(k, v);
@@ -524,6 +529,10 @@ impl<'a> Reader<'a> {
 
     fn u32(&mut self) -> std::result::Result<u32, String> {
         Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn peek_u64(&self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.bytes.get(self.at..self.at + 8)?.try_into().expect("8 bytes")))
     }
 
     fn u64(&mut self) -> std::result::Result<u64, String> {

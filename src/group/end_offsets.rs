@@ -16,6 +16,8 @@ use super::conn::Connection;
 use super::coordinator::Brokers;
 use crate::error::{Error, Result};
 
+/// How long the committed offsets of table topics may take to read.
+const TABLE_LIMIT_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 /// ListOffsets' timestamp for "the offset the next record will get".
 const LATEST: i64 = -1;
 /// ListOffsets' timestamp for "the first offset still in the log".
@@ -26,19 +28,41 @@ const EARLIEST: i64 = -2;
 /// measure as a member's checkpoint sum (each store's checkpoint + 1), so the
 /// difference is the records a copy has still to replay. A changelog that
 /// does not exist yet counts 0.
+///
+/// A source table's topic (in `tables`, also in `topics`) counts up to the
+/// group's committed offset instead: a copy of a table applies its topic
+/// only that far (restores and standbys stop there, docs/architecture.md
+/// §18), so a copy at the committed offset is caught up however far the
+/// topic runs ahead of the group. Nothing committed counts 0. The
+/// committed offsets get [`TABLE_LIMIT_BUDGET`] (the leader waits for them
+/// before SyncGroup); without them the tables count to their ends, as before.
 pub(crate) fn end_offsets(
     brokers: &Brokers,
-    topics: &[String],
+    (group, topics, tables): (&str, &[String], &[String]),
     tasks: &[TaskId],
     start: usize,
 ) -> Result<BTreeMap<TaskId, i64>> {
-    let mut sums: BTreeMap<TaskId, i64> = tasks.iter().map(|&t| (t, 0)).collect();
-    for ((_, partition), offset) in list_offsets(brokers, topics, tasks, start, LATEST)? {
-        if let Some(sum) = sums.get_mut(&partition) {
-            *sum += offset.max(0);
+    let ends = list_offsets(brokers, topics, tasks, start, LATEST)?;
+    let mut limits = BTreeMap::new();
+    if !tables.is_empty() {
+        let partitions: Vec<(String, i32)> = tables.iter().flat_map(|t| tasks.iter().map(move |&p| (t.clone(), p))).collect();
+        match super::offsets::fetch_committed(brokers, group, &partitions, TABLE_LIMIT_BUDGET, false) {
+            Ok(committed) => limits.extend(committed.into_iter().map(|(key, offset)| (key, offset.unwrap_or(0)))),
+            Err(e) => tracing::warn!(group, error = %e, "the group's committed offsets on its table topics could not be read; table copies' lags count to the topics' ends this time"),
         }
     }
-    Ok(sums)
+    Ok(sum_ends(&ends, &limits, tasks))
+}
+
+/// Per task, the sum of its partitions' `ends`, each at most its limit.
+fn sum_ends(ends: &BTreeMap<(String, TaskId), i64>, limits: &BTreeMap<(String, TaskId), i64>, tasks: &[TaskId]) -> BTreeMap<TaskId, i64> {
+    let mut sums: BTreeMap<TaskId, i64> = tasks.iter().map(|&t| (t, 0)).collect();
+    for (key, &end) in ends {
+        if let Some(sum) = sums.get_mut(&key.1) {
+            *sum += limits.get(key).map_or(end, |&limit| end.min(limit)).max(0);
+        }
+    }
+    sums
 }
 
 /// Per changelog partition of `topics` (partitions `tasks`), the first
@@ -156,4 +180,21 @@ fn list_offsets(
 /// A retriable failure (leaders moving, a broker away).
 fn unavailable(broker: &str, detail: String) -> Error {
     Error::BrokerUnreachable { bootstrap: broker.to_string(), timeout: std::time::Duration::ZERO, detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_topic_counts_up_to_the_committed_offset_only() {
+        let key = |t: &str, p| (t.to_string(), p);
+        let ends = BTreeMap::from([(key("app-s-changelog", 0), 100), (key("prices", 0), 5000), (key("prices", 1), 70), (key("app-s-changelog", 1), 30)]);
+        // The group committed 400 on prices/0 (the topic runs 4600 ahead) and 90 on prices/1.
+        let limits = BTreeMap::from([(key("prices", 0), 400), (key("prices", 1), 90)]);
+        let sums = sum_ends(&ends, &limits, &[0, 1]);
+        assert_eq!(sums, BTreeMap::from([(0, 100 + 400), (1, 30 + 70)]));
+        // Without tables, the ends as they are.
+        assert_eq!(sum_ends(&ends, &BTreeMap::new(), &[0]), BTreeMap::from([(0, 5100)]));
+    }
 }

@@ -80,7 +80,8 @@ impl Member {
             max_warmup_replicas: self.settings.max_warmup_replicas,
         };
         let all_tasks: Vec<TaskId> = (0..self.settings.tasks).collect();
-        let ends = match end_offsets(&self.brokers, &self.settings.changelog_topics, &all_tasks, self.rotate) {
+        let topics = (self.settings.group.as_str(), &self.settings.changelog_topics[..], &self.settings.table_topics[..]);
+        let ends = match end_offsets(&self.brokers, topics, &all_tasks, self.rotate) {
             Ok(ends) => ends,
             Err(e) => {
                 // Lags then count from the most caught-up copy reported.

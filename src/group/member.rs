@@ -66,6 +66,8 @@ pub(crate) struct GroupSettings {
     pub(crate) probing_rebalance_interval: Duration,
     /// The application's changelog topics (lags are measured against their ends).
     pub(crate) changelog_topics: Vec<String>,
+    /// Of those, the source tables' topics (measured to the group's committed offsets).
+    pub(crate) table_topics: Vec<String>,
     pub(crate) process_id: String,
     pub(crate) endpoint: Option<String>,
     /// Failure detection among the instances (`peer_address`), if set.

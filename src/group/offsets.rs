@@ -114,7 +114,7 @@ pub(crate) fn fetch_committed(
                 "committed offsets of {partitions:?} not stable after {timeout:?}: {last}"
             )));
         }
-        if !logged && started.elapsed() >= Duration::from_secs(2) {
+        if stable && !logged && started.elapsed() >= Duration::from_secs(2) {
             logged = true;
             tracing::info!(?partitions, reason = %last,
                 "waiting for a previous owner's open transaction to end before restoring (at most transaction_timeout)");

@@ -55,6 +55,7 @@ fn settings(group: &str, topic: &str, instance: Option<&str>, offsets_of: &str) 
         max_warmup_replicas: 2,
         probing_rebalance_interval: Duration::from_secs(600),
         changelog_topics: Vec::new(),
+        table_topics: Vec::new(),
         process_id: offsets_of.into(),
         endpoint: None,
         peer: None,
@@ -345,6 +346,7 @@ fn moves_waiting_for_warmups_happen_at_the_probing_rebalance() {
         max_warmup_replicas: 6,
         probing_rebalance_interval: Duration::from_secs(4),
         changelog_topics: vec![changelog.clone()],
+        table_topics: Vec::new(),
         ..settings(&group, &topic, None, name)
     };
     let a = Sim::start_with(lagged("a"), 100);

@@ -65,11 +65,12 @@ impl Member {
         // brokers that are away must not hold back this thread's heartbeats.
         let ends = match self.warmups.lag_probe.take() {
             None => {
-                let (brokers, topics, wanted, start) =
-                    (self.brokers.clone(), self.settings.changelog_topics.clone(), tasks.clone(), self.rotate);
+                let (brokers, wanted, start) = (self.brokers.clone(), tasks.clone(), self.rotate);
+                let (group, topics, tables) =
+                    (self.settings.group.clone(), self.settings.changelog_topics.clone(), self.settings.table_topics.clone());
                 self.warmups.lag_probe = std::thread::Builder::new()
                     .name("kstate-lags".into())
-                    .spawn(move || end_offsets(&brokers, &topics, &wanted, start))
+                    .spawn(move || end_offsets(&brokers, (&group, &topics, &tables), &wanted, start))
                     .ok();
                 return None;
             }

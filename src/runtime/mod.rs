@@ -263,6 +263,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         max_warmup_replicas: config.max_warmup_replicas,
         probing_rebalance_interval: config.probing_rebalance_interval,
         changelog_topics: config.stores.iter().map(|s| s.changelog_topic(&config.application_id)).collect(),
+        table_topics: config.stores.iter().filter_map(|s| s.source_topic().map(str::to_string)).collect(),
         process_id,
         endpoint: config.application_server.clone(),
         peer: peer_listener(&config)?,

@@ -49,7 +49,8 @@ pub(crate) struct Entry(Box<[u8]>);
 impl Entry {
     fn new(k: &[u8], v: &[u8]) -> Entry {
         let mut bytes = Vec::with_capacity(4 + k.len() + v.len());
-        bytes.extend_from_slice(&(k.len() as u32).to_ne_bytes());
+        // (Kafka's record size limit keeps keys far below 4 GiB.)
+        bytes.extend_from_slice(&u32::try_from(k.len()).expect("a key under 4 GiB").to_ne_bytes());
         bytes.extend_from_slice(k);
         bytes.extend_from_slice(v);
         Entry(bytes.into_boxed_slice())
@@ -481,7 +482,9 @@ pub(crate) fn decode(bytes: &[u8], identity: Option<&str>) -> std::result::Resul
     let mut state = HeapState::default();
     let mut meta = Vec::new();
     read_entries(&mut r, |k, v| meta.push((Box::<[u8]>::from(k), Box::<[u8]>::from(v))))?;
-    let mut data = Vec::with_capacity(r.peek_u64().unwrap_or(0).min(1 << 26) as usize);
+    // (At most what the bytes left can hold: 8 header bytes per entry.)
+    let room = (body.len() - r.at) / 8;
+    let mut data = Vec::with_capacity(r.peek_u64().unwrap_or(0).min(room as u64) as usize);
     let (mut bytes, mut data_bytes) = (0, 0);
     read_entries(&mut r, |k, v| {
         bytes += cost(k, v);
@@ -602,6 +605,8 @@ mod tests {
         assert_eq!(cost(&[0; 24], &[0; 100]), 144 + SLOT_SHARE, "as glibc sizes the chunk");
         s.put(b"k", b"");
         assert_eq!(s.get(b"k"), Some(&b""[..]));
+        s.put(b"k", b"new");
+        assert_eq!((s.get(b"k"), s.data.len()), (Some(&b"new"[..]), 1), "a put replaces the value");
     }
 
     #[test]

@@ -51,7 +51,7 @@ fi
 if ((rc == 0)); then
     KSTATE_TEST_STORES=memory cargo test -p kstate --all-features \
         --test store_api --test crash --test exactly_once --test restore --test standby --test ttl \
-        --test windows --test queries --test snapshots --test driver --test timers | tee -a "$results" || rc=$?
+        --test windows --test queries --test snapshots --test driver --test timers --test tables --test joins | tee -a "$results" || rc=$?
 fi
 
 # Sum of all "test result:" lines, e.g. "total: 42 passed, 0 failed, 1 skipped".

@@ -102,7 +102,7 @@ fn restored_from_its_own_topic(guarantee: ProcessingGuarantee) {
     let start = |restores: Restores, updates: Heard| {
         let (users_topic, out_topic) = (users.clone(), out.clone());
         Running::start(
-            builder(&app, &input, state.path()).table(&users, StoreDefinition::new("users")).restore_listener(restores).commit_interval(Duration::from_millis(200)).processing_guarantee(guarantee),
+            builder(&app, &input, state.path()).table(&users, common::store("users")).restore_listener(restores).commit_interval(Duration::from_millis(200)).processing_guarantee(guarantee),
             move |ctx, rec| {
                 if rec.topic == users_topic {
                     // (a table's record: the store has it already)
@@ -173,7 +173,7 @@ fn a_table_topic_that_deletes_instead_of_compacting_is_refused_at_start() {
     let Fixture { input, app, state } = fixture("table-delete", 1);
     let users = unique("table-delete-users");
     create_topic(&users, 1, &[("cleanup.policy", "delete")]);
-    let app = builder(&app, &input, state.path()).table(&users, StoreDefinition::new("users")).build().unwrap();
+    let app = builder(&app, &input, state.path()).table(&users, common::store("users")).build().unwrap();
     match app.run(|_, _| Ok::<(), Error>(())) {
         Err(Error::TableTopic { topic, problem }) => {
             assert_eq!(topic, users);
@@ -189,10 +189,10 @@ fn bad_table_definitions_are_config_errors() {
     let windowed = StoreDefinition::window("w", kstate::Windows::tumbling(Duration::from_secs(1)));
     let cases = [
         (base().table("users", windowed), "key-value"),
-        (base().table("users", StoreDefinition::new("a")).table("users", StoreDefinition::new("b")), "one store per table topic"),
-        (base().table("in", StoreDefinition::new("a")), "input topic"),
-        (base().table("users", StoreDefinition::new("a")).kafka_config("auto.offset.reset", "latest"), "earliest"),
-        (base().table("users", StoreDefinition::new("a").schema_version(2)), "schema"),
+        (base().table("users", common::store("a")).table("users", common::store("b")), "one store per table topic"),
+        (base().table("in", common::store("a")), "input topic"),
+        (base().table("users", common::store("a")).kafka_config("auto.offset.reset", "latest"), "earliest"),
+        (base().table("users", common::store("a").schema_version(2)), "schema"),
     ];
     for (builder, why) in cases {
         match builder.build() {
@@ -224,7 +224,7 @@ fn the_driver_applies_table_records_and_refuses_writes_to_a_table() {
             Ok(())
         }
     }
-    let app = kstate::App::builder().input_topic("clicks").table("users", StoreDefinition::new("users")).max_task_idle(Duration::from_secs(1));
+    let app = kstate::App::builder().input_topic("clicks").table("users", common::store("users")).max_task_idle(Duration::from_secs(1));
     let mut d = kstate::TestDriver::builder(app).processor(|_| Lookup).unwrap();
     d.send(Output::to("users").value(b"nobody").partition(0).timestamp(5)).unwrap(); // no key: skipped
     d.input("users", b"u", b"ann", 10).unwrap();
@@ -260,8 +260,8 @@ fn the_driver_applies_table_records_and_refuses_writes_to_a_table() {
 #[test]
 fn a_table_table_outer_join_of_two_source_tables_follows_both_sides() {
     let app = kstate::App::builder()
-        .table("users", StoreDefinition::new("users"))
-        .table("accounts", StoreDefinition::new("accounts"))
+        .table("users", common::store("users"))
+        .table("accounts", common::store("accounts"))
         .max_task_idle(Duration::ZERO);
     let mut d = kstate::TestDriver::builder(app)
         .closure(|ctx, record| {
@@ -299,7 +299,7 @@ fn a_standby_of_a_table_stops_at_the_committed_offset() {
     let stalled = Arc::new(AtomicBool::new(false));
     let start = |dir: &std::path::Path| {
         let app = builder(&app, &input, dir)
-            .table(&users, StoreDefinition::new("users"))
+            .table(&users, common::store("users"))
             .num_standby_replicas(1)
             .commit_interval(Duration::from_millis(100))
             .build()
@@ -377,8 +377,8 @@ fn tables_child() {
     init_tracing();
     let guarantee = if guarantee == "eos" { ProcessingGuarantee::ExactlyOnce } else { ProcessingGuarantee::AtLeastOnce };
     let app = builder(app_id, input, std::path::Path::new(state))
-        .table(users, StoreDefinition::new("users"))
-        .store(StoreDefinition::new("heard"))
+        .table(users, common::store("users"))
+        .store(common::store("heard"))
         .processing_guarantee(guarantee)
         .commit_interval(Duration::from_millis(50))
         .transaction_timeout(Duration::from_secs(3))
@@ -479,7 +479,7 @@ fn the_driver_skips_or_fails_on_a_table_value_its_codec_refuses() {
     for on_bad in [ProcessingDecision::Continue, ProcessingDecision::Fail] {
         let app = kstate::App::builder()
             .input_topic("clicks")
-            .table("prices", StoreDefinition::new("prices").table_values::<U64Be>(on_bad))
+            .table("prices", common::store("prices").table_values::<U64Be>(on_bad))
             .max_task_idle(Duration::ZERO);
         let heard = Arc::new(Mutex::new(0));
         let h = heard.clone();
@@ -531,7 +531,7 @@ fn a_bad_table_value_is_skipped_in_processing_and_in_the_restore() {
     }
     producer.flush(TIMEOUT).unwrap();
     let start = |restores: Restores| {
-        let table = StoreDefinition::new("prices").table_values::<U64Be>(kstate::ProcessingDecision::Continue);
+        let table = common::store("prices").table_values::<U64Be>(kstate::ProcessingDecision::Continue);
         Running::start(builder(&app, &input, state.path()).table(&prices, table).restore_listener(restores), |_, _| Ok::<(), Error>(()))
     };
     let expected: BTreeMap<Vec<u8>, Vec<u8>> =

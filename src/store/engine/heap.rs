@@ -118,9 +118,10 @@ fn chunk(n: usize) -> usize {
     ((n + 8 + 15) & !15).max(32)
 }
 
-/// The bytes an entry of `k` and `v` holds: its allocation and its node
-/// share. Within 1 byte of the RSS measured for a million entries of 8 to
-/// 1000 bytes.
+/// The bytes an entry of `k` and `v` holds ([`Entry::cost`]): its
+/// allocation and its node share. Within 1 byte of the RSS measured for a
+/// million entries of 8 to 1000 bytes.
+#[cfg(test)]
 fn cost(k: &[u8], v: &[u8]) -> usize {
     chunk(4 + k.len() + v.len()) + SLOT_SHARE
 }
@@ -263,18 +264,20 @@ impl Heap {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
             let path = dir.join(FILE);
             let started = std::time::Instant::now();
-            match std::fs::read(&path) {
-                Ok(bytes) => match decode(&bytes, Some(identity)) {
+            let opened = std::fs::File::open(&path).and_then(|f| Ok((f.metadata()?.len(), f)));
+            match opened {
+                Ok((len, file)) => match decode_from(file, len, Some(identity)) {
                     Ok(loaded) => {
-                        tracing::info!(store = identity, entries = loaded.data.len(), bytes = bytes.len(), seconds = started.elapsed().as_secs_f64(),
+                        tracing::info!(store = identity, entries = loaded.data.len(), bytes = len, seconds = started.elapsed().as_secs_f64(),
                             "in-memory store loaded from its file");
                         state = loaded;
                     }
-                    Err(why) => {
+                    Err(Refused::Bad(why)) => {
                         tracing::warn!(file = %path.display(), reason = %why, "in-memory store file refused; restoring the store in full");
                         std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
                         problem = Some(format!("in-memory store file refused: {why}"));
                     }
+                    Err(Refused::Io(e)) => return Err(Error::io(&path, e)),
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io(&path, e)),
@@ -458,88 +461,186 @@ impl<W: Write> Write for Checked<W> {
     }
 }
 
+/// Why a file was not loaded: it could not be read (`Io`: kept, the error
+/// returned), or it is not a good file (`Bad`: refused with the reason).
+pub(crate) enum Refused {
+    Io(std::io::Error),
+    Bad(String),
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Refused {
+        Refused::Bad(why)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(why: &str) -> Refused {
+        Refused::Bad(why.to_string())
+    }
+}
+
 /// Reads a file written by [`save_state`]; `Err` says what is wrong with it.
 /// `identity`: the store partition the file must name (`None`: any, for
 /// operator tooling reading a directory it was pointed at).
 pub(crate) fn decode(bytes: &[u8], identity: Option<&str>) -> std::result::Result<HeapState, String> {
-    if bytes.len() < MAGIC.len() + 4 + 4 || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not an in-memory store file (bad magic or truncated header)".into());
+    decode_from(bytes, bytes.len() as u64, identity).map_err(|e| match e {
+        Refused::Bad(why) => why,
+        Refused::Io(e) => e.to_string(),
+    })
+}
+
+/// [`decode`] of a file of `len` bytes read from `input` in chunks (a
+/// store's load never holds the file's bytes and its entries at once). The
+/// checksum is checked at the end; a file refused earlier is read to its
+/// end anyway, so that a damaged one is reported as such.
+pub(crate) fn decode_from(input: impl std::io::Read, len: u64, identity: Option<&str>) -> std::result::Result<HeapState, Refused> {
+    let header = (MAGIC.len() + 4 + 4 + 4) as u64;
+    if len < header {
+        return Err(format!("not an in-memory store file ({len} bytes, shorter than a header)").into());
     }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32fast::hash(body) != u32::from_be_bytes(crc.try_into().expect("4 bytes")) {
-        return Err(format!("checksum mismatch ({} bytes: truncated or corrupted)", bytes.len()));
+    let body = len - 4;
+    let hashing = Hashing { inner: input, crc: crc32fast::Hasher::new(), left: body };
+    let mut r = Stream { input: std::io::BufReader::with_capacity(1 << 20, hashing), left: body };
+    let parsed = parse(&mut r, identity);
+    // The rest of the body, then the checksum (not hashed).
+    let checked = (|| -> std::result::Result<bool, Refused> {
+        let rest = r.left;
+        let copied = std::io::copy(&mut std::io::Read::take(&mut r.input, rest), &mut std::io::sink()).map_err(Refused::Io)?;
+        let mut crc = [0u8; 4];
+        if copied < rest || !read_full(&mut r.input, &mut crc).map_err(Refused::Io)? {
+            return Ok(false);
+        }
+        Ok(u32::from_be_bytes(crc) == r.input.get_ref().crc.clone().finalize())
+    })()?;
+    if !checked {
+        let detail = match &parsed {
+            Err(Refused::Bad(why)) => format!(": {why}"),
+            _ => String::new(),
+        };
+        return Err(format!("checksum mismatch ({len} bytes: truncated or corrupted){detail}").into());
     }
-    let mut r = Reader { bytes: body, at: MAGIC.len() };
+    parsed
+}
+
+/// Header, meta and data of a file; `r` is left after the last entry.
+fn parse<R: std::io::Read>(r: &mut Stream<R>, identity: Option<&str>) -> std::result::Result<HeapState, Refused> {
+    if r.bytes(MAGIC.len())? != MAGIC {
+        return Err("not an in-memory store file (bad magic)".into());
+    }
     let format = r.u32()?;
     if format != FORMAT {
-        return Err(format!("file format {format}, this build reads {FORMAT}"));
+        return Err(format!("file format {format}, this build reads {FORMAT}").into());
     }
     let len = r.u32()? as usize;
-    let named = r.take(len)?;
+    let named = r.bytes(len)?;
     if let Some(identity) = identity.filter(|i| named != i.as_bytes()) {
-        return Err(format!("the file is of store partition {:?}, not {identity:?}", String::from_utf8_lossy(named)));
+        return Err(format!("the file is of store partition {:?}, not {identity:?}", String::from_utf8_lossy(&named)).into());
     }
     let mut state = HeapState::default();
     let mut meta = Vec::new();
-    read_entries(&mut r, |k, v| meta.push((Box::<[u8]>::from(k), Box::<[u8]>::from(v))))?;
+    for _ in 0..r.u64()? {
+        let (kl, vl) = r.lengths()?;
+        let (k, v) = (r.bytes(kl)?, r.bytes(vl)?);
+        if meta.last().is_some_and(|(last, _): &(Box<[u8]>, Box<[u8]>)| **last >= *k) {
+            return Err("keys out of order".into());
+        }
+        meta.push((Box::<[u8]>::from(k), Box::<[u8]>::from(v)));
+    }
+    let count = r.u64()?;
     // (At most what the bytes left can hold: 8 header bytes per entry.)
-    let room = (body.len() - r.at) / 8;
-    let mut data = Vec::with_capacity(r.peek_u64().unwrap_or(0).min(room as u64) as usize);
-    let (mut bytes, mut data_bytes) = (0, 0);
-    read_entries(&mut r, |k, v| {
-        bytes += cost(k, v);
-        data_bytes += k.len() + v.len();
-        data.push(Entry::new(k, v));
-    })?;
+    let mut data: Vec<Entry> = Vec::with_capacity(count.min(r.left / 8) as usize);
+    for _ in 0..count {
+        let (kl, vl) = r.lengths()?;
+        let mut bytes = Vec::with_capacity(4 + kl + vl);
+        bytes.extend_from_slice(&(kl as u32).to_ne_bytes());
+        bytes.resize(4 + kl + vl, 0);
+        r.fill(&mut bytes[4..])?;
+        let entry = Entry(bytes.into_boxed_slice());
+        if data.last().is_some_and(|last| last.key() >= entry.key()) {
+            return Err("keys out of order".into());
+        }
+        state.bytes += entry.cost();
+        state.data_bytes += kl + vl;
+        data.push(entry);
+    }
+    if r.left != 0 {
+        return Err(format!("{} bytes after the last entry", r.left).into());
+    }
     state.meta = meta.into_iter().collect();
     state.data = data.into_iter().collect();
-    (state.bytes, state.data_bytes) = (bytes, data_bytes);
-    if r.at != body.len() {
-        return Err(format!("{} bytes after the last entry", body.len() - r.at));
-    }
     Ok(state)
 }
 
-/// Reads a map's entries, checking their key order on the file's bytes
-/// (where comparing is cheap), each handed to `each` once.
-fn read_entries<'a>(r: &mut Reader<'a>, mut each: impl FnMut(&'a [u8], &'a [u8])) -> std::result::Result<(), String> {
-    let count = r.u64()?;
-    let mut last: Option<&[u8]> = None;
-    for _ in 0..count {
-        let (kl, vl) = (r.u32()? as usize, r.u32()? as usize);
-        let (k, v) = (r.take(kl)?, r.take(vl)?);
-        if last.is_some_and(|l| l >= k) {
-            return Err("keys out of order".into());
-        }
-        last = Some(k);
-        each(k, v);
+/// Reads `buf` full; `false` if the input ends first.
+fn read_full(input: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<bool> {
+    match input.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
     }
-    Ok(())
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// A reader that checksums the first `left` bytes it reads.
+struct Hashing<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    left: u64,
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("truncated entry")?;
-        let out = &self.bytes[self.at..end];
-        self.at = end;
+impl<R: std::io::Read> std::io::Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let hashed = (n as u64).min(self.left) as usize;
+        self.crc.update(&buf[..hashed]);
+        self.left -= hashed as u64;
+        Ok(n)
+    }
+}
+
+/// The body of a file, read within its length (`left` bytes to go).
+struct Stream<R> {
+    input: std::io::BufReader<Hashing<R>>,
+    left: u64,
+}
+
+impl<R: std::io::Read> Stream<R> {
+    fn fill(&mut self, buf: &mut [u8]) -> std::result::Result<(), Refused> {
+        if buf.len() as u64 > self.left || !read_full(&mut self.input, buf).map_err(Refused::Io)? {
+            return Err("truncated entry".into());
+        }
+        self.left -= buf.len() as u64;
+        Ok(())
+    }
+
+    fn bytes(&mut self, n: usize) -> std::result::Result<Vec<u8>, Refused> {
+        if n as u64 > self.left {
+            return Err("truncated entry".into());
+        }
+        let mut out = vec![0; n];
+        self.fill(&mut out)?;
         Ok(out)
     }
 
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    fn u32(&mut self) -> std::result::Result<u32, Refused> {
+        let mut b = [0; 4];
+        self.fill(&mut b)?;
+        Ok(u32::from_be_bytes(b))
     }
 
-    fn peek_u64(&self) -> Option<u64> {
-        Some(u64::from_be_bytes(self.bytes.get(self.at..self.at + 8)?.try_into().expect("8 bytes")))
+    fn u64(&mut self) -> std::result::Result<u64, Refused> {
+        let mut b = [0; 8];
+        self.fill(&mut b)?;
+        Ok(u64::from_be_bytes(b))
     }
 
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_be_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    /// An entry's key and value lengths, checked against the bytes left.
+    fn lengths(&mut self) -> std::result::Result<(usize, usize), Refused> {
+        let (kl, vl) = (self.u32()? as u64, self.u32()? as u64);
+        if kl + vl > self.left {
+            return Err("truncated entry".into());
+        }
+        Ok((kl as usize, vl as usize))
     }
 }
 

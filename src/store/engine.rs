@@ -259,9 +259,14 @@ impl Engine {
             Self::wipe(path)?;
         }
         let (db, options) = Self::open_db(path, res, false)?;
-        Ok(Engine {
-            db: Some(db),
-            heap: None,
+        Ok(Self::new(path, res, (Some(db), None), options))
+    }
+
+    /// A newly opened engine on `backend` (RocksDB or the in-memory maps).
+    fn new(path: &Path, res: &EngineResources, (db, heap): (Option<DB>, Option<heap::Heap>), options: Options) -> Engine {
+        Engine {
+            db,
+            heap,
             path: path.to_path_buf(),
             resources: res.clone(),
             bulk_loading: false,
@@ -269,7 +274,7 @@ impl Engine {
             options,
             carried: Tickers::default(),
             schema_version: 1,
-        })
+        }
     }
 
     /// Opens (or creates) an in-memory store partition whose file lives at
@@ -282,18 +287,7 @@ impl Engine {
             remove_checkpoint_hint(store_dir)?;
         }
         let (heap, problem) = heap::Heap::open(dir, identity, res.heap_budget.clone())?;
-        let engine = Engine {
-            db: None,
-            heap: Some(heap),
-            path: path.to_path_buf(),
-            resources: res.clone(),
-            bulk_loading: false,
-            last_flush: Mutex::new(Instant::now()),
-            options: Options::default(),
-            carried: Tickers::default(),
-            schema_version: 1,
-        };
-        Ok((engine, problem))
+        Ok((Self::new(path, res, (None, Some(heap)), Options::default()), problem))
     }
 
     /// Opens RocksDB; `bulk` selects the restore tuning: a vector memtable
@@ -510,19 +504,22 @@ impl Engine {
     /// schema version; `store::schema::RestoreSchema`), with that version.
     pub(crate) fn refused_keys(&self) -> Result<std::collections::HashMap<Vec<u8>, u32>> {
         let mut out = std::collections::HashMap::new();
+        // Meta keys from the prefix on, until the first without it.
+        let mut take = |k: &[u8], v: &[u8]| {
+            let Some(key) = k.strip_prefix(REFUSED_PREFIX) else { return false };
+            out.insert(key.to_vec(), <[u8; 4]>::try_from(v).map_or(u32::MAX, u32::from_be_bytes));
+            true
+        };
         if let Some(heap) = &self.heap {
             let state = heap.read();
-            for (k, v) in state.meta.range::<[u8], _>((Bound::Included(REFUSED_PREFIX), Bound::Unbounded)) {
-                let Some(key) = k.strip_prefix(REFUSED_PREFIX) else { break };
-                out.insert(key.to_vec(), <[u8; 4]>::try_from(&v[..]).map_or(u32::MAX, u32::from_be_bytes));
+            let _ = state.meta.range::<[u8], _>((Bound::Included(REFUSED_PREFIX), Bound::Unbounded)).all(|(k, v)| take(k, v));
+        } else {
+            for entry in self.db().iterator_cf(self.meta(), rocksdb::IteratorMode::From(REFUSED_PREFIX, rocksdb::Direction::Forward)) {
+                let (k, v) = entry?;
+                if !take(&k, &v) {
+                    break;
+                }
             }
-            return Ok(out);
-        }
-        let iter = self.db().iterator_cf(self.meta(), rocksdb::IteratorMode::From(REFUSED_PREFIX, rocksdb::Direction::Forward));
-        for entry in iter {
-            let (k, v) = entry?;
-            let Some(key) = k.strip_prefix(REFUSED_PREFIX) else { break };
-            out.insert(key.to_vec(), <[u8; 4]>::try_from(&v[..]).map_or(u32::MAX, u32::from_be_bytes));
         }
         Ok(out)
     }

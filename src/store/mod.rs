@@ -294,10 +294,10 @@ impl KeyValueStore {
     /// returned, never a reason to delete state.
     /// In memory ([`EngineResources::in_memory`]): no lock, no seed.
     pub(crate) fn open(args: StoreOpenArgs<'_>) -> Result<KeyValueStore> {
-        let in_memory = args.resources.is_in_memory();
-        let lock = if in_memory { None } else { Some(DirLock::acquire(&args.dir, args.lock_timeout)?) };
+        let no_files = args.resources.is_in_memory();
+        let lock = if no_files { None } else { Some(DirLock::acquire(&args.dir, args.lock_timeout)?) };
         let db_dir = args.dir.join("db");
-        let seeded = args.seed.filter(|_| !in_memory).map(|seed| seed(&db_dir)).unwrap_or_default();
+        let seeded = args.seed.filter(|_| !no_files).map(|seed| seed(&db_dir)).unwrap_or_default();
         let identity = format!("{}/{}", args.name, args.partition);
         let heap = args.in_memory.then_some(identity.as_str());
         let (engine, open_problem) = match Self::open_engine(&db_dir, args.resources, heap) {

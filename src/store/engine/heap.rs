@@ -236,13 +236,18 @@ impl HeapBudget {
         self.used.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Moves a partition's charge from `before` to `after` bytes, publishes
+    /// the new total and resizes the shared cache; returns the total.
     fn charge(&self, before: usize, after: usize) -> usize {
         use std::sync::atomic::Ordering::Relaxed;
-        if after >= before {
+        let total = if after >= before {
             self.used.fetch_add(after - before, Relaxed) + (after - before)
         } else {
             self.used.fetch_sub(before - after, Relaxed) - (before - after)
-        }
+        };
+        metrics::gauge!(crate::metrics::IN_MEMORY_BYTES).set(total as f64);
+        self.resize_cache(total);
+        total
     }
 }
 
@@ -310,8 +315,6 @@ impl Heap {
         let now = self.read().bytes;
         let total = self.budget.charge(*charged, now);
         *charged = now;
-        metrics::gauge!(crate::metrics::IN_MEMORY_BYTES).set(total as f64);
-        self.budget.resize_cache(total);
         match self.budget.bound {
             Some(bound) if total > bound => {
                 Err(Error::StateMemory { store: self.identity.clone(), store_bytes: now as u64, total_bytes: total as u64, bound: bound as u64 })
@@ -394,9 +397,7 @@ impl Drop for Heap {
     fn drop(&mut self) {
         self.wait_for_save();
         let bytes = *self.charged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let total = self.budget.charge(bytes, 0);
-        metrics::gauge!(crate::metrics::IN_MEMORY_BYTES).set(total as f64);
-        self.budget.resize_cache(total);
+        self.budget.charge(bytes, 0);
     }
 }
 
@@ -427,20 +428,23 @@ fn write_unsynced(state: &HeapState, identity: &str, tmp: &Path) -> Result<std::
     out.write_all(&FORMAT.to_be_bytes()).map_err(io)?;
     out.write_all(&(identity.len() as u32).to_be_bytes()).map_err(io)?;
     out.write_all(identity.as_bytes()).map_err(io)?;
-    let meta = state.meta.iter().map(|(k, v)| (&k[..], &v[..]));
-    let data = state.data.iter().map(|e| (e.key(), e.value()));
-    for (len, entries) in [(state.meta.len(), Box::new(meta) as Box<dyn Iterator<Item = (&[u8], &[u8])>>), (state.data.len(), Box::new(data))] {
-        out.write_all(&(len as u64).to_be_bytes()).map_err(io)?;
-        for (k, v) in entries {
-            out.write_all(&(k.len() as u32).to_be_bytes()).map_err(io)?;
-            out.write_all(&(v.len() as u32).to_be_bytes()).map_err(io)?;
-            out.write_all(k).map_err(io)?;
-            out.write_all(v).map_err(io)?;
-        }
-    }
+    write_entries(&mut out, state.meta.len(), state.meta.iter().map(|(k, v)| (&k[..], &v[..]))).map_err(io)?;
+    write_entries(&mut out, state.data.len(), state.data.iter().map(|e| (e.key(), e.value()))).map_err(io)?;
     let crc = out.crc.clone().finalize();
     out.inner.write_all(&crc.to_be_bytes()).map_err(io)?;
     out.inner.into_inner().map_err(|e| io(e.into_error()))
+}
+
+/// A map's entry count, then each entry: key length, value length, key, value.
+fn write_entries<'a>(out: &mut impl Write, count: usize, entries: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> std::io::Result<()> {
+    out.write_all(&(count as u64).to_be_bytes())?;
+    for (k, v) in entries {
+        out.write_all(&(k.len() as u32).to_be_bytes())?;
+        out.write_all(&(v.len() as u32).to_be_bytes())?;
+        out.write_all(k)?;
+        out.write_all(v)?;
+    }
+    Ok(())
 }
 
 /// A writer that checksums what it writes.

@@ -239,6 +239,7 @@ impl Default for AppBuilder {
                 peer_address: None,
                 peer_timeout: DEFAULT_PEER_TIMEOUT,
                 peer_secret: None,
+                peer_previous_secret: None,
                 peer_plaintext: false,
                 client_tags: Default::default(),
                 processing_guarantee: ProcessingGuarantee::AtLeastOnce,
@@ -603,20 +604,27 @@ impl AppBuilder {
     /// without one trailing line end), e.g. a mounted secret. A missing or
     /// unreadable file is `Error::Config` at `build`.
     pub fn peer_secret_file(mut self, path: impl AsRef<std::path::Path>) -> Self {
-        let path = path.as_ref();
-        self.config.peer_secret = Some(match std::fs::read(path) {
-            Ok(mut bytes) => {
-                // One trailing line end (an editor's), not more.
-                if bytes.ends_with(b"\n") {
-                    bytes.pop();
-                    if bytes.ends_with(b"\r") {
-                        bytes.pop();
-                    }
-                }
-                Ok(std::sync::Arc::from(bytes))
-            }
-            Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
-        });
+        self.config.peer_secret = Some(read_secret_file(path.as_ref()));
+        self
+    }
+
+    /// The secret [`peer_secret`](Self::peer_secret) replaces, accepted
+    /// as well while a rotation rolls through the instances: give every
+    /// instance in turn the new secret as `peer_secret` and the old one
+    /// here (instances still on the old secret alone keep watching it and
+    /// it them), then, once all run the new one, drop this in a second
+    /// rollout. At least 16 bytes, not the same as `peer_secret`; without
+    /// `peer_secret` it is `Error::Config` at `build`. See the runbook's
+    /// "Rotating the peer secret".
+    pub fn peer_previous_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.config.peer_previous_secret = Some(Ok(std::sync::Arc::from(secret.as_ref())));
+        self
+    }
+
+    /// [`peer_previous_secret`](Self::peer_previous_secret) read from a
+    /// file, as [`peer_secret_file`](Self::peer_secret_file).
+    pub fn peer_previous_secret_file(mut self, path: impl AsRef<std::path::Path>) -> Self {
+        self.config.peer_previous_secret = Some(read_secret_file(path.as_ref()));
         self
     }
 
@@ -849,5 +857,22 @@ impl AppBuilder {
             self.config.stores.push(StoreDefinition::new(TIME_STORE));
         }
         Ok(self.config)
+    }
+}
+
+/// A secret file's bytes, without one trailing line end (an editor's, not
+/// more), or why it cannot be read.
+fn read_secret_file(path: &std::path::Path) -> std::result::Result<std::sync::Arc<[u8]>, String> {
+    match std::fs::read(path) {
+        Ok(mut bytes) => {
+            if bytes.ends_with(b"\n") {
+                bytes.pop();
+                if bytes.ends_with(b"\r") {
+                    bytes.pop();
+                }
+            }
+            Ok(std::sync::Arc::from(bytes))
+        }
+        Err(e) => Err(format!("cannot read `{}`: {e}", path.display())),
     }
 }

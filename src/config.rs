@@ -403,7 +403,9 @@ pub(crate) struct AppConfig {
     pub(crate) peer_timeout: Duration,
     /// The peer links' shared secret (`peer_secret`), or why it could not
     /// be read (`peer_secret_file`: reported at `build`).
-    pub(crate) peer_secret: Option<std::result::Result<std::sync::Arc<[u8]>, String>>,
+    pub(crate) peer_secret: crate::group::peers::SecretSetting,
+    /// The secret `peer_secret` replaces, accepted during a rotation.
+    pub(crate) peer_previous_secret: crate::group::peers::SecretSetting,
     /// Peer links without authentication, chosen explicitly.
     pub(crate) peer_plaintext: bool,
     pub(crate) client_tags: std::collections::BTreeMap<String, String>,
@@ -809,26 +811,8 @@ impl AppConfig {
                 }
                 Some(_) => {}
             }
-            match (&self.peer_secret, self.peer_plaintext) {
-                (Some(Err(why)), _) => return Err(Error::Config(format!("peer_secret_file: {why}"))),
-                (Some(Ok(secret)), _) if secret.len() < crate::group::peers::MIN_SECRET_BYTES => {
-                    return Err(Error::Config(format!(
-                        "peer_secret is {} bytes; it must be at least {} (a random secret: `openssl rand -hex 32`)",
-                        secret.len(),
-                        crate::group::peers::MIN_SECRET_BYTES
-                    )))
-                }
-                (Some(Ok(_)), true) => return Err(Error::Config("peer_secret and peer_plaintext exclude each other".into())),
-                (None, false) => {
-                    return Err(Error::Config(
-                        "peer_address needs peer_secret (or peer_secret_file) to authenticate the peer links, or \
-                         peer_plaintext() to run them unauthenticated (anyone reaching the port could then make this \
-                         instance stop watching another)"
-                            .into(),
-                    ))
-                }
-                _ => {}
-            }
+            crate::group::peers::Secrets::from_config(&self.peer_secret, &self.peer_previous_secret, self.peer_plaintext)
+                .map_err(Error::Config)?;
             let session = timeouts.session;
             if self.peer_timeout < Duration::from_millis(100) || self.peer_timeout >= session {
                 return Err(Error::Config(format!(

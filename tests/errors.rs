@@ -146,6 +146,10 @@ fn bad_configuration_is_rejected_before_connecting() {
         ("peer secret under 16 bytes", base().peer_address("h:7070").peer_secret("short")),
         ("peer secret file missing", base().peer_address("h:7070").peer_secret_file("/nonexistent/kstate-secret")),
         ("peer secret and plaintext", base().peer_address("h:7070").peer_secret("0123456789abcdef").peer_plaintext()),
+        ("previous peer secret without a secret", base().peer_address("h:7070").peer_plaintext().peer_previous_secret("0123456789abcdef")),
+        ("previous peer secret under 16 bytes", base().peer_address("h:7070").peer_secret("0123456789abcdef").peer_previous_secret("short")),
+        ("previous peer secret the same", base().peer_address("h:7070").peer_secret("0123456789abcdef").peer_previous_secret("0123456789abcdef")),
+        ("previous peer secret file missing", base().peer_address("h:7070").peer_secret("0123456789abcdef").peer_previous_secret_file("/nonexistent/k")),
         ("probing interval below 1 s", base().probing_rebalance_interval(Duration::from_millis(10))),
         ("state memory below 16 MiB", base().max_state_memory(1 << 20)),
         ("transactional.id is kstate's", base().kafka_config("transactional.id", "mine")),
@@ -160,6 +164,8 @@ fn bad_configuration_is_rejected_before_connecting() {
     assert!(base().store(StoreDefinition::new("ok")).build().is_ok());
     assert!(base().store(StoreDefinition::new("ok")).peer_address("[::1]:0").peer_secret("0123456789abcdef").build().is_ok());
     assert!(base().store(StoreDefinition::new("ok")).peer_address("[::1]:0").peer_plaintext().build().is_ok());
+    let rotating = base().peer_address("[::1]:0").peer_secret("the-new-secret-4567").peer_previous_secret("the-old-secret-0123");
+    assert!(rotating.store(StoreDefinition::new("ok")).build().is_ok());
     // The peer timeout matters only with a peer address.
     assert!(base().store(StoreDefinition::new("ok")).peer_timeout(Duration::ZERO).build().is_ok());
     assert!(eos().store(StoreDefinition::new("ok")).build().is_ok());

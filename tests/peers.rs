@@ -422,3 +422,48 @@ fn a_stranger_without_the_secret_is_refused_and_detection_still_works() {
         i.stop();
     }
 }
+
+/// A rotation of the peer secret, half rolled out: instance a still runs
+/// the old secret alone, b the new one with the old as
+/// `peer_previous_secret`. Each accepts the other's links (b logs that a
+/// peer used the previous secret), so they watch each other: a SIGKILL of
+/// a is found by b at once, not at the 45 s session timeout.
+#[test]
+fn during_a_secret_rotation_old_and_new_instances_watch_each_other() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("peerrotate", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let old = "the-old-peer-secret-0123";
+    let new = "the-new-peer-secret-4567";
+    let options = [
+        format!("{DEFAULTS};peer=127.0.0.1:0;peer_secret={old}"),
+        format!("{DEFAULTS};peer=127.0.0.1:0;peer_secret={new};peer_previous_secret={old}"),
+    ];
+    let mut instances: Vec<Instance> = ["a", "b"]
+        .iter()
+        .zip(&options)
+        .map(|(n, o)| Instance::start_opts(n, &bootstrap, &app, &input, dir, "", ONE_STANDBY, o))
+        .collect();
+    balanced_with(&mut instances, 1, Duration::from_secs(90));
+    wait_until("b to accept a's link by the previous secret", Duration::from_secs(20), || {
+        instances[1].text().contains("authenticated with peer_previous_secret")
+    });
+    // Both directions are up and armed: a settled generation, a few pings.
+    std::thread::sleep(Duration::from_secs(2));
+    for i in &instances {
+        assert!(!i.text().contains("a connection to the peer listener was refused"), "no link refused:\n{}", log_lines(i));
+    }
+    let mark = instances[1].log_len();
+    let killed = Instant::now();
+    instances.remove(0).kill();
+    wait_until("b to drop the killed instance a at once", Duration::from_secs(10), || {
+        let text = instances[0].text();
+        let after = text.get(mark..).unwrap_or("");
+        after.contains("dropped a peer from the group") || after.contains("already out of the group")
+    });
+    eprintln!("kill -> dropped: {:?}", killed.elapsed());
+    for i in instances {
+        i.stop();
+    }
+}

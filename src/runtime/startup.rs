@@ -119,7 +119,8 @@ pub(super) fn peer_listener(config: &AppConfig) -> Result<Option<crate::group::p
         .map_err(|e| Error::Config(format!("peer_address `{address}`: cannot listen there: {e}")))?;
     let port = listener.local_addr().map_err(|e| Error::io("peer listener", e))?.port();
     let host = crate::config::host_of(address).unwrap_or(address);
-    let secret = config.peer_secret.clone().and_then(|s| s.ok());
+    let secret = crate::group::peers::Secrets::from_config(&config.peer_secret, &config.peer_previous_secret, config.peer_plaintext)
+        .map_err(Error::Config)?;
     if secret.is_none() {
         tracing::warn!(%address, "peer links run unauthenticated (peer_plaintext): anything that reaches the port can speak for an instance");
     }

@@ -54,7 +54,11 @@ pub fn child_main() {
     }
     if let Some(address) = option("peer") {
         // Authenticated links, as a deployment should run them.
-        builder = builder.peer_address(address).peer_secret(TEST_PEER_SECRET);
+        let secret = option("peer_secret").unwrap_or_else(|| TEST_PEER_SECRET.to_string());
+        builder = builder.peer_address(address).peer_secret(secret);
+    }
+    if let Some(previous) = option("peer_previous_secret") {
+        builder = builder.peer_previous_secret(previous);
     }
     if let Some(ms) = option("peer_timeout_ms") {
         builder = builder.peer_timeout(Duration::from_millis(ms.parse().unwrap()));
@@ -193,7 +197,8 @@ impl Instance {
     }
 
     /// [`Instance::start_with`] with options: `key=value` pairs joined by
-    /// `;`: `peer` (peer_address), `peer_timeout_ms`, `session_ms`,
+    /// `;`: `peer` (peer_address), `peer_secret` (instead of
+    /// [`TEST_PEER_SECRET`]), `peer_previous_secret`, `peer_timeout_ms`, `session_ms`,
     /// `heartbeat_ms`, `eos` (exactly-once), `out` (an output topic that
     /// gets one record per input record, valued `partition:offset`),
     /// `mute` (a file: while it exists the instance sends its peers no

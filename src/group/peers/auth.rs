@@ -5,16 +5,21 @@
 //! nonces, both incarnations, the group and its role, so the secret never
 //! crosses the wire and a proof cannot be replayed on another link. Without
 //! a secret (`AppBuilder::peer_plaintext`, chosen explicitly) the links are
-//! not authenticated. Either way the listener bounds what a connection may
-//! cost: line length, handshake time, connections per source address.
+//! not authenticated. During a rotation an instance also accepts the
+//! secret it replaces (`AppBuilder::peer_previous_secret`): a listener then
+//! proves both, a caller answers with the first of its own secrets a proof
+//! matched, so instances with the old secret and instances with the new
+//! one (and the old as previous) watch each other throughout a rollout.
+//! Either way the listener bounds what a connection may cost: line length,
+//! handshake time, connections per source address.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The shortest secret `peer_secret` takes.
-pub(crate) const MIN_SECRET_BYTES: usize = 16;
+const MIN_SECRET_BYTES: usize = 16;
 /// The longest message line a listener reads.
 pub(super) const MAX_LINE_BYTES: usize = 16 * 1024;
 /// Connections one source address may hold open on a listener at once.
@@ -35,6 +40,80 @@ pub(super) fn nonce() -> String {
         bytes = t.to_le_bytes();
     }
     hex(&bytes)
+}
+
+/// The secrets a peer link accepts: the one this instance proves with,
+/// and during a rotation the one it replaces.
+#[derive(Clone)]
+pub(crate) struct Secrets {
+    current: Arc<[u8]>,
+    previous: Option<Arc<[u8]>>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the bytes.
+        f.debug_struct("Secrets").field("previous", &self.previous.is_some()).finish()
+    }
+}
+
+/// A configured secret, or why it could not be read (a file's error).
+pub(crate) type SecretSetting = Option<Result<Arc<[u8]>, String>>;
+
+impl Secrets {
+    /// The links' secrets from `peer_secret`, `peer_previous_secret` and
+    /// `peer_plaintext`; `Ok(None)`: unauthenticated, chosen explicitly.
+    /// `Err`: what is wrong with them, for `Error::Config`.
+    pub(crate) fn from_config(current: &SecretSetting, previous: &SecretSetting, plaintext: bool) -> Result<Option<Secrets>, String> {
+        let short = |name: &str, secret: &[u8]| {
+            format!(
+                "{name} is {} bytes; it must be at least {MIN_SECRET_BYTES} (a random secret: `openssl rand -hex 32`)",
+                secret.len()
+            )
+        };
+        let previous = match previous {
+            Some(Err(why)) => return Err(format!("peer_previous_secret_file: {why}")),
+            Some(Ok(secret)) if secret.len() < MIN_SECRET_BYTES => return Err(short("peer_previous_secret", secret)),
+            Some(Ok(secret)) => Some(secret.clone()),
+            None => None,
+        };
+        let current = match (current, plaintext) {
+            (Some(Err(why)), _) => return Err(format!("peer_secret_file: {why}")),
+            (Some(Ok(secret)), _) if secret.len() < MIN_SECRET_BYTES => return Err(short("peer_secret", secret)),
+            (Some(Ok(_)), true) => return Err("peer_secret and peer_plaintext exclude each other".into()),
+            (Some(Ok(secret)), false) => secret.clone(),
+            (None, true) if previous.is_none() => return Ok(None),
+            (None, _) if previous.is_some() => {
+                return Err("peer_previous_secret is the secret being replaced: it needs peer_secret (the new one)".into())
+            }
+            (None, _) => {
+                return Err("peer_address needs peer_secret (or peer_secret_file) to authenticate the peer links, or \
+                            peer_plaintext() to run them unauthenticated (anyone reaching the port could then make this \
+                            instance stop watching another)"
+                    .into())
+            }
+        };
+        if previous.as_deref() == Some(&current[..]) {
+            return Err("peer_previous_secret is the same as peer_secret: set the new secret as peer_secret, the old one as \
+                        peer_previous_secret (drop it once every instance runs the new secret)"
+                .into());
+        }
+        Ok(Some(Secrets { current, previous }))
+    }
+
+    /// This instance's secrets, the one it proves with first.
+    fn all(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.current[..]).chain(self.previous.as_deref())
+    }
+}
+
+/// How a link's other end proved the secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Proven {
+    /// With this instance's `peer_secret`.
+    Current,
+    /// With its `peer_previous_secret`: a rotation is under way.
+    Previous,
 }
 
 /// What the two ends of one link agree on before any message counts.
@@ -70,6 +149,37 @@ impl Handshake<'_> {
     }
 }
 
+impl Handshake<'_> {
+    /// The listener's proofs: under its secret, and under its previous
+    /// one during a rotation (else empty).
+    pub(super) fn listener_proofs(&self, secrets: &Secrets) -> (String, String) {
+        let previous = secrets.previous.as_deref().map(|s| self.proof(s, LISTENER)).unwrap_or_default();
+        (self.proof(&secrets.current, LISTENER), previous)
+    }
+
+    /// The caller's answer to the listener's `proofs`: its proof under the
+    /// first of its secrets one of them matched, and which secret that was;
+    /// `None`: the listener holds none of them.
+    pub(super) fn caller_answer(&self, secrets: &Secrets, proofs: [&str; 2]) -> Option<(String, Proven)> {
+        secrets.all().enumerate().find_map(|(i, secret)| {
+            proofs.iter().any(|proof| self.verify(secret, LISTENER, proof)).then(|| (self.proof(secret, CALLER), proven(i)))
+        })
+    }
+
+    /// Which of the listener's secrets the caller's `proof` holds for.
+    pub(super) fn caller_proven(&self, secrets: &Secrets, proof: &str) -> Option<Proven> {
+        secrets.all().position(|secret| self.verify(secret, CALLER, proof)).map(proven)
+    }
+}
+
+fn proven(index: usize) -> Proven {
+    if index == 0 {
+        Proven::Current
+    } else {
+        Proven::Previous
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -80,6 +190,8 @@ fn hex(bytes: &[u8]) -> String {
 pub(super) struct Gate {
     open: Mutex<HashMap<IpAddr, usize>>,
     logged: Mutex<HashMap<IpAddr, Instant>>,
+    /// When a link last authenticated with the previous secret was logged.
+    previous_logged: Mutex<Option<Instant>>,
 }
 
 /// Why a connection was refused (the `reason` label of `kstate_peer_rejected_total`).
@@ -118,6 +230,18 @@ impl Gate {
             return false;
         }
         *n += 1;
+        true
+    }
+
+    /// Whether a link authenticated with the previous secret should be
+    /// logged now (at most once a minute).
+    pub(super) fn previous_secret_seen(&self) -> bool {
+        let mut logged = self.previous_logged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        if logged.is_some_and(|at| now.duration_since(at) < Duration::from_secs(60)) {
+            return false;
+        }
+        *logged = Some(now);
         true
     }
 
@@ -166,6 +290,58 @@ mod tests {
         assert!(!handshake("aa", "bc").verify(secret, CALLER, &proof), "another nonce, another proof");
         assert!(!h.verify(secret, CALLER, ""));
         assert_ne!(nonce(), nonce());
+    }
+
+    fn secrets(current: &[u8], previous: Option<&[u8]>) -> Secrets {
+        let setting = |s: &[u8]| Some(Ok(Arc::from(s)));
+        Secrets::from_config(&setting(current), &previous.and_then(setting), false).unwrap().unwrap()
+    }
+
+    /// Both sides of one handshake: the secret the listener accepted the
+    /// caller with, or `None` if either side refused the other.
+    fn link(caller: &Secrets, listener: &Secrets) -> Option<Proven> {
+        let h = handshake("c1", "l1");
+        let (proof, previous) = h.listener_proofs(listener);
+        let (answer, _) = h.caller_answer(caller, [&proof, &previous])?;
+        h.caller_proven(listener, &answer)
+    }
+
+    #[test]
+    fn during_a_rotation_old_and_new_instances_accept_each_other_and_strangers_stay_out() {
+        let (old, new) = (&b"the-old-secret-0123"[..], &b"the-new-secret-4567"[..]);
+        let (o, n) = (secrets(old, None), secrets(new, None));
+        let rolled = secrets(new, Some(old));
+        assert_eq!(link(&o, &o), Some(Proven::Current));
+        assert_eq!(link(&rolled, &o), Some(Proven::Current), "a rolled instance answers an old one with the old secret");
+        assert_eq!(link(&o, &rolled), Some(Proven::Previous), "an old instance is accepted by its previous secret");
+        assert_eq!(link(&rolled, &rolled), Some(Proven::Current));
+        assert_eq!(link(&n, &rolled), Some(Proven::Current));
+        assert_eq!(link(&rolled, &n), Some(Proven::Current));
+        assert_eq!(link(&n, &o), None, "without the previous secret, old and new refuse each other");
+        assert_eq!(link(&o, &n), None);
+        let stranger = secrets(b"someone-else-entirely", None);
+        assert_eq!(link(&stranger, &rolled), None);
+        assert_eq!(link(&rolled, &stranger), None);
+    }
+
+    #[test]
+    fn bad_secret_settings_are_refused_with_the_setting_named() {
+        let ok = |s: &[u8]| Some(Ok(Arc::<[u8]>::from(s)));
+        let long = &b"0123456789abcdef"[..];
+        let cases: [(SecretSetting, SecretSetting, bool, &str); 6] = [
+            (None, None, false, "peer_address needs peer_secret"),
+            (ok(b"short"), None, false, "peer_secret is 5 bytes"),
+            (ok(long), ok(b"short"), false, "peer_previous_secret is 5 bytes"),
+            (None, ok(long), false, "needs peer_secret"),
+            (ok(long), ok(long), false, "the same as peer_secret"),
+            (ok(long), Some(Err("cannot read `x`".into())), false, "peer_previous_secret_file: cannot read"),
+        ];
+        for (current, previous, plaintext, wanted) in cases {
+            let err = Secrets::from_config(&current, &previous, plaintext).unwrap_err();
+            assert!(err.contains(wanted), "{err} should say {wanted}");
+        }
+        assert!(Secrets::from_config(&None, &None, true).unwrap().is_none());
+        assert!(!format!("{:?}", secrets(long, None)).contains("0123"), "Debug never shows a secret");
     }
 
     #[test]

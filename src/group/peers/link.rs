@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::super::payload::{PeerAddress, PeerInfo};
-use super::auth::{self, Handshake, Rejected};
+use super::auth::{self, Handshake, Proven, Rejected};
 use super::Shared;
 
 /// One message on a peer link.
@@ -48,13 +48,16 @@ pub(super) enum Msg {
         address: String,
     },
     /// Listener → caller: the process answering here, with its nonce and
-    /// its proof of the secret (both empty without one).
+    /// its proof of the secret (both empty without one), and during a
+    /// rotation its proof of the previous secret.
     Welcome {
         incarnation: u64,
         #[serde(default)]
         nonce: String,
         #[serde(default)]
         proof: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        previous_proof: String,
     },
     /// Caller → listener, after `Welcome`: its proof of the secret.
     Proof { proof: String },
@@ -237,38 +240,34 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
             }
             Msg::Hello { ref nonce, incarnation, .. } => match &shared.secret {
                 None => {
-                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: String::new(), proof: String::new() })?;
+                    let welcome = Msg::Welcome {
+                        incarnation: shared.incarnation,
+                        nonce: String::new(),
+                        proof: String::new(),
+                        previous_proof: String::new(),
+                    };
+                    send(&mut writer, &welcome)?;
                     caller = Some(incarnation);
                     welcomed(shared, msg);
                 }
-                Some(secret) => {
+                Some(secrets) => {
                     let mine = auth::nonce();
-                    let handshake = Handshake {
-                        group: &shared.group,
-                        caller_nonce: nonce,
-                        listener_nonce: &mine,
-                        caller_incarnation: incarnation,
-                        listener_incarnation: shared.incarnation,
-                    };
-                    let proof = handshake.proof(secret, auth::LISTENER);
-                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: mine.clone(), proof })?;
+                    let (proof, previous_proof) = listener_handshake(shared, nonce, incarnation, &mine).listener_proofs(secrets);
+                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: mine.clone(), proof, previous_proof })?;
                     pending = Some((msg, mine));
                 }
             },
             Msg::Proof { proof } => {
-                let (Some((hello, mine)), Some(secret)) = (pending.take(), &shared.secret) else {
+                let (Some((hello, mine)), Some(secrets)) = (pending.take(), &shared.secret) else {
                     return unauthenticated("a proof out of turn");
                 };
                 let Msg::Hello { ref nonce, incarnation, .. } = hello else { unreachable!("pending holds a hello") };
-                let handshake = Handshake {
-                    group: &shared.group,
-                    caller_nonce: nonce,
-                    listener_nonce: &mine,
-                    caller_incarnation: incarnation,
-                    listener_incarnation: shared.incarnation,
-                };
-                if !handshake.verify(secret, auth::CALLER, &proof) {
-                    return Err(Refusal::Rejected(Rejected::BadProof, "the caller's proof of the shared secret is wrong".into()));
+                match listener_handshake(shared, nonce, incarnation, &mine).caller_proven(secrets, &proof) {
+                    None => {
+                        return Err(Refusal::Rejected(Rejected::BadProof, "the caller's proof of the shared secret is wrong".into()))
+                    }
+                    Some(Proven::Previous) => previous_secret_used(shared, "a peer calling this instance"),
+                    Some(Proven::Current) => {}
                 }
                 caller = Some(incarnation);
                 welcomed(shared, hello);
@@ -289,6 +288,26 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// The listener's side of one link's handshake.
+fn listener_handshake<'a>(shared: &'a Shared, caller_nonce: &'a str, caller_incarnation: u64, mine: &'a str) -> Handshake<'a> {
+    Handshake {
+        group: &shared.group,
+        caller_nonce,
+        listener_nonce: mine,
+        caller_incarnation,
+        listener_incarnation: shared.incarnation,
+    }
+}
+
+/// A link authenticated with `peer_previous_secret`: a rotation is under
+/// way, and an instance still runs the old secret alone (logged at most
+/// once a minute, so an operator sees when the rollout is complete).
+fn previous_secret_used(shared: &Shared, who: &str) {
+    if shared.gate.previous_secret_seen() {
+        tracing::info!(who, "a peer link authenticated with peer_previous_secret: an instance still runs the old secret alone");
+    }
 }
 
 /// An authenticated caller's hello: a static member that restarted into
@@ -370,8 +389,8 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     let (mut buf, by) = (Vec::new(), Instant::now() + Duration::from_millis(200));
     while Instant::now() < by {
         match receive(&mut reader, &mut buf) {
-            Ok(Some(Msg::Welcome { incarnation, nonce: theirs, proof })) => {
-                match answer_welcome(shared, &nonce, (incarnation, &theirs, &proof)) {
+            Ok(Some(Msg::Welcome { incarnation, nonce: theirs, proof, previous_proof })) => {
+                match answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof])) {
                     Ok(Some(reply)) => {
                         let _ = send(&mut writer, &reply);
                     }
@@ -387,10 +406,10 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     }
 }
 
-/// The caller's side of the handshake: checks the listener's proof of the
-/// secret and returns the caller's (`None`: no secret, nothing to prove).
-fn answer_welcome(shared: &Shared, nonce: &str, (incarnation, theirs, proof): (u64, &str, &str)) -> std::io::Result<Option<Msg>> {
-    let Some(secret) = &shared.secret else { return Ok(None) };
+/// The caller's side of the handshake: checks the listener's proofs of
+/// the secret and returns the caller's (`None`: no secret, nothing to prove).
+fn answer_welcome(shared: &Shared, nonce: &str, (incarnation, theirs, proofs): (u64, &str, [&str; 2])) -> std::io::Result<Option<Msg>> {
+    let Some(secrets) = &shared.secret else { return Ok(None) };
     let handshake = Handshake {
         group: &shared.group,
         caller_nonce: nonce,
@@ -398,13 +417,18 @@ fn answer_welcome(shared: &Shared, nonce: &str, (incarnation, theirs, proof): (u
         caller_incarnation: shared.incarnation,
         listener_incarnation: incarnation,
     };
-    if !handshake.verify(secret, auth::LISTENER, proof) {
-        return Err(std::io::Error::new(
+    match handshake.caller_answer(secrets, proofs) {
+        None => Err(std::io::Error::new(
             ErrorKind::PermissionDenied,
             "the peer could not prove the shared secret (another peer_secret, or not a peer of this application)",
-        ));
+        )),
+        Some((proof, proven)) => {
+            if proven == Proven::Previous {
+                previous_secret_used(shared, "a peer this instance calls");
+            }
+            Ok(Some(Msg::Proof { proof }))
+        }
     }
-    Ok(Some(Msg::Proof { proof: handshake.proof(secret, auth::CALLER) }))
 }
 
 /// One connection of [`call`]. `Ok`: told to stop.
@@ -470,9 +494,9 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
             continue;
         };
         match msg {
-            Msg::Welcome { incarnation, nonce: theirs, proof } => {
+            Msg::Welcome { incarnation, nonce: theirs, proof, previous_proof } => {
                 // Nothing the listener says counts before its proof.
-                if let Some(reply) = answer_welcome(shared, &nonce, (incarnation, &theirs, &proof))? {
+                if let Some(reply) = answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof]))? {
                     send(&mut writer, &reply)?;
                 }
                 if shared.is_member_incarnation(incarnation) && incarnation != peer.address.incarnation {

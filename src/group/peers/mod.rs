@@ -17,7 +17,7 @@
 mod auth;
 mod link;
 
-pub(crate) use auth::MIN_SECRET_BYTES;
+pub(crate) use auth::{SecretSetting, Secrets};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::TcpListener;
@@ -48,8 +48,8 @@ pub(crate) struct PeerSettings {
     /// `host:port` other instances connect to.
     pub(crate) advertised: String,
     pub(crate) timeout: Duration,
-    /// The links' shared secret (`None`: unauthenticated, chosen explicitly).
-    pub(crate) secret: Option<Arc<[u8]>>,
+    /// The links' shared secrets (`None`: unauthenticated, chosen explicitly).
+    pub(crate) secret: Option<Secrets>,
 }
 
 /// Why a peer was dropped (the `reason` label of `kstate_peers_dropped_total`).
@@ -145,8 +145,8 @@ pub(super) struct Shared {
     /// Set when this instance stops on purpose: it judges no one any more.
     quiet: AtomicBool,
     state: Mutex<State>,
-    /// The links' shared secret (`None`: unauthenticated).
-    secret: Option<Arc<[u8]>>,
+    /// The links' shared secrets (`None`: unauthenticated).
+    secret: Option<Secrets>,
     /// What the listener refuses, and the connections per source.
     gate: auth::Gate,
 }

@@ -408,19 +408,7 @@ fn a_stranger_without_the_secret_is_refused_and_detection_still_works() {
     });
     std::thread::sleep(Duration::from_millis(500));
     // Detection is unaffected: the victim's kill is found at once.
-    let mark = instances[1].log_len();
-    let killed = Instant::now();
-    let victim_instance = instances.remove(0);
-    victim_instance.kill();
-    wait_until("the watcher to drop the killed instance", Duration::from_secs(10), || {
-        let text = instances[0].text();
-        let after = text.get(mark..).unwrap_or("");
-        after.contains("dropped a peer from the group") || after.contains("already out of the group")
-    });
-    eprintln!("kill -> dropped: {:?}", killed.elapsed());
-    for i in instances {
-        i.stop();
-    }
+    kill_first_and_see_it_dropped_at_once(instances);
 }
 
 /// A rotation of the peer secret, half rolled out: instance a still runs
@@ -454,10 +442,18 @@ fn during_a_secret_rotation_old_and_new_instances_watch_each_other() {
     for i in &instances {
         assert!(!i.text().contains("a connection to the peer listener was refused"), "no link refused:\n{}", log_lines(i));
     }
+    kill_first_and_see_it_dropped_at_once(instances);
+}
+
+/// Kills the first of two instances and waits (10 s at most, against the
+/// 45 s session timeout) for the other to drop it from the group; then
+/// stops the other.
+fn kill_first_and_see_it_dropped_at_once(mut instances: Vec<Instance>) {
+    assert_eq!(instances.len(), 2);
     let mark = instances[1].log_len();
     let killed = Instant::now();
     instances.remove(0).kill();
-    wait_until("b to drop the killed instance a at once", Duration::from_secs(10), || {
+    wait_until("the other instance to drop the killed one at once", Duration::from_secs(10), || {
         let text = instances[0].text();
         let after = text.get(mark..).unwrap_or("");
         after.contains("dropped a peer from the group") || after.contains("already out of the group")

@@ -463,3 +463,68 @@ fn kill_first_and_see_it_dropped_at_once(mut instances: Vec<Instance>) {
         i.stop();
     }
 }
+
+/// A peer frozen *during a rebalance* (a fourth instance joins; c is
+/// stopped just after, before it rejoined) is not judged by its peers in
+/// the join round: the coordinator removes it `session.timeout.ms` after
+/// its last heartbeat, then the round completes without it. The bound the
+/// README states: the others own every task within the session timeout
+/// plus a rebalance. When c wakes it finds itself out, closes its tasks
+/// without commit and rejoins; the final state equals the model.
+#[test]
+fn a_peer_frozen_during_a_rebalance_is_dropped_within_the_session_timeout() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("peerfreezejoin", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let session = Duration::from_millis(9_000);
+    // Peers learn of the round (heartbeat 500 ms) before c's silence
+    // reaches peer_timeout (3 s): c is frozen in the round, not before it.
+    let options = format!("session_ms={};heartbeat_ms=500;peer=127.0.0.1:0;peer_timeout_ms=3000", session.as_millis());
+    let mut instances = three(&app, &input, dir, |_| options.clone());
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    balanced(&mut instances, Duration::from_secs(90));
+    let mark = instances[2].log_len();
+    instances.push(Instance::start_opts("d", &bootstrap, &app, &input, dir, "", ONE_STANDBY, &options));
+    wait_until("d to start (its JoinGroup follows and starts the round)", Duration::from_secs(30), || {
+        instances[3].text().contains("kstate started")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    instances[2].signal("-STOP");
+    let frozen = Instant::now();
+    let bound = session + Duration::from_secs(8);
+    let others = [0, 1, 3];
+    loop {
+        let owned: BTreeSet<i32> =
+            others.iter().flat_map(|&i| instances[i].assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
+        if owned.len() == PARTITIONS as usize {
+            break;
+        }
+        assert!(
+            frozen.elapsed() < bound,
+            "a, b and d did not own every task within {bound:?} of c's freeze during the rebalance:\n{}\n{}",
+            log_lines(&instances[0]),
+            log_lines(&instances[3])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("frozen during a rebalance -> the others own every task: {:?} (session timeout {session:?})", frozen.elapsed());
+    instances[2].signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        instances.iter_mut().for_each(|i| i.assert_running());
+        let text = instances[2].text();
+        let lost = text.get(mark..).unwrap_or("").contains("tasks lost; closing them without commit");
+        let back = !instances[2].lines_after(mark, "KSTATE-PROCESSED").is_empty();
+        if lost && back {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the frozen instance did not come back:\n{}", instances[2].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // d leaves again (6 tasks balance over three instances, not four).
+    instances.pop().expect("d").stop();
+    balanced(&mut instances, Duration::from_secs(60));
+    let sent = feeder.join(true);
+    stop_and_check(instances, &app, &input, &sent, "a peer frozen during a rebalance");
+}

@@ -393,10 +393,14 @@ impl Peers {
     pub(crate) fn assigned(&self, generation: i32, member: &str, peers: &[PeerInfo]) {
         let mut state = self.shared.state();
         state.member = member.to_string();
-        // Arming is per generation (a rejoin into the same one keeps it);
-        // the leases this member holds stay as limits until each peer
-        // answers from the new generation (see `Shared::acked`).
-        let new_generation = state.generation != generation;
+        // A peer kept from the last generation (same member id, same
+        // process) stays armed: its writes are still bounded by the lease
+        // it holds from this instance, whichever generation granted it (a
+        // lease runs out on its own; a new one comes only with an ack), so
+        // a peer that freezes in the round before a generation, or before
+        // it applies the new one, is dropped for silence as in a settled
+        // generation. The leases this member holds stay as limits until
+        // each peer answers from the new generation (see `Shared::acked`).
         state.generation = generation;
         if let Some(at) = state.detected.take() {
             let took = at.elapsed();
@@ -425,11 +429,6 @@ impl Peers {
         }
         for (id, info) in wanted {
             if let Some(p) = state.peers.get_mut(id) {
-                if new_generation {
-                    p.last_heard = None;
-                    p.armed = false;
-                    p.granted = Duration::ZERO;
-                }
                 let _ = p.commands.send(LinkCommand::PingNow);
                 continue;
             }
@@ -532,15 +531,15 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
             (shared.nudge)(); // is this member still in the group?
             continue;
         }
-        // Only a member the coordinator confirms judges others (after a
-        // stall: confirms again since); for silence also only within a
-        // settled generation (no JoinGroup under way or answered and not
-        // yet applied: the peer may be in the next generation, unarmed).
+        // Only a member the coordinator confirms judges others (for
+        // silence, after a stall: confirmed again since). A JoinGroup round
+        // does not stop the judging: a live peer keeps pinging through it
+        // (its links do not wait on its membership), and a silent one's
+        // writes stopped with its lease.
         let confirmed_since_stall = stalled_at.is_none_or(|t| shared.session.since() < t.elapsed());
         if shared.quiet.load(Ordering::SeqCst) || !shared.session.confirmed_recently() || state.generation < 0 {
             continue;
         }
-        let settled = shared.session.generation_settled() && confirmed_since_stall;
         let mut victims = Vec::new();
         for (id, p) in &state.peers {
             if state.dropped.contains(id) || state.departed.contains(&p.info.address.incarnation) {
@@ -551,7 +550,7 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
             }
             if let Some(why) = &p.gone {
                 victims.push((p.info.clone(), Reason::Closed, why.clone()));
-            } else if settled && p.armed {
+            } else if confirmed_since_stall && p.armed {
                 // Judged by the longest grace granted (it was told so).
                 let grace = shared.grace(&state.drops, p.info.address.incarnation).map(|g| g.max(p.granted));
                 if let (Some(grace), Some(heard)) = (grace, p.last_heard) {
@@ -637,7 +636,9 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
 
 /// A heartbeat of this member (`(member id, generation, instance id)`)
 /// from the monitor's connection: `Ok(true)` when the coordinator holds it
-/// a member of a stable generation.
+/// a member of its generation, stable or in a JoinGroup round
+/// (`REBALANCE_IN_PROGRESS`: the round waits for the members of that
+/// generation, a frozen one included, so dropping it ends the wait).
 fn still_member(brokers: &Brokers, group: &str, me: &(String, i32, Option<String>), conn: &mut Option<Connection>) -> crate::error::Result<bool> {
     if conn.is_none() {
         *conn = Some(brokers.coordinator(group, 0)?);
@@ -650,7 +651,7 @@ fn still_member(brokers: &Brokers, group: &str, me: &(String, i32, Option<String
     request.group_instance_id = me.2.clone().map(StrBytes::from_string);
     let (response, _) = c.send(&request)?;
     match ResponseError::try_from_code(response.error_code) {
-        None => Ok(true),
+        None | Some(ResponseError::RebalanceInProgress) => Ok(true),
         Some(ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable | ResponseError::CoordinatorLoadInProgress) => {
             *conn = None;
             Ok(false)

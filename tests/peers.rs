@@ -403,6 +403,35 @@ fn a_stranger_without_the_secret_is_refused_and_detection_still_works() {
         let mut s = connect(&watcher);
         let _ = writeln!(s, "{attack}");
     }
+    // Something on the network path, after a genuine handshake (played
+    // here with the secret): a line without a valid seal (an injected
+    // `Bye`, or a sealed line replayed) is refused and changes nothing.
+    for replay in [false, true] {
+        let mut s = connect(&watcher);
+        let mut reader = BufReader::new(s.try_clone().unwrap());
+        writeln!(s, r#"{{"t":"Hello","nonce":"c0ffee","group":"{app}","incarnation":{incarnation},"member":"x"}}"#).unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let welcome: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let (theirs, listener_incarnation) = (welcome["nonce"].as_str().unwrap(), welcome["incarnation"].as_u64().unwrap());
+        let text = |role: &str| format!("kstate-peer-v1\n{role}\n{app}\nc0ffee\n{theirs}\n{incarnation}\n{listener_incarnation}");
+        writeln!(s, r#"{{"t":"Proof","proof":"{}"}}"#, hmac_hex(TEST_PEER_SECRET.as_bytes(), &text("caller"))).unwrap();
+        if replay {
+            let key = hmac_hex(TEST_PEER_SECRET.as_bytes(), &text("session"));
+            let nudge = r#"{"t":"Nudge"}"#;
+            let sealed = format!("{nudge}\t{}", hmac_hex(key.as_bytes(), &format!("caller\n0\n{nudge}")));
+            writeln!(s, "{sealed}").unwrap(); // genuine: counts
+            writeln!(s, "{sealed}").unwrap(); // the same line again: refused
+        } else {
+            writeln!(s, r#"{{"t":"Bye"}}"#).unwrap();
+        }
+        let mut rest = String::new();
+        match reader.read_line(&mut rest) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("the listener must close a link whose line fails its seal (replay: {replay}): {other:?} {rest}"),
+        }
+    }
     wait_until("the watcher to log the refusal", Duration::from_secs(10), || {
         instances[1].text().get(mark..).unwrap_or("").contains("a connection to the peer listener was refused")
     });
@@ -443,6 +472,14 @@ fn during_a_secret_rotation_old_and_new_instances_watch_each_other() {
         assert!(!i.text().contains("a connection to the peer listener was refused"), "no link refused:\n{}", log_lines(i));
     }
     kill_first_and_see_it_dropped_at_once(instances);
+}
+
+/// HMAC-SHA256 of `text` under `key`, in hex (the peer links' proofs and seals).
+fn hmac_hex(key: &[u8], text: &str) -> String {
+    let key = openssl::pkey::PKey::hmac(key).unwrap();
+    let mut signer = openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), &key).unwrap();
+    signer.update(text.as_bytes()).unwrap();
+    signer.sign_to_vec().unwrap().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Kills the first of two instances and waits (10 s at most, against the

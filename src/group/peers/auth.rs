@@ -105,6 +105,14 @@ impl Secrets {
     fn all(&self) -> impl Iterator<Item = &[u8]> {
         std::iter::once(&self.current[..]).chain(self.previous.as_deref())
     }
+
+    /// The secret a link was proven with.
+    pub(super) fn get(&self, proven: Proven) -> &[u8] {
+        match (proven, &self.previous) {
+            (Proven::Previous, Some(previous)) => previous,
+            _ => &self.current,
+        }
+    }
 }
 
 /// How a link's other end proved the secret.
@@ -126,20 +134,14 @@ pub(super) struct Handshake<'a> {
 }
 
 impl Handshake<'_> {
-    /// The proof of `role` (CALLER or LISTENER) under `secret`.
+    /// The proof of `role` (CALLER, LISTENER, or SESSION for the link's
+    /// seal key) under `secret`.
     pub(super) fn proof(&self, secret: &[u8], role: &str) -> String {
         let text = format!(
             "kstate-peer-v1\n{role}\n{}\n{}\n{}\n{}\n{}",
             self.group, self.caller_nonce, self.listener_nonce, self.caller_incarnation, self.listener_incarnation
         );
-        let mac = openssl::pkey::PKey::hmac(secret)
-            .and_then(|key| {
-                let mut signer = openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), &key)?;
-                signer.update(text.as_bytes())?;
-                signer.sign_to_vec()
-            })
-            .unwrap_or_default();
-        hex(&mac)
+        hmac_hex(secret, &[text.as_bytes()])
     }
 
     /// Whether `proof` is `role`'s under `secret` (compared in constant time).
@@ -180,6 +182,71 @@ fn proven(index: usize) -> Proven {
     }
 }
 
+/// HMAC-SHA256 of `parts` (concatenated) under `key`, in hex (empty if
+/// OpenSSL fails, which no proof or seal then matches).
+fn hmac_hex(key: &[u8], parts: &[&[u8]]) -> String {
+    let mac = openssl::pkey::PKey::hmac(key)
+        .and_then(|key| {
+            let mut signer = openssl::sign::Signer::new(openssl::hash::MessageDigest::sha256(), &key)?;
+            for part in parts {
+                signer.update(part)?;
+            }
+            signer.sign_to_vec()
+        })
+        .unwrap_or_default();
+    hex(&mac)
+}
+
+/// The role tag of a link's seal key.
+const SESSION: &str = "session";
+
+/// Seals an authenticated link's messages: each line after the handshake
+/// carries an HMAC under a key only the two ends can derive (from the
+/// secret they proved and both nonces) over its direction, its number in
+/// that direction and its text. Something on the network path can then
+/// neither inject a message (a `Bye`, an `Ack` with a lease) nor replay,
+/// reorder or drop one unnoticed: the link closes instead.
+pub(super) struct Seal {
+    key: Vec<u8>,
+    /// This end's role (CALLER or LISTENER), and the other's.
+    outgoing: &'static str,
+    incoming: &'static str,
+    sent: u64,
+    received: u64,
+}
+
+impl Seal {
+    /// The seal of `role`'s end of the link `handshake` opened with `secret`.
+    pub(super) fn new(handshake: &Handshake, secret: &[u8], role: &'static str) -> Seal {
+        let incoming = if role == CALLER { LISTENER } else { CALLER };
+        Seal { key: handshake.proof(secret, SESSION).into_bytes(), outgoing: role, incoming, sent: 0, received: 0 }
+    }
+
+    fn mac(&self, from: &str, n: u64, text: &[u8]) -> String {
+        hmac_hex(&self.key, &[from.as_bytes(), b"\n", n.to_string().as_bytes(), b"\n", text])
+    }
+
+    /// Appends the tab and the seal to the next outgoing line's `text`.
+    pub(super) fn seal(&mut self, text: &mut Vec<u8>) {
+        let mac = self.mac(self.outgoing, self.sent, text);
+        self.sent += 1;
+        text.push(b'\t');
+        text.extend_from_slice(mac.as_bytes());
+    }
+
+    /// The text of the next incoming `line` (without its line end), if its
+    /// seal holds.
+    pub(super) fn open<'a>(&mut self, line: &'a [u8]) -> Option<&'a [u8]> {
+        let tab = line.iter().rposition(|b| *b == b'\t')?;
+        let (text, mac) = (&line[..tab], &line[tab + 1..]);
+        let wanted = self.mac(self.incoming, self.received, text);
+        (!wanted.is_empty() && wanted.len() == mac.len() && openssl::memcmp::eq(wanted.as_bytes(), mac)).then(|| {
+            self.received += 1;
+            text
+        })
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -207,6 +274,9 @@ pub(super) enum Rejected {
     TooManyConnections,
     /// A peer of another application.
     WrongGroup,
+    /// After the handshake, a message whose seal does not hold (injected,
+    /// replayed or altered on the way).
+    BadSeal,
 }
 
 impl Rejected {
@@ -217,6 +287,7 @@ impl Rejected {
             Rejected::Garbage => "garbage",
             Rejected::TooManyConnections => "too_many_connections",
             Rejected::WrongGroup => "wrong_group",
+            Rejected::BadSeal => "bad_seal",
         }
     }
 }
@@ -322,6 +393,36 @@ mod tests {
         let stranger = secrets(b"someone-else-entirely", None);
         assert_eq!(link(&stranger, &rolled), None);
         assert_eq!(link(&rolled, &stranger), None);
+    }
+
+    #[test]
+    fn a_seal_holds_only_for_its_link_direction_and_place_in_the_stream() {
+        let secret = b"0123456789abcdef";
+        let h = handshake("aa", "bb");
+        let (mut caller, mut listener) = (Seal::new(&h, secret, CALLER), Seal::new(&h, secret, LISTENER));
+        let sealed = |seal: &mut Seal, text: &str| {
+            let mut line = text.as_bytes().to_vec();
+            seal.seal(&mut line);
+            line
+        };
+        let first = sealed(&mut caller, r#"{"t":"Nudge"}"#);
+        assert_eq!(listener.open(&first), Some(&br#"{"t":"Nudge"}"#[..]));
+        assert_eq!(listener.open(&first), None, "a replay is refused");
+        let mut listener = Seal::new(&h, secret, LISTENER);
+        let second = sealed(&mut caller, r#"{"t":"Bye"}"#);
+        assert_eq!(listener.open(&second), None, "out of order (the first was dropped)");
+        let mut listener = Seal::new(&h, secret, LISTENER);
+        assert_eq!(listener.open(br#"{"t":"Bye"}"#), None, "unsealed");
+        let mut forged = first.clone();
+        forged[6] = b'X';
+        assert_eq!(listener.open(&forged), None, "altered");
+        let mut other_caller = Seal::new(&h, secret, LISTENER);
+        let reflected = sealed(&mut other_caller, r#"{"t":"Nudge"}"#);
+        assert_eq!(listener.open(&reflected), None, "a line of the other direction");
+        let mut elsewhere = Seal::new(&handshake("aa", "bc"), secret, CALLER);
+        let other_link = sealed(&mut elsewhere, r#"{"t":"Nudge"}"#);
+        assert_eq!(listener.open(&other_link), None, "a line of another link");
+        assert_eq!(listener.open(&first), Some(&br#"{"t":"Nudge"}"#[..]), "the genuine first line still opens");
     }
 
     #[test]

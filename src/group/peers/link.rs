@@ -5,7 +5,9 @@
 //! With a shared secret the link opens with a handshake (`auth.rs`): the
 //! caller's `Hello` carries a nonce, the listener's `Welcome` its own nonce
 //! and its proof, the caller's `Proof` its proof; nothing else counts
-//! before. On a link the caller sends `Hello` once, then a `Ping` every
+//! before, and every line after carries a seal (`auth::Seal`: an HMAC
+//! under a key of that link over the line's direction, number and text),
+//! so nothing injected into an established link counts either. On a link the caller sends `Hello` once, then a `Ping` every
 //! `peer_timeout / 6`; the listener answers `Welcome`, then an `Ack` per
 //! ping. An ack may grant the caller a lease: "I will not drop you from the
 //! group for silence until `lease_ms` after this ping was sent". The caller
@@ -23,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::super::payload::{PeerAddress, PeerInfo};
-use super::auth::{self, Handshake, Proven, Rejected};
+use super::auth::{self, Handshake, Proven, Rejected, Seal};
 use super::Shared;
 
 /// One message on a peer link.
@@ -107,8 +109,12 @@ fn muted() -> bool {
     FILE.get_or_init(|| std::env::var_os("KSTATE_PEER_MUTE_FILE").map(Into::into)).as_ref().is_some_and(|f| f.exists())
 }
 
-fn send(stream: &mut TcpStream, msg: &Msg) -> std::io::Result<()> {
+/// Sends `msg` as one line; sealed once the link is authenticated.
+fn send(stream: &mut TcpStream, msg: &Msg, seal: Option<&mut Seal>) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    if let Some(seal) = seal {
+        seal.seal(&mut line);
+    }
     line.push(b'\n');
     stream.write_all(&line)
 }
@@ -116,8 +122,10 @@ fn send(stream: &mut TcpStream, msg: &Msg) -> std::io::Result<()> {
 /// Reads one message, waiting at most the stream's read timeout. `Ok(None)`:
 /// nothing complete yet (the partial line stays in `buf`). A line longer
 /// than [`auth::MAX_LINE_BYTES`] is an `InvalidData` error however it
-/// arrives (in one burst or a byte at a time).
-fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>) -> std::io::Result<Option<Msg>> {
+/// arrives (in one burst or a byte at a time). With a `seal` (an
+/// authenticated link) a line whose seal does not hold is a
+/// `PermissionDenied` error.
+fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>, seal: Option<&mut Seal>) -> std::io::Result<Option<Msg>> {
     let room = (auth::MAX_LINE_BYTES + 1).saturating_sub(buf.len()) as u64;
     let read = std::io::Read::take(&mut *reader, room).read_until(b'\n', buf);
     if buf.len() > auth::MAX_LINE_BYTES && !buf.ends_with(b"\n") {
@@ -126,7 +134,15 @@ fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>) -> std::io::Res
     match read {
         Ok(0) => Err(std::io::Error::new(ErrorKind::UnexpectedEof, "the peer closed the link")),
         Ok(_) if buf.ends_with(b"\n") => {
-            let msg = serde_json::from_slice(buf).map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e));
+            let line = buf.strip_suffix(b"\n").unwrap_or(buf);
+            let text = match seal {
+                None => Some(line),
+                Some(seal) => seal.open(line),
+            };
+            let msg = match text {
+                None => Err(std::io::Error::new(ErrorKind::PermissionDenied, "a message whose seal does not hold (injected or altered on the way?)")),
+                Some(text) => serde_json::from_slice(text).map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e)),
+            };
             buf.clear();
             msg.map(Some)
         }
@@ -196,6 +212,7 @@ impl From<std::io::Error> for Refusal {
     fn from(e: std::io::Error) -> Self {
         match e.kind() {
             ErrorKind::InvalidData => Refusal::Rejected(Rejected::Garbage, e.to_string()),
+            ErrorKind::PermissionDenied => Refusal::Rejected(Rejected::BadSeal, e.to_string()),
             _ => Refusal::Io(e),
         }
     }
@@ -217,17 +234,19 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
     let mut caller = None;
     // With a secret, between `Welcome` and `Proof`: the caller's hello and this side's nonce.
     let mut pending: Option<(Msg, String)> = None;
+    // With a secret, after the caller's proof: what seals the messages.
+    let mut seal: Option<Seal> = None;
     let hello_by = Instant::now() + shared.timeout;
     let unauthenticated = |what: &str| Err(Refusal::Rejected(Rejected::Unauthenticated, what.to_string()));
     while !shared.stop.load(Ordering::SeqCst) {
         if caller.is_none() && Instant::now() > hello_by {
             return unauthenticated("no handshake within peer_timeout");
         }
-        let Some(msg) = receive(&mut reader, &mut buf)? else { continue };
+        let Some(msg) = receive(&mut reader, &mut buf, seal.as_mut())? else { continue };
         match msg {
             Msg::Hello { ref group, .. } if group != &shared.group => {
                 let reason = format!("this is a peer of application `{}`, not `{group}`", shared.group);
-                send(&mut writer, &Msg::Refused { reason })?;
+                send(&mut writer, &Msg::Refused { reason }, None)?;
                 return Err(Refusal::Rejected(Rejected::WrongGroup, group.clone()));
             }
             Msg::Hello { .. } if caller.is_some() || pending.is_some() => return unauthenticated("a second hello"),
@@ -235,7 +254,7 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                 // A caller without the secret (peer_plaintext, or an older
                 // version): told so, rather than left to fail at its pings.
                 let reason = "this peer authenticates its links: set the same peer_secret on every instance".to_string();
-                send(&mut writer, &Msg::Refused { reason })?;
+                send(&mut writer, &Msg::Refused { reason }, None)?;
                 return unauthenticated("a hello without a nonce (a caller without peer_secret)");
             }
             Msg::Hello { ref nonce, incarnation, .. } => match &shared.secret {
@@ -246,14 +265,14 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                         proof: String::new(),
                         previous_proof: String::new(),
                     };
-                    send(&mut writer, &welcome)?;
+                    send(&mut writer, &welcome, None)?;
                     caller = Some(incarnation);
                     welcomed(shared, msg);
                 }
                 Some(secrets) => {
                     let mine = auth::nonce();
                     let (proof, previous_proof) = listener_handshake(shared, nonce, incarnation, &mine).listener_proofs(secrets);
-                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: mine.clone(), proof, previous_proof })?;
+                    send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: mine.clone(), proof, previous_proof }, None)?;
                     pending = Some((msg, mine));
                 }
             },
@@ -262,19 +281,20 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                     return unauthenticated("a proof out of turn");
                 };
                 let Msg::Hello { ref nonce, incarnation, .. } = hello else { unreachable!("pending holds a hello") };
-                match listener_handshake(shared, nonce, incarnation, &mine).caller_proven(secrets, &proof) {
-                    None => {
-                        return Err(Refusal::Rejected(Rejected::BadProof, "the caller's proof of the shared secret is wrong".into()))
-                    }
-                    Some(Proven::Previous) => previous_secret_used(shared, "a peer calling this instance"),
-                    Some(Proven::Current) => {}
+                let handshake = listener_handshake(shared, nonce, incarnation, &mine);
+                let Some(proven) = handshake.caller_proven(secrets, &proof) else {
+                    return Err(Refusal::Rejected(Rejected::BadProof, "the caller's proof of the shared secret is wrong".into()));
+                };
+                if proven == Proven::Previous {
+                    previous_secret_used(shared, "a peer calling this instance");
                 }
+                seal = Some(Seal::new(&handshake, secrets.get(proven), auth::LISTENER));
                 caller = Some(incarnation);
                 welcomed(shared, hello);
             }
             Msg::Ping { seq, member, generation, armed } if caller.is_some() => {
                 let (lease_ms, dropped, generation) = shared.pinged(&member, generation, armed);
-                send(&mut writer, &Msg::Ack { seq, lease_ms, dropped, generation })?;
+                send(&mut writer, &Msg::Ack { seq, lease_ms, dropped, generation }, seal.as_mut())?;
             }
             Msg::Nudge if caller.is_some() => (shared.nudge)(),
             Msg::Bye if caller.is_some() => {
@@ -383,21 +403,22 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     let Ok(mut writer) = stream.try_clone() else { return };
     let mut reader = BufReader::new(stream);
     let nonce = auth::nonce();
-    if send(&mut writer, &shared.hello(&nonce)).is_err() {
+    if send(&mut writer, &shared.hello(&nonce), None).is_err() {
         return;
     }
     let (mut buf, by) = (Vec::new(), Instant::now() + Duration::from_millis(200));
     while Instant::now() < by {
-        match receive(&mut reader, &mut buf) {
+        match receive(&mut reader, &mut buf, None) {
             Ok(Some(Msg::Welcome { incarnation, nonce: theirs, proof, previous_proof })) => {
-                match answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof])) {
-                    Ok(Some(reply)) => {
-                        let _ = send(&mut writer, &reply);
+                let mut seal = match answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof])) {
+                    Ok(Some((reply, seal))) => {
+                        let _ = send(&mut writer, &reply, None);
+                        Some(seal)
                     }
-                    Ok(None) => {}
+                    Ok(None) => None,
                     Err(_) => return, // not a peer that holds the secret
-                }
-                let _ = send(&mut writer, &Msg::Bye);
+                };
+                let _ = send(&mut writer, &Msg::Bye, seal.as_mut());
                 return;
             }
             Ok(_) => {}
@@ -407,8 +428,13 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
 }
 
 /// The caller's side of the handshake: checks the listener's proofs of
-/// the secret and returns the caller's (`None`: no secret, nothing to prove).
-fn answer_welcome(shared: &Shared, nonce: &str, (incarnation, theirs, proofs): (u64, &str, [&str; 2])) -> std::io::Result<Option<Msg>> {
+/// the secret and returns the caller's, and the seal of the link's
+/// messages from then on (`None`: no secret, nothing to prove).
+fn answer_welcome(
+    shared: &Shared,
+    nonce: &str,
+    (incarnation, theirs, proofs): (u64, &str, [&str; 2]),
+) -> std::io::Result<Option<(Msg, Seal)>> {
     let Some(secrets) = &shared.secret else { return Ok(None) };
     let handshake = Handshake {
         group: &shared.group,
@@ -426,7 +452,7 @@ fn answer_welcome(shared: &Shared, nonce: &str, (incarnation, theirs, proofs): (
             if proven == Proven::Previous {
                 previous_secret_used(shared, "a peer this instance calls");
             }
-            Ok(Some(Msg::Proof { proof }))
+            Ok(Some((Msg::Proof { proof }, Seal::new(&handshake, secrets.get(proven), auth::CALLER))))
         }
     }
 }
@@ -448,7 +474,9 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
     let nonce = auth::nonce();
-    send(&mut writer, &shared.hello(&nonce))?;
+    send(&mut writer, &shared.hello(&nonce), None)?;
+    // With a secret, after this side's proof: what seals the messages.
+    let mut seal: Option<Seal> = None;
     let welcome_by = Instant::now() + shared.timeout;
     let interval = shared.timeout / 6;
     let mut next_ping = Instant::now();
@@ -459,12 +487,12 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
         loop {
             match commands.try_recv() {
                 Ok(LinkCommand::PingNow) => next_ping = Instant::now(),
-                Ok(LinkCommand::Nudge) => send(&mut writer, &Msg::Nudge)?,
+                Ok(LinkCommand::Nudge) => send(&mut writer, &Msg::Nudge, seal.as_mut())?,
                 Ok(LinkCommand::Bye) => {
                     // Before the handshake ended a bye would not count:
                     // say it on a connection of its own.
                     if *welcomed {
-                        let _ = send(&mut writer, &Msg::Bye);
+                        let _ = send(&mut writer, &Msg::Bye, seal.as_mut());
                     } else {
                         say_bye(shared, peer);
                     }
@@ -481,13 +509,18 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
                 continue; // out of the group: nothing to be alive for
             }
             seq += 1;
-            send(&mut writer, &Msg::Ping { seq, member, generation, armed })?;
+            send(&mut writer, &Msg::Ping { seq, member, generation, armed }, seal.as_mut())?;
             sent.push_back((seq, Instant::now(), generation));
             while sent.len() > 64 {
                 sent.pop_front();
             }
         }
-        let Some(msg) = receive(&mut reader, &mut buf)? else {
+        let received = receive(&mut reader, &mut buf, seal.as_mut()).inspect_err(|e| {
+            if e.kind() == ErrorKind::PermissionDenied {
+                tracing::warn!(peer = %peer.address.address, error = %e, "closing a peer link: a message failed its seal");
+            }
+        });
+        let Some(msg) = received? else {
             if !*welcomed && Instant::now() > welcome_by {
                 return Err(std::io::Error::new(ErrorKind::TimedOut, "no welcome from the peer"));
             }
@@ -496,8 +529,12 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
         match msg {
             Msg::Welcome { incarnation, nonce: theirs, proof, previous_proof } => {
                 // Nothing the listener says counts before its proof.
-                if let Some(reply) = answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof]))? {
-                    send(&mut writer, &reply)?;
+                if *welcomed {
+                    return Err(std::io::Error::new(ErrorKind::InvalidData, "a second welcome"));
+                }
+                if let Some((reply, sealed)) = answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof]))? {
+                    send(&mut writer, &reply, None)?;
+                    seal = Some(sealed);
                 }
                 if shared.is_member_incarnation(incarnation) && incarnation != peer.address.incarnation {
                     // Not a restart: two members publish addresses that

@@ -436,8 +436,48 @@ fn a_stranger_without_the_secret_is_refused_and_detection_still_works() {
         instances[1].text().get(mark..).unwrap_or("").contains("a connection to the peer listener was refused")
     });
     std::thread::sleep(Duration::from_millis(500));
+    // A flood: connections opened as fast as the listener takes them (four
+    // threads), half left silent (half-open handshakes), half sending
+    // garbage, kept up through the kill below. Processing and commits go
+    // on meanwhile.
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    let flooding = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flood: Vec<_> = (0..4).map(|_| flood(&watcher, flooding.clone())).collect();
+    let committed = || (0..PARTITIONS).map(|p| committed_offset(&app, &input, p).unwrap_or(0)).sum::<i64>();
+    std::thread::sleep(Duration::from_secs(1));
+    let before = committed();
+    std::thread::sleep(Duration::from_secs(4));
+    let during = committed();
+    assert!(during > before + 300, "commits went on under the flood: {before} -> {during} in 4 s at 300 records/s");
     // Detection is unaffected: the victim's kill is found at once.
     kill_first_and_see_it_dropped_at_once(instances);
+    flooding.store(false, std::sync::atomic::Ordering::SeqCst);
+    let opened: u64 = flood.into_iter().map(|t| t.join().unwrap()).sum();
+    eprintln!("flood: {opened} connections opened");
+    feeder.join(true);
+}
+
+/// Opens connections to `at` until `flooding` ends, every other one
+/// sending a garbage line, holding the last 256 open; returns how many.
+fn flood(at: &str, flooding: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<u64> {
+    use std::io::Write;
+    let at = at.to_string();
+    std::thread::spawn(move || {
+        let (mut held, mut opened) = (std::collections::VecDeque::new(), 0u64);
+        while flooding.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok(mut s) = std::net::TcpStream::connect(&at) {
+                opened += 1;
+                if opened % 2 == 0 {
+                    let _ = s.write_all(b"garbage\n");
+                }
+                held.push_back(s);
+                if held.len() > 256 {
+                    held.pop_front();
+                }
+            }
+        }
+        opened
+    })
 }
 
 /// A rotation of the peer secret, half rolled out: instance a still runs

@@ -22,8 +22,12 @@ use std::time::{Duration, Instant};
 const MIN_SECRET_BYTES: usize = 16;
 /// The longest message line a listener reads.
 pub(super) const MAX_LINE_BYTES: usize = 16 * 1024;
-/// Connections one source address may hold open on a listener at once.
+/// Connections one source address may hold open on a listener at once
+/// before they authenticated (an authenticated link gives its slot back).
 pub(super) const MAX_CONNECTIONS_PER_SOURCE: usize = 16;
+/// Connections a listener holds open at once before they authenticated,
+/// from all sources together (each costs a thread until it is refused).
+pub(super) const MAX_UNAUTHENTICATED: usize = 128;
 
 /// The caller's and the listener's proofs differ, so one cannot be
 /// reflected as the other.
@@ -293,9 +297,13 @@ impl Rejected {
 }
 
 impl Gate {
-    /// Takes a connection slot for `from`; `false`: it holds too many.
+    /// Takes an unauthenticated connection's slot for `from`; `false`: it
+    /// (or all sources together) holds too many.
     pub(super) fn admit(&self, from: IpAddr) -> bool {
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if open.values().sum::<usize>() >= MAX_UNAUTHENTICATED {
+            return false;
+        }
         let n = open.entry(from).or_default();
         if *n >= MAX_CONNECTIONS_PER_SOURCE {
             return false;
@@ -456,5 +464,10 @@ mod tests {
         gate.release(ip);
         assert!(gate.admit(ip));
         assert!(gate.admit("10.0.0.2".parse().unwrap()), "other sources are not affected");
+        // All sources together are bounded too.
+        let many = (0..MAX_UNAUTHENTICATED as u32).map(|i| IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + i)));
+        let admitted = many.filter(|ip| gate.admit(*ip)).count();
+        assert_eq!(admitted + MAX_CONNECTIONS_PER_SOURCE + 1, MAX_UNAUTHENTICATED);
+        assert!(!gate.admit("12.0.0.1".parse().unwrap()));
     }
 }

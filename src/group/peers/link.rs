@@ -152,16 +152,26 @@ fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>, seal: Option<&m
     }
 }
 
-/// A listener's connection slot for its source address, given back when
-/// dropped (whatever ends the connection's thread, or its spawn failing).
+/// A listener's unauthenticated-connection slot for its source address,
+/// given back once the caller authenticated, or when dropped (whatever
+/// ends the connection's thread, or its spawn failing).
 struct Slot {
     shared: Arc<Shared>,
     from: std::net::IpAddr,
+    held: bool,
+}
+
+impl Slot {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.shared.gate.release(self.from);
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.shared.gate.release(self.from);
+        self.release();
     }
 }
 
@@ -178,10 +188,10 @@ pub(super) fn listen(shared: Arc<Shared>, listener: Arc<TcpListener>) {
                     shared.gate.rejected(from.ip(), Rejected::TooManyConnections, "");
                     continue; // (dropped: closed)
                 }
-                let slot = Slot { shared: shared.clone(), from: from.ip() };
+                let mut slot = Slot { shared: shared.clone(), from: from.ip(), held: true };
                 let spawned = std::thread::Builder::new().name("kstate-peer-in".into()).spawn(move || {
-                    let shared = &slot.shared;
-                    match answer(shared, stream) {
+                    let shared = slot.shared.clone();
+                    match answer(&shared, stream, &mut slot) {
                         Ok(()) => {}
                         Err(Refusal::Rejected(why, detail)) => shared.gate.rejected(from.ip(), why, &detail),
                         Err(Refusal::Io(e)) => tracing::debug!(%from, error = %e, "peer link closed"),
@@ -222,7 +232,7 @@ impl From<std::io::Error> for Refusal {
 /// leases), its nudges and bye. Nothing counts before the caller is
 /// authenticated (with a secret: its proof checked), and a caller that is
 /// not within `peer_timeout` is refused.
-fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
+fn answer(shared: &Arc<Shared>, stream: TcpStream, slot: &mut Slot) -> Result<(), Refusal> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_millis(100)))?;
@@ -267,6 +277,7 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                     };
                     send(&mut writer, &welcome, None)?;
                     caller = Some(incarnation);
+                    slot.release();
                     welcomed(shared, msg);
                 }
                 Some(secrets) => {
@@ -290,6 +301,7 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream) -> Result<(), Refusal> {
                 }
                 seal = Some(Seal::new(&handshake, secrets.get(proven), auth::LISTENER));
                 caller = Some(incarnation);
+                slot.release();
                 welcomed(shared, hello);
             }
             Msg::Ping { seq, member, generation, armed } if caller.is_some() => {

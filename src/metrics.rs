@@ -68,7 +68,8 @@
 //! | `kstate_peers_dropped_total` | counter | peers this instance made the group drop, label `reason` (`closed`: the process is gone; `timeout`: silent for `peer_timeout`) |
 //! | `kstate_peer_failover_seconds` | histogram | from dropping a peer to this instance's next assignment |
 //! | `kstate_peer_lease_lapses_total` | counter | times this instance stopped writing because a peer's lease ran out (a peer frozen or cut off, or this instance itself) |
-//! | `kstate_peer_rejected_total` | counter | connections the peer listener refused, label `reason` (`bad_proof`: a wrong proof of the shared secret; `unauthenticated`: a message before the handshake, or none in time; `garbage`: not a message or a line too long; `too_many_connections`: its source address holds 16 already; `wrong_group`: a peer of another application) |
+//! | `kstate_peer_rejected_total` | counter | connections the peer listener refused, label `reason` (`bad_proof`: a wrong proof of the shared secret; `unauthenticated`: a message before the handshake, or none in time; `garbage`: not a message or a line too long; `too_many_connections`: its source address holds 16 not yet authenticated, or all addresses 128; `wrong_group`: a peer of another application; `bad_seal`: a message on an established link whose seal does not hold) |
+//! | `kstate_peer_previous_secret_links` | gauge | open peer links authenticated with `peer_previous_secret` (a rotation under way; 0 on every instance once it is rolled out) |
 //! | `kstate_snapshots_total` | counter | snapshots of store partitions, label `result` (`ok`, `failed`; no store labels) |
 //! | `kstate_snapshot_seconds` | histogram | how long a snapshot took: checkpoint, upload of new files, manifest (no store labels) |
 //! | `kstate_snapshot_delta_bytes` | gauge | bytes the last snapshot of a store partition uploaded (files the snapshot store did not have) |
@@ -231,6 +232,8 @@ pub const PEER_FAILOVER_SECONDS: &str = "kstate_peer_failover_seconds";
 pub const PEER_LEASE_LAPSES: &str = "kstate_peer_lease_lapses_total";
 /// See the table above.
 pub const PEER_REJECTED: &str = "kstate_peer_rejected_total";
+/// Open peer links authenticated with `peer_previous_secret` (0 on every instance: a rotation's rollout is complete).
+pub const PEER_PREVIOUS_SECRET_LINKS: &str = "kstate_peer_previous_secret_links";
 
 /// Handles for one store partition, resolved once so the hot path only
 /// touches atomics.

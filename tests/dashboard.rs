@@ -224,7 +224,14 @@ const TOPICS: &[(&str, &[&str])] = &[
     ),
     (
         "failure detection: peers, drops, lease lapses, failover, refused connections",
-        &["kstate_peers", "kstate_peers_dropped_total", "kstate_peer_lease_lapses_total", "kstate_peer_failover_seconds", "kstate_peer_rejected_total"],
+        &[
+            "kstate_peers",
+            "kstate_peers_dropped_total",
+            "kstate_peer_lease_lapses_total",
+            "kstate_peer_failover_seconds",
+            "kstate_peer_rejected_total",
+            "kstate_peer_previous_secret_links",
+        ],
     ),
 ];
 
@@ -333,6 +340,7 @@ const NOT_CAUSED: &[(&str, &str)] = &[
     ("kstate_peer_lease_lapses_total", "needs a peer's lease to run out"),
     ("kstate_peer_failover_seconds", "needs a peer dropped"),
     ("kstate_peer_rejected_total", "needs a refused peer connection"),
+    ("kstate_peer_previous_secret_links", "needs a peer secret rotation under way"),
 ];
 
 /// Series names in a Prometheus text render, with the sum of their values.

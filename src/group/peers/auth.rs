@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 const MIN_SECRET_BYTES: usize = 16;
 /// The longest message line a listener reads.
 pub(super) const MAX_LINE_BYTES: usize = 16 * 1024;
+/// The longest line a listener reads before the caller authenticated.
+pub(super) const MAX_HANDSHAKE_LINE_BYTES: usize = 4 * 1024;
 /// Connections one source address may hold open on a listener at once
 /// before they authenticated (an authenticated link gives its slot back).
 pub(super) const MAX_CONNECTIONS_PER_SOURCE: usize = 16;
@@ -135,15 +137,25 @@ pub(super) struct Handshake<'a> {
     pub(super) listener_nonce: &'a str,
     pub(super) caller_incarnation: u64,
     pub(super) listener_incarnation: u64,
+    /// The digest of the caller's `Hello` line as sent ([`digest`]): its
+    /// member id, generation, instance id and address count only once
+    /// proven, so nothing on the way can alter them.
+    pub(super) hello: &'a str,
+}
+
+/// The SHA-256 of `bytes`, in hex.
+pub(super) fn digest(bytes: &[u8]) -> String {
+    hex(&openssl::sha::sha256(bytes))
 }
 
 impl Handshake<'_> {
     /// The proof of `role` (CALLER, LISTENER, or SESSION for the link's
-    /// seal key) under `secret`.
+    /// seal key) under `secret`. Every field has a fixed form (hex, digits,
+    /// or the group, last), so no two handshakes share a text.
     pub(super) fn proof(&self, secret: &[u8], role: &str) -> String {
         let text = format!(
-            "kstate-peer-v1\n{role}\n{}\n{}\n{}\n{}\n{}",
-            self.group, self.caller_nonce, self.listener_nonce, self.caller_incarnation, self.listener_incarnation
+            "kstate-peer-v1\n{role}\n{}\n{}\n{}\n{}\n{}\n{}",
+            self.caller_nonce, self.listener_nonce, self.caller_incarnation, self.listener_incarnation, self.hello, self.group
         );
         hmac_hex(secret, &[text.as_bytes()])
     }
@@ -260,6 +272,10 @@ fn hex(bytes: &[u8]) -> String {
 #[derive(Default)]
 pub(super) struct Gate {
     open: Mutex<HashMap<IpAddr, usize>>,
+    /// Source addresses that authenticated a link before: peers. They are
+    /// not held to [`MAX_UNAUTHENTICATED`], so strangers filling it from
+    /// other addresses cannot keep a known peer from reconnecting.
+    known: Mutex<std::collections::HashSet<IpAddr>>,
     logged: Mutex<HashMap<IpAddr, Instant>>,
     /// When a link last authenticated with the previous secret was logged.
     previous_logged: Mutex<Option<Instant>>,
@@ -300,8 +316,9 @@ impl Gate {
     /// Takes an unauthenticated connection's slot for `from`; `false`: it
     /// (or all sources together) holds too many.
     pub(super) fn admit(&self, from: IpAddr) -> bool {
+        let known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&from);
         let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if open.values().sum::<usize>() >= MAX_UNAUTHENTICATED {
+        if !known && open.values().sum::<usize>() >= MAX_UNAUTHENTICATED {
             return false;
         }
         let n = open.entry(from).or_default();
@@ -322,6 +339,15 @@ impl Gate {
         }
         *logged = Some(now);
         true
+    }
+
+    /// `from` authenticated a link: a peer's address from now on.
+    pub(super) fn authenticated(&self, from: IpAddr) {
+        let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if known.len() >= 4096 {
+            known.clear(); // a bound; peers authenticate again on their next link
+        }
+        known.insert(from);
     }
 
     /// Gives `from`'s slot back.
@@ -355,7 +381,7 @@ mod tests {
     use super::*;
 
     fn handshake<'a>(caller: &'a str, listener: &'a str) -> Handshake<'a> {
-        Handshake { group: "g", caller_nonce: caller, listener_nonce: listener, caller_incarnation: 1, listener_incarnation: 2 }
+        Handshake { group: "g", caller_nonce: caller, listener_nonce: listener, caller_incarnation: 1, listener_incarnation: 2, hello: "h" }
     }
 
     #[test]
@@ -367,6 +393,8 @@ mod tests {
         assert!(!h.verify(secret, LISTENER, &proof), "a caller's proof is not a listener's");
         assert!(!h.verify(b"another secret!!", CALLER, &proof));
         assert!(!handshake("aa", "bc").verify(secret, CALLER, &proof), "another nonce, another proof");
+        let altered = Handshake { hello: "another hello", ..handshake("aa", "bb") };
+        assert!(!altered.verify(secret, CALLER, &proof), "a hello altered on the way, another proof");
         assert!(!h.verify(secret, CALLER, ""));
         assert_ne!(nonce(), nonce());
     }
@@ -469,5 +497,8 @@ mod tests {
         let admitted = many.filter(|ip| gate.admit(*ip)).count();
         assert_eq!(admitted + MAX_CONNECTIONS_PER_SOURCE + 1, MAX_UNAUTHENTICATED);
         assert!(!gate.admit("12.0.0.1".parse().unwrap()));
+        // An address that authenticated a link before is not held to it.
+        gate.authenticated("10.0.0.2".parse().unwrap());
+        assert!(gate.admit("10.0.0.2".parse().unwrap()), "a known peer reconnects through a full gate");
     }
 }

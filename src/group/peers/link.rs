@@ -119,37 +119,46 @@ fn send(stream: &mut TcpStream, msg: &Msg, seal: Option<&mut Seal>) -> std::io::
     stream.write_all(&line)
 }
 
-/// Reads one message, waiting at most the stream's read timeout. `Ok(None)`:
-/// nothing complete yet (the partial line stays in `buf`). A line longer
-/// than [`auth::MAX_LINE_BYTES`] is an `InvalidData` error however it
-/// arrives (in one burst or a byte at a time). With a `seal` (an
-/// authenticated link) a line whose seal does not hold is a
-/// `PermissionDenied` error.
-fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>, seal: Option<&mut Seal>) -> std::io::Result<Option<Msg>> {
-    let room = (auth::MAX_LINE_BYTES + 1).saturating_sub(buf.len()) as u64;
-    let read = std::io::Read::take(&mut *reader, room).read_until(b'\n', buf);
-    if buf.len() > auth::MAX_LINE_BYTES && !buf.ends_with(b"\n") {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "a line longer than the limit"));
+/// Reads what the stream has towards one message: a single read, waiting
+/// at most the stream's read timeout, so the caller's deadlines hold
+/// however slowly bytes trickle in. `Ok(None)`: nothing complete yet (the
+/// partial line stays in `buf`). A line longer than `limit` is an
+/// `InvalidData` error however it arrives. With a `seal` (an authenticated
+/// link) a line whose seal does not hold is a `PermissionDenied` error.
+/// A message's line stays in `buf` until the next call ([`line_of`]).
+fn receive(reader: &mut BufReader<TcpStream>, buf: &mut Vec<u8>, limit: usize, seal: Option<&mut Seal>) -> std::io::Result<Option<Msg>> {
+    if buf.ends_with(b"\n") {
+        buf.clear();
     }
-    match read {
-        Ok(0) => Err(std::io::Error::new(ErrorKind::UnexpectedEof, "the peer closed the link")),
-        Ok(_) if buf.ends_with(b"\n") => {
-            let line = buf.strip_suffix(b"\n").unwrap_or(buf);
-            let text = match seal {
-                None => Some(line),
-                Some(seal) => seal.open(line),
-            };
-            let msg = match text {
-                None => Err(std::io::Error::new(ErrorKind::PermissionDenied, "a message whose seal does not hold (injected or altered on the way?)")),
-                Some(text) => serde_json::from_slice(text).map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e)),
-            };
-            buf.clear();
-            msg.map(Some)
+    let available = match reader.fill_buf() {
+        Ok([]) => return Err(std::io::Error::new(ErrorKind::UnexpectedEof, "the peer closed the link")),
+        Ok(bytes) => bytes,
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let end = available.iter().position(|b| *b == b'\n').map_or(available.len(), |i| i + 1);
+    let take = end.min((limit + 1).saturating_sub(buf.len()));
+    buf.extend_from_slice(&available[..take]);
+    reader.consume(take);
+    if !buf.ends_with(b"\n") {
+        if buf.len() > limit {
+            return Err(std::io::Error::new(ErrorKind::InvalidData, "a line longer than the limit"));
         }
-        Ok(_) => Ok(None),
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => Ok(None),
-        Err(e) => Err(e),
+        return Ok(None);
     }
+    let text = match seal {
+        None => Some(line_of(buf)),
+        Some(seal) => seal.open(line_of(buf)),
+    };
+    match text {
+        None => Err(std::io::Error::new(ErrorKind::PermissionDenied, "a message whose seal does not hold (injected or altered on the way?)")),
+        Some(text) => serde_json::from_slice(text).map(Some).map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e)),
+    }
+}
+
+/// The line [`receive`] last returned a message of, without its line end.
+fn line_of(buf: &[u8]) -> &[u8] {
+    buf.strip_suffix(b"\n").unwrap_or(buf)
 }
 
 /// A listener's unauthenticated-connection slot for its source address,
@@ -242,24 +251,28 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream, slot: &mut Slot) -> Result<()
     let mut buf = Vec::new();
     // The caller's incarnation, once authenticated.
     let mut caller = None;
-    // With a secret, between `Welcome` and `Proof`: the caller's hello and this side's nonce.
-    let mut pending: Option<(Msg, String)> = None;
+    // With a secret, between `Welcome` and `Proof`: the caller's hello,
+    // the digest of its line, and this side's nonce.
+    let mut pending: Option<(Msg, String, String)> = None;
     // With a secret, after the caller's proof: what seals the messages.
     let mut seal: Option<Seal> = None;
+    // Counted while the link lasts if proven with the previous secret.
+    let mut _previous: Option<PreviousSecretLink> = None;
     let hello_by = Instant::now() + shared.timeout;
     let unauthenticated = |what: &str| Err(Refusal::Rejected(Rejected::Unauthenticated, what.to_string()));
     while !shared.stop.load(Ordering::SeqCst) {
         if caller.is_none() && Instant::now() > hello_by {
             return unauthenticated("no handshake within peer_timeout");
         }
-        let Some(msg) = receive(&mut reader, &mut buf, seal.as_mut())? else { continue };
+        let limit = if caller.is_some() { auth::MAX_LINE_BYTES } else { auth::MAX_HANDSHAKE_LINE_BYTES };
+        let Some(msg) = receive(&mut reader, &mut buf, limit, seal.as_mut())? else { continue };
         match msg {
+            Msg::Hello { .. } if caller.is_some() || pending.is_some() => return unauthenticated("a second hello"),
             Msg::Hello { ref group, .. } if group != &shared.group => {
                 let reason = format!("this is a peer of application `{}`, not `{group}`", shared.group);
                 send(&mut writer, &Msg::Refused { reason }, None)?;
                 return Err(Refusal::Rejected(Rejected::WrongGroup, group.clone()));
             }
-            Msg::Hello { .. } if caller.is_some() || pending.is_some() => return unauthenticated("a second hello"),
             Msg::Hello { ref nonce, .. } if nonce.is_empty() && shared.secret.is_some() => {
                 // A caller without the secret (peer_plaintext, or an older
                 // version): told so, rather than left to fail at its pings.
@@ -276,32 +289,35 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream, slot: &mut Slot) -> Result<()
                         previous_proof: String::new(),
                     };
                     send(&mut writer, &welcome, None)?;
+                    // (Unauthenticated: it keeps its place under the
+                    // per-source bound for as long as it lasts.)
                     caller = Some(incarnation);
-                    slot.release();
                     welcomed(shared, msg);
                 }
                 Some(secrets) => {
-                    let mine = auth::nonce();
-                    let (proof, previous_proof) = listener_handshake(shared, nonce, incarnation, &mine).listener_proofs(secrets);
+                    let (mine, hello) = (auth::nonce(), auth::digest(line_of(&buf)));
+                    let (proof, previous_proof) = listener_handshake(shared, (nonce, incarnation, &hello), &mine).listener_proofs(secrets);
                     send(&mut writer, &Msg::Welcome { incarnation: shared.incarnation, nonce: mine.clone(), proof, previous_proof }, None)?;
-                    pending = Some((msg, mine));
+                    pending = Some((msg, hello, mine));
                 }
             },
             Msg::Proof { proof } => {
-                let (Some((hello, mine)), Some(secrets)) = (pending.take(), &shared.secret) else {
+                let (Some((hello, digest, mine)), Some(secrets)) = (pending.take(), &shared.secret) else {
                     return unauthenticated("a proof out of turn");
                 };
-                let Msg::Hello { ref nonce, incarnation, .. } = hello else { unreachable!("pending holds a hello") };
-                let handshake = listener_handshake(shared, nonce, incarnation, &mine);
+                let Msg::Hello { ref nonce, incarnation, ref address, .. } = hello else { unreachable!("pending holds a hello") };
+                let handshake = listener_handshake(shared, (nonce, incarnation, &digest), &mine);
                 let Some(proven) = handshake.caller_proven(secrets, &proof) else {
                     return Err(Refusal::Rejected(Rejected::BadProof, "the caller's proof of the shared secret is wrong".into()));
                 };
                 if proven == Proven::Previous {
-                    previous_secret_used(shared, "a peer calling this instance");
+                    _previous = Some(PreviousSecretLink::new(shared, address, "calls this instance"));
                 }
                 seal = Some(Seal::new(&handshake, secrets.get(proven), auth::LISTENER));
                 caller = Some(incarnation);
+                // A peer: it gives its place back, and its address is known.
                 slot.release();
+                shared.gate.authenticated(slot.from);
                 welcomed(shared, hello);
             }
             Msg::Ping { seq, member, generation, armed } if caller.is_some() => {
@@ -322,23 +338,32 @@ fn answer(shared: &Arc<Shared>, stream: TcpStream, slot: &mut Slot) -> Result<()
     Ok(())
 }
 
-/// The listener's side of one link's handshake.
-fn listener_handshake<'a>(shared: &'a Shared, caller_nonce: &'a str, caller_incarnation: u64, mine: &'a str) -> Handshake<'a> {
-    Handshake {
-        group: &shared.group,
-        caller_nonce,
-        listener_nonce: mine,
-        caller_incarnation,
-        listener_incarnation: shared.incarnation,
+/// The listener's side of one link's handshake: the caller's nonce,
+/// incarnation and hello digest, and this side's nonce.
+fn listener_handshake<'a>(shared: &'a Shared, (caller_nonce, caller_incarnation, hello): (&'a str, u64, &'a str), mine: &'a str) -> Handshake<'a> {
+    Handshake { group: &shared.group, caller_nonce, listener_nonce: mine, caller_incarnation, listener_incarnation: shared.incarnation, hello }
+}
+
+/// An open link authenticated with `peer_previous_secret`: a rotation is
+/// under way, and the instance at the other end still runs the old secret
+/// alone. Counted in `kstate_peer_previous_secret_links` while it lasts
+/// (0 on every instance: the rollout is complete) and logged (at most once
+/// a minute per instance).
+struct PreviousSecretLink;
+
+impl PreviousSecretLink {
+    fn new(shared: &Shared, peer: &str, direction: &str) -> PreviousSecretLink {
+        metrics::gauge!(crate::metrics::PEER_PREVIOUS_SECRET_LINKS).increment(1.0);
+        if shared.gate.previous_secret_seen() {
+            tracing::info!(peer, direction, "a peer link authenticated with peer_previous_secret: that instance still runs the old secret alone");
+        }
+        PreviousSecretLink
     }
 }
 
-/// A link authenticated with `peer_previous_secret`: a rotation is under
-/// way, and an instance still runs the old secret alone (logged at most
-/// once a minute, so an operator sees when the rollout is complete).
-fn previous_secret_used(shared: &Shared, who: &str) {
-    if shared.gate.previous_secret_seen() {
-        tracing::info!(who, "a peer link authenticated with peer_previous_secret: an instance still runs the old secret alone");
+impl Drop for PreviousSecretLink {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::metrics::PEER_PREVIOUS_SECRET_LINKS).decrement(1.0);
     }
 }
 
@@ -414,16 +439,13 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
     let Ok(mut writer) = stream.try_clone() else { return };
     let mut reader = BufReader::new(stream);
-    let nonce = auth::nonce();
-    if send(&mut writer, &shared.hello(&nonce), None).is_err() {
-        return;
-    }
+    let Ok(calling) = Calling::hello(shared, &mut writer) else { return };
     let (mut buf, by) = (Vec::new(), Instant::now() + Duration::from_millis(200));
     while Instant::now() < by {
-        match receive(&mut reader, &mut buf, None) {
+        match receive(&mut reader, &mut buf, auth::MAX_LINE_BYTES, None) {
             Ok(Some(Msg::Welcome { incarnation, nonce: theirs, proof, previous_proof })) => {
-                let mut seal = match answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof])) {
-                    Ok(Some((reply, seal))) => {
+                let mut seal = match answer_welcome(shared, &calling, (incarnation, &theirs, [&proof, &previous_proof])) {
+                    Ok(Some((reply, seal, _))) => {
                         let _ = send(&mut writer, &reply, None);
                         Some(seal)
                     }
@@ -439,33 +461,49 @@ fn say_bye(shared: &Shared, peer: &PeerInfo) {
     }
 }
 
+/// The caller's side of one link's handshake: its nonce and the digest of
+/// the `Hello` line it sent.
+struct Calling {
+    nonce: String,
+    hello: String,
+}
+
+impl Calling {
+    /// Sends this instance's `Hello` with a fresh nonce.
+    fn hello(shared: &Shared, writer: &mut TcpStream) -> std::io::Result<Calling> {
+        let nonce = auth::nonce();
+        let mut line = serde_json::to_vec(&shared.hello(&nonce)).map_err(std::io::Error::other)?;
+        let hello = auth::digest(&line);
+        line.push(b'\n');
+        writer.write_all(&line)?;
+        Ok(Calling { nonce, hello })
+    }
+}
+
 /// The caller's side of the handshake: checks the listener's proofs of
-/// the secret and returns the caller's, and the seal of the link's
-/// messages from then on (`None`: no secret, nothing to prove).
+/// the secret and returns the caller's, the seal of the link's messages
+/// from then on, and whether the previous secret was the one that held
+/// (`None`: no secret, nothing to prove).
 fn answer_welcome(
     shared: &Shared,
-    nonce: &str,
+    calling: &Calling,
     (incarnation, theirs, proofs): (u64, &str, [&str; 2]),
-) -> std::io::Result<Option<(Msg, Seal)>> {
+) -> std::io::Result<Option<(Msg, Seal, Proven)>> {
     let Some(secrets) = &shared.secret else { return Ok(None) };
     let handshake = Handshake {
         group: &shared.group,
-        caller_nonce: nonce,
+        caller_nonce: &calling.nonce,
         listener_nonce: theirs,
         caller_incarnation: shared.incarnation,
         listener_incarnation: incarnation,
+        hello: &calling.hello,
     };
     match handshake.caller_answer(secrets, proofs) {
         None => Err(std::io::Error::new(
             ErrorKind::PermissionDenied,
             "the peer could not prove the shared secret (another peer_secret, or not a peer of this application)",
         )),
-        Some((proof, proven)) => {
-            if proven == Proven::Previous {
-                previous_secret_used(shared, "a peer this instance calls");
-            }
-            Ok(Some((Msg::Proof { proof }, Seal::new(&handshake, secrets.get(proven), auth::CALLER))))
-        }
+        Some((proof, proven)) => Ok(Some((Msg::Proof { proof }, Seal::new(&handshake, secrets.get(proven), auth::CALLER), proven))),
     }
 }
 
@@ -485,10 +523,11 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut buf = Vec::new();
-    let nonce = auth::nonce();
-    send(&mut writer, &shared.hello(&nonce), None)?;
+    let calling = Calling::hello(shared, &mut writer)?;
     // With a secret, after this side's proof: what seals the messages.
     let mut seal: Option<Seal> = None;
+    // Counted while the link lasts if proven with the previous secret.
+    let mut _previous: Option<PreviousSecretLink> = None;
     let welcome_by = Instant::now() + shared.timeout;
     let interval = shared.timeout / 6;
     let mut next_ping = Instant::now();
@@ -499,7 +538,10 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
         loop {
             match commands.try_recv() {
                 Ok(LinkCommand::PingNow) => next_ping = Instant::now(),
-                Ok(LinkCommand::Nudge) => send(&mut writer, &Msg::Nudge, seal.as_mut())?,
+                // (Before the handshake ended a nudge would not count, and
+                // the listener would refuse the link: it is not sent.)
+                Ok(LinkCommand::Nudge) if *welcomed => send(&mut writer, &Msg::Nudge, seal.as_mut())?,
+                Ok(LinkCommand::Nudge) => {}
                 Ok(LinkCommand::Bye) => {
                     // Before the handshake ended a bye would not count:
                     // say it on a connection of its own.
@@ -527,7 +569,7 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
                 sent.pop_front();
             }
         }
-        let received = receive(&mut reader, &mut buf, seal.as_mut()).inspect_err(|e| {
+        let received = receive(&mut reader, &mut buf, auth::MAX_LINE_BYTES, seal.as_mut()).inspect_err(|e| {
             if e.kind() == ErrorKind::PermissionDenied {
                 tracing::warn!(peer = %peer.address.address, error = %e, "closing a peer link: a message failed its seal");
             }
@@ -544,9 +586,12 @@ fn link(shared: &Shared, peer: &PeerInfo, commands: &Receiver<LinkCommand>, welc
                 if *welcomed {
                     return Err(std::io::Error::new(ErrorKind::InvalidData, "a second welcome"));
                 }
-                if let Some((reply, sealed)) = answer_welcome(shared, &nonce, (incarnation, &theirs, [&proof, &previous_proof]))? {
+                if let Some((reply, sealed, proven)) = answer_welcome(shared, &calling, (incarnation, &theirs, [&proof, &previous_proof]))? {
                     send(&mut writer, &reply, None)?;
                     seal = Some(sealed);
+                    if proven == Proven::Previous {
+                        _previous = Some(PreviousSecretLink::new(shared, &peer.address.address, "this instance calls"));
+                    }
                 }
                 if shared.is_member_incarnation(incarnation) && incarnation != peer.address.incarnation {
                     // Not a restart: two members publish addresses that

@@ -73,12 +73,15 @@ impl Reason {
 /// What this instance knows of one peer of the current generation.
 struct Peer {
     info: PeerInfo,
-    /// When it last pinged this instance (this generation).
+    /// When it last pinged this instance (any generation).
     last_heard: Option<Instant>,
     /// It holds this instance's lease: it may be dropped for silence.
     armed: bool,
-    /// The longest grace this instance granted it (judged with that).
-    granted: Duration,
+    /// Until when the leases this instance granted it may run: the
+    /// receipt of each ping answered with a lease plus that lease's
+    /// grace, the latest of them. It is not judged before (a grace that
+    /// grew after a drop and shrank again cannot cut a lease short).
+    covered_until: Option<Instant>,
     /// This instance must stop writing at this time unless it hears from
     /// the peer: its lease from the peer (kept across generations until the
     /// peer answers from the same generation as this member).
@@ -98,7 +101,7 @@ impl Peer {
             info,
             last_heard: None,
             armed: false,
-            granted: Duration::ZERO,
+            covered_until: None,
             lease: None,
             lease_generation: None,
             gone: None,
@@ -183,7 +186,8 @@ impl Shared {
         }
         match grace {
             Some(grace) => {
-                peer.granted = peer.granted.max(grace);
+                let until = Instant::now() + grace;
+                peer.covered_until = Some(peer.covered_until.map_or(until, |c| c.max(until)));
                 if armed && !peer.armed {
                     peer.armed = true;
                     tracing::debug!(peer = %peer.info.address.address, member, "peer armed: it may be dropped for silence");
@@ -389,7 +393,7 @@ impl Peers {
     }
 
     /// A new generation: watch its members (all but `member`, this one).
-    /// Leases and arming start over: they are per generation.
+    /// A peer kept from the last one keeps its arming (below).
     pub(crate) fn assigned(&self, generation: i32, member: &str, peers: &[PeerInfo]) {
         let mut state = self.shared.state();
         state.member = member.to_string();
@@ -504,6 +508,10 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
     let mut retry_at: HashMap<String, Instant> = HashMap::new();
     let mut leased = true;
     let mut stalled_at: Option<Instant> = None;
+    // After the coordinator did not confirm this member (or could not be
+    // asked): no silence is judged before this, so that the check is not
+    // repeated every tick while the member rejoins.
+    let mut judge_after: Option<Instant> = None;
     while !shared.stop.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         let now = Instant::now();
@@ -550,11 +558,12 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
             }
             if let Some(why) = &p.gone {
                 victims.push((p.info.clone(), Reason::Closed, why.clone()));
-            } else if confirmed_since_stall && p.armed {
-                // Judged by the longest grace granted (it was told so).
-                let grace = shared.grace(&state.drops, p.info.address.incarnation).map(|g| g.max(p.granted));
+            } else if confirmed_since_stall && judge_after.is_none_or(|t| now >= t) && p.armed {
+                // Judged by today's grace, and never before the leases
+                // it was granted may have run out.
+                let grace = shared.grace(&state.drops, p.info.address.incarnation);
                 if let (Some(grace), Some(heard)) = (grace, p.last_heard) {
-                    if now - heard >= grace {
+                    if now - heard >= grace && p.covered_until.is_none_or(|c| now >= c) {
                         victims.push((p.info.clone(), Reason::Timeout, format!("silent for {:?} (peer_timeout {grace:?})", now - heard)));
                     }
                 }
@@ -573,14 +582,16 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
             match still_member(&brokers, &shared.group, &me, &mut conn) {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::info!(generation = me.1, "peers fell silent, but this member is no longer in a stable generation: it drops no one");
+                    tracing::info!(generation = me.1, "peers fell silent, but the coordinator does not hold this member in its generation: it drops no one for silence until it is confirmed");
                     (shared.nudge)();
                     victims.retain(|(_, reason, _)| *reason != Reason::Timeout);
+                    judge_after = Some(Instant::now() + shared.timeout / 4);
                 }
                 Err(e) => {
                     conn = None;
                     tracing::debug!(error = %e, "cannot ask the coordinator about this member; dropping no one for silence now");
                     victims.retain(|(_, reason, _)| *reason != Reason::Timeout);
+                    judge_after = Some(Instant::now() + shared.timeout / 4);
                 }
             }
         }
@@ -767,9 +778,30 @@ mod tests {
         assert!(!s.state().peers["p"].armed, "a lease offered is not a lease held");
         assert_eq!(s.pinged("p", 5, true), (1_000, false, 5));
         assert!(s.state().peers["p"].armed);
-        assert_eq!(s.state().peers["p"].granted, Duration::from_secs(1));
+        assert!(s.state().peers["p"].covered_until.is_some_and(|c| c > Instant::now() + Duration::from_millis(900)));
         s.state().dropped.insert("p".into());
         assert_eq!(s.pinged("p", 5, true), (0, true, 5), "a dropped member is told so");
+    }
+
+    #[test]
+    fn a_peer_kept_into_a_new_generation_stays_armed_until_this_member_is_lost() {
+        let s = Arc::new(shared(1_000, 10_000));
+        add_peer(&s, "p", 7);
+        assert_eq!(s.pinged("p", 5, true), (1_000, false, 5));
+        let peers = Peers { shared: s.clone(), advertised: "me:1".into(), threads: Vec::new() };
+        let info = |member: &str, incarnation| PeerInfo {
+            member_id: member.into(),
+            instance_id: None,
+            address: PeerAddress { address: "h:1".into(), incarnation },
+        };
+        peers.assigned(6, "me", &[info("me", 1), info("p", 7)]);
+        let state = s.state();
+        let p = &state.peers["p"];
+        assert!(p.armed && p.last_heard.is_some(), "the same process kept into generation 6 is still judged");
+        assert!(p.covered_until.is_some(), "and its lease from generation 5 still counts");
+        drop(state);
+        peers.lost();
+        assert!(!s.state().peers["p"].armed, "a member out of the group judges no one");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::AppConfig;
+use crate::kafka::consumer_batch::PolledBatch;
 use crate::record::Record;
 use crate::task::merge::{order_of, Held, TaskQueues};
 use crate::task::{TaskManager, TaskState};
@@ -34,17 +35,59 @@ impl InputMerge {
         })
     }
 
+    /// A new pass over polled records (a poll, a seek): the answers of
+    /// whether an input is behind are asked again.
+    pub(super) fn new_pass(&self, tasks: &mut TaskManager) {
+        tasks.tasks.values_mut().filter_map(|t| t.held.as_mut()).for_each(TaskQueues::forget_lags);
+    }
+
+    /// For each record of a polled batch, whether a later record of the
+    /// batch is of the same partition (task) and another input: then it
+    /// may not go at once (that one may have to go first).
+    pub(super) fn later_other_inputs(&self, batch: &PolledBatch<'_>) -> Vec<bool> {
+        let records: Vec<(i32, u64)> = batch
+            .iter()
+            .map(|m| {
+                let topic = self.topics.iter().position(|t| t.as_bytes() == m.topic());
+                (m.partition(), topic.map_or(0, |t| 1u64 << t.min(63)))
+            })
+            .collect();
+        let mut seen: std::collections::HashMap<i32, u64> = std::collections::HashMap::new();
+        let mut later = vec![false; records.len()];
+        for (i, (partition, bit)) in records.into_iter().enumerate().rev() {
+            let after = seen.entry(partition).or_default();
+            later[i] = *after & !bit != 0;
+            *after |= bit;
+        }
+        later
+    }
+
     /// Holds `record` in its task if the task is running and takes it;
     /// `false`: hand it to `process_one` at once (which sets aside a record
-    /// of a task that does not run).
-    pub(super) fn hold(&self, config: &AppConfig, tasks: &mut TaskManager, record: &Record<'_>) -> bool {
+    /// of a task that does not run), also when its turn has come already
+    /// (`TaskQueues::goes_at_once`: nothing held, no other input to wait
+    /// for, and `later_other`, a later record of the same poll of another
+    /// input of the task, false).
+    pub(super) fn hold(
+        &self,
+        config: &AppConfig,
+        tasks: &mut TaskManager,
+        (record, later_other): (&Record<'_>, bool),
+        consumer: &BaseConsumer<RuntimeContext>,
+    ) -> bool {
         let Some(task) = tasks.tasks.get_mut(&record.partition) else { return false };
         let Some(topic) = self.topics.iter().position(|t| t == record.topic) else { return false };
         if task.state != TaskState::Running || !task.topics.contains(record.topic) {
             return false;
         }
+        let queues = task.held.get_or_insert_with(|| TaskQueues::new(config, record.partition));
+        let now = self.started.elapsed().as_millis() as i64;
+        let (topics, partition) = (&self.topics, record.partition);
+        if !later_other && queues.goes_at_once((topic, record.offset), now, self.idle_ms, &mut |t, next| lagging(consumer, &topics[t], partition, next)) {
+            return false;
+        }
         let order = order_of(config, record, task.time.stream_time());
-        task.held.get_or_insert_with(|| TaskQueues::new(config, record.partition)).push(Held::of(record, topic, order));
+        queues.push(Held::of(record, topic, order));
         true
     }
 

@@ -108,7 +108,10 @@ pub(super) fn process_loop<S: ProcessorSet>(parts: LoopParts<'_>, processors: &m
                         // SAFETY: the message outlives the record (this closure).
                         headers: unsafe { Headers::of_message(msg.ptr()) },
                     };
-                    if !merge.as_ref().is_some_and(|m| m.hold(config, &mut tasks, &record)) {
+                    if let Some(m) = &merge {
+                        m.new_pass(&mut tasks); // (a poll of its own)
+                    }
+                    if !merge.as_ref().is_some_and(|m| m.hold(config, &mut tasks, (&record, false), consumer)) {
                         dispatch.process_one(&mut tasks, &record, processors)?;
                     }
                 }
@@ -200,6 +203,15 @@ fn process_polled<S: ProcessorSet>(
 ) -> Result<()> {
     let PassEnv { dispatch, config, consumer, membership, shutdown, merge } = *parts;
     let mut seek_back = Vec::new();
+    // Several inputs: a new poll (answers of who is behind are asked
+    // again), and which records a later one of another input follows.
+    let later_other = match merge {
+        Some(m) => {
+            m.new_pass(tasks);
+            m.later_other_inputs(polled)
+        }
+        None => Vec::new(),
+    };
     for (i, msg) in polled.iter().enumerate() {
         // A batch of a slow processor can take seconds: keep to the
         // commit interval and stop promptly on shutdown inside it
@@ -225,7 +237,7 @@ fn process_polled<S: ProcessorSet>(
             }
         }
         let Some(record) = record_of(&msg, consumer_errors, &mut seek_back) else { continue };
-        if !merge.is_some_and(|m| m.hold(config, tasks, &record)) {
+        if !merge.is_some_and(|m| m.hold(config, tasks, (&record, later_other.get(i).copied().unwrap_or(true)), consumer)) {
             dispatch.process_one(tasks, &record, processors)?;
         }
     }
@@ -300,6 +312,7 @@ fn drain_merged<S: ProcessorSet>(
     last_commit: &mut Instant,
 ) -> Result<()> {
     let DrainParts { dispatch, config, consumer, membership, shutdown } = parts;
+    merge.new_pass(tasks); // (seeks may have moved positions since)
     let mut done = 0usize;
     // One record per task per round, at most a polled batch's worth per
     // pass: the loop's other duties (the group's events, timers) wait no

@@ -23,6 +23,14 @@ pub(crate) const LAG_WAIT_MS: i64 = 1_000;
 /// (the others' fetches go on meanwhile).
 const MAX_HELD: usize = 10_000;
 
+/// How long (ms) an answer of `lagging` for an input is reused within one
+/// pass over polled records: asking the client (its position and cached
+/// high watermark) for every record costs more than the record's
+/// processing. A poll or a seek can change the answer, so the runtime
+/// forgets every answer at each pass ([`TaskQueues::forget_lags`]); a
+/// record of that input coming clears its answer too.
+const LAG_RECHECK_MS: i64 = 10;
+
 /// An input record held until its turn (a copy: the fetched message is
 /// gone by then).
 pub(crate) struct Held {
@@ -99,6 +107,8 @@ pub(crate) struct TaskQueues {
     /// Per input topic: a table's, which goes first on equal timestamps
     /// (a record at `t` sees the table's updates at `t`).
     first: Vec<bool>,
+    /// Per input topic: the last answer of `lagging` for it, and when.
+    checked: Vec<Option<(i64, Option<bool>)>>,
 }
 
 impl TaskQueues {
@@ -113,11 +123,13 @@ impl TaskQueues {
             waiting_since: None,
             held: 0,
             settled: vec![false; topics],
+            checked: vec![None; topics],
         }
     }
 
     pub(crate) fn push(&mut self, held: Held) {
         self.next[held.topic] = Some(held.offset + 1);
+        self.checked[held.topic] = None;
         self.queues[held.topic].push_back(held);
         self.held += 1;
         self.held_gauge.set(self.held as f64);
@@ -142,25 +154,20 @@ impl TaskQueues {
             self.waiting_since = None;
             return None;
         }
-        let empty: Vec<usize> = (0..self.queues.len()).filter(|&t| self.queues[t].is_empty()).collect();
-        if empty.is_empty() {
+        if (0..self.queues.len()).all(|t| !self.queues[t].is_empty()) {
             self.waiting_since = None;
         } else {
             let since = *self.waiting_since.get_or_insert(now);
-            let mut unknown = Vec::new();
-            let behind = empty.iter().any(|&t| match lagging(t, self.next[t]) {
-                Some(lag) => lag,
-                None => {
-                    unknown.push(t);
-                    !self.settled[t]
-                }
-            });
+            let behind = self.behind(None, now, lagging);
             let wait = if behind { LAG_WAIT_MS.max(idle) } else { idle };
             if now - since < wait && self.held < MAX_HELD {
                 return None;
             }
-            for t in unknown {
-                self.settled[t] = true;
+            // An input not known to be behind or not was waited for once.
+            for t in 0..self.queues.len() {
+                if self.queues[t].is_empty() && self.checked[t].is_some_and(|(_, answer)| answer.is_none()) {
+                    self.settled[t] = true;
+                }
             }
             self.enforced.increment(1);
         }
@@ -168,6 +175,61 @@ impl TaskQueues {
         self.held -= 1;
         self.held_gauge.set(self.held as f64);
         self.queues[topic].pop_front()
+    }
+
+    /// Forgets the answers of `lagging`: records were polled or a
+    /// partition sought since they were given.
+    pub(crate) fn forget_lags(&mut self) {
+        self.checked.iter_mut().for_each(|c| *c = None);
+    }
+
+    /// Whether a record of input `topic` at `offset`, just polled, goes to
+    /// the processor at once, without being held: the task holds nothing,
+    /// and `next` would take it at once if it were held, as no wait applies
+    /// to the other inputs (`idle` 0, and none is behind: nothing of them
+    /// fetched and not polled yet). The caller makes sure no later record
+    /// of the same poll is of the task's other inputs (it could have to go
+    /// first). The common case of a stream beside a table that is caught
+    /// up, where holding would copy every record for nothing. Counted as
+    /// `next` counts it.
+    pub(crate) fn goes_at_once(
+        &mut self,
+        (topic, offset): (usize, i64),
+        now: i64,
+        idle: i64,
+        lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>,
+    ) -> bool {
+        if self.held > 0 || idle > 0 || self.behind(Some(topic), now, lagging) {
+            return false;
+        }
+        self.next[topic] = Some(offset + 1);
+        self.checked[topic] = None;
+        if self.queues.len() > 1 {
+            self.enforced.increment(1);
+        }
+        true
+    }
+
+    /// Whether an empty input other than `except` is behind: the broker
+    /// holds more of it (`lagging`), or that is not known and it was not
+    /// waited for yet. Answers of `lagging` are reused for [`LAG_RECHECK_MS`].
+    fn behind(&mut self, except: Option<usize>, now: i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>) -> bool {
+        let mut behind = false;
+        for t in 0..self.queues.len() {
+            if Some(t) == except || !self.queues[t].is_empty() {
+                continue;
+            }
+            let answer = match self.checked[t] {
+                Some((at, answer)) if (0..LAG_RECHECK_MS).contains(&(now - at)) => answer,
+                _ => {
+                    let answer = lagging(t, self.next[t]);
+                    self.checked[t] = Some((now, answer));
+                    answer
+                }
+            };
+            behind |= answer.unwrap_or(!self.settled[t]);
+        }
+        behind
     }
 
     /// The lowest held offset of each input topic that has any.
@@ -180,5 +242,71 @@ impl Drop for TaskQueues {
     fn drop(&mut self) {
         // (The task closed or starts over: it holds nothing here any more.)
         self.held_gauge.set(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queues() -> TaskQueues {
+        let config = crate::App::builder().input_topic("stream").input_topic("other").test_config().unwrap();
+        TaskQueues::new(&config, 0)
+    }
+
+    fn held(topic: usize, offset: i64) -> Held {
+        let record = Record {
+            topic: "stream",
+            partition: 0,
+            offset,
+            timestamp: Some(offset),
+            timestamp_type: TimestampType::CreateTime,
+            key: Some(b"k"),
+            value: Some(b"v"),
+            headers: Headers::empty(),
+        };
+        Held::of(&record, topic, Some(offset))
+    }
+
+    #[test]
+    fn a_record_goes_at_once_only_when_nothing_is_held_and_no_other_input_is_waited_for() {
+        let mut q = queues();
+        let (mut asked, mut lag) = (0, Some(false));
+        let at_once = |q: &mut TaskQueues, now: i64, idle: i64, lag: Option<bool>, asked: &mut i32| {
+            q.goes_at_once((0, 7), now, idle, &mut |t, _| {
+                assert_eq!(t, 1, "only the other input is asked about");
+                *asked += 1;
+                lag
+            })
+        };
+        assert!(at_once(&mut q, 0, 0, lag, &mut asked), "the other input is caught up");
+        assert!(at_once(&mut q, 5, 0, lag, &mut asked));
+        assert_eq!(asked, 1, "the answer is reused for LAG_RECHECK_MS");
+        lag = Some(true);
+        assert!(at_once(&mut q, 9, 0, lag, &mut asked), "(still the reused answer)");
+        assert!(!at_once(&mut q, 10, 0, lag, &mut asked), "asked again: the broker holds more of it");
+        assert_eq!(asked, 2);
+        assert!(!at_once(&mut q, 30, 0, None, &mut asked), "not known and never waited for");
+        assert!(!at_once(&mut q, 31, 500, Some(false), &mut asked), "max_task_idle applies");
+        q.push(held(1, 3));
+        assert!(!at_once(&mut q, 32, 0, Some(false), &mut asked), "records are held: they go first");
+        assert!(q.next(32, 0, &mut |_, _| Some(false)).is_some());
+        assert!(at_once(&mut q, 33, 0, Some(false), &mut asked), "a push cleared the reused `not known`");
+        assert_eq!(asked, 4);
+        assert!(at_once(&mut q, 34, 0, Some(true), &mut asked), "(reused)");
+        q.forget_lags();
+        assert!(!at_once(&mut q, 35, 0, Some(true), &mut asked), "forgotten at a new pass: asked again");
+        assert_eq!(asked, 5);
+    }
+
+    #[test]
+    fn an_input_not_known_to_be_behind_is_waited_for_once_then_records_go_at_once() {
+        let mut q = queues();
+        q.push(held(0, 1));
+        assert!(q.next(0, 0, &mut |_, _| None).is_none(), "not known: waited for");
+        assert!(q.next(LAG_WAIT_MS - 1, 0, &mut |_, _| None).is_none());
+        assert!(q.next(LAG_WAIT_MS, 0, &mut |_, _| None).is_some(), "once, for LAG_WAIT_MS");
+        q.forget_lags();
+        assert!(q.goes_at_once((0, 2), LAG_WAIT_MS, 0, &mut |_, _| None), "then no more: it was settled");
     }
 }

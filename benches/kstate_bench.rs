@@ -10,6 +10,8 @@
 //!   (S3 settings from the environment: `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials);
 //! * `kstate-join --app A --input I --table T --records N --state-dir D` — a stream-table left join,
 //!   T a source table (the `join` scenario);
+//! * `plain-repartition --input I --through T --records N` — the same count with plain clients and a
+//!   hash map (read I, send re-keyed to T, read T back and count): the baseline of `kstate-repartition`;
 //! * `kstate-repartition --app A --input I --records N --state-dir D` — a count re-keyed through a
 //!   repartition topic by the value's first two bytes (the `repartition` scenario);
 //! * `kstate-snapshot --app A --store S --input I --state-dir D --snapshot-url U` — kstate opening
@@ -121,6 +123,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
         "store-load" => store_load(opt(args, "--mode")?, opt(args, "--dir")?, opt(args, "--records")?.parse()?),
         "consume-batch" => consume_batch(&b, opt(args, "--topic")?),
         "pipe" => pipe(&b, opt(args, "--input")?, opt(args, "--output")?),
+        "plain-repartition" => plain_repartition(&b, opt(args, "--input")?, opt(args, "--through")?, opt(args, "--records")?.parse()?),
         "kstate-restore" => kstate_restore(
             &b,
             opt(args, "--app")?,
@@ -471,6 +474,65 @@ fn pipe(bootstrap: &str, input: &str, output: &str) -> Result<String, BoxError> 
     Ok(format!(
         "{{\"contender\":\"consume-produce\",\"records\":{records},\"bytes\":{bytes},\"seconds\":{secs:.4},\"records_per_sec\":{:.1}}}",
         records as f64 / secs
+    ))
+}
+
+/// The `repartition` scenario with plain clients and no state store: one
+/// thread reads `input` in batches and sends each record re-keyed (the
+/// value's first two bytes) to `through`, while this thread reads
+/// `through` from its start and counts per key in a hash map, timed from
+/// the first count to the `records`-th, as `kstate-repartition`. What any
+/// re-keying count costs on this broker and machine: the baseline that
+/// says which part of the rate is kstate's.
+fn plain_repartition(bootstrap: &str, input: &str, through: &str, records: u64) -> Result<String, BoxError> {
+    let consumer = |group: &str| -> Result<BaseConsumer, BoxError> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("fetch.queue.backoff.ms", "10")
+            .extend_from_env()
+            .create()?)
+    };
+    let reader = consumer("kstate-bench-plain-repartition-in")?;
+    let producer = bench_producer(bootstrap)?;
+    let (source, target) = (input.to_string(), through.to_string());
+    let sender = std::thread::spawn(move || -> Result<(), String> {
+        BatchReader::new(reader, &source)
+            .map_err(|e| e.to_string())?
+            .read_all(|_, _, v| {
+                let key = [v.first().copied().unwrap_or(0), v.get(1).copied().unwrap_or(0)];
+                send_retrying(&producer, BaseRecord::<[u8], [u8]>::to(&target).key(&key[..]).payload(&[][..]));
+            })
+            .map_err(|e| e.to_string())?;
+        producer.flush(Duration::from_secs(120)).map_err(|e| e.to_string())
+    });
+    let counter = consumer("kstate-bench-plain-repartition-out")?;
+    let mut tpl = TopicPartitionList::new();
+    for (p, _, _) in partitions_of(&counter, through)? {
+        tpl.add_partition_offset(through, p, Offset::Beginning)?;
+    }
+    counter.assign(&tpl)?;
+    let mut counts: HashMap<Vec<u8>, u64> = HashMap::new();
+    let (mut counted, mut first) = (0u64, None);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while counted < records {
+        if Instant::now() > deadline {
+            return Err(format!("counted {counted} of {records} records in 600 s").into());
+        }
+        if let Some(m) = counter.poll(Duration::from_millis(100)) {
+            let m = m?;
+            first.get_or_insert_with(Instant::now);
+            *counts.entry(m.key().unwrap_or_default().to_vec()).or_default() += 1;
+            counted += 1;
+        }
+    }
+    let secs = first.ok_or("nothing counted")?.elapsed().as_secs_f64();
+    sender.join().map_err(|_| "the sender panicked")??;
+    Ok(format!(
+        "{{\"contender\":\"plain-clients\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"keys\":{}}}",
+        records as f64 / secs,
+        counts.len()
     ))
 }
 

@@ -549,6 +549,12 @@ class Suite:
             self.record("repartition", "kafka-streams", run_json(self.java + [
                 "repartition", "--bootstrap", self.b, "--app-id", ks, "--store", "counts", "--input-topic", inp,
                 "--partitions", str(self.a.partitions), "--state-dir", sdir, "--records", str(n)]))
+            # The same count with plain clients and a hash map: which part of the rate is kstate's.
+            through = self.fresh_topic(f"{self.run_id}-rp-through{rep}")
+            self.record("repartition", "plain-clients", run_json(
+                [self.rust, "plain-repartition", "--bootstrap", self.b, "--input", inp, "--through", through,
+                 "--records", str(n)]))
+            self.delete_topics(through)
             for d in (kdir, sdir):
                 shutil.rmtree(d, ignore_errors=True)
             self.delete_topics(ka)
@@ -620,6 +626,8 @@ class Suite:
             self.record("join", "kafka-streams", run_json(self.java + [
                 "join", "--bootstrap", self.b, "--app-id", ks, "--store", "table", "--input-topic", inp,
                 "--table-topic", table, "--partitions", str(self.a.partitions), "--state-dir", sdir, "--records", str(n)]))
+            # Reading the stream alone with a plain consumer: the floor of any join here.
+            self.record("join", "plain-consumer", run_json([self.rust, "consume", "--bootstrap", self.b, "--topic", inp]))
             for d in (kdir, sdir):
                 shutil.rmtree(d, ignore_errors=True)
             self.delete_topics(ka)

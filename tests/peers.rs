@@ -249,18 +249,7 @@ fn a_frozen_instance_is_dropped_after_peer_timeout_writes_nothing_after_and_come
     instances[2].signal("-CONT");
     // c finds itself out, closes its tasks without commit, rejoins and
     // gets tasks again; a and b never stop.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        instances.iter_mut().for_each(|i| i.assert_running());
-        let text = instances[2].text();
-        let lost = text.get(mark..).unwrap_or("").contains("tasks lost; closing them without commit");
-        let back = !instances[2].lines_after(mark, "KSTATE-PROCESSED").is_empty();
-        if lost && back {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the frozen instance did not come back:\n{}", instances[2].tail());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    woken_comes_back(&mut instances, 2, mark);
     balanced(&mut instances, Duration::from_secs(60));
     for (i, m) in instances[..2].iter().zip(&survivor_marks) {
         let text = i.text();
@@ -604,21 +593,28 @@ fn a_peer_frozen_during_a_rebalance_is_dropped_after_peer_timeout() {
     }
     eprintln!("frozen during a rebalance -> the others own every task: {:?} (peer_timeout {peer_timeout:?})", frozen.elapsed());
     instances[2].signal("-CONT");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        instances.iter_mut().for_each(|i| i.assert_running());
-        let text = instances[2].text();
-        let lost = text.get(mark..).unwrap_or("").contains("tasks lost; closing them without commit");
-        let back = !instances[2].lines_after(mark, "KSTATE-PROCESSED").is_empty();
-        if lost && back {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the frozen instance did not come back:\n{}", instances[2].tail());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    woken_comes_back(&mut instances, 2, mark);
     // d leaves again (6 tasks balance over three instances, not four).
     instances.pop().expect("d").stop();
     balanced(&mut instances, Duration::from_secs(60));
     let sent = feeder.join(true);
     stop_and_check(instances, &app, &input, &sent, "a peer frozen during a rebalance");
+}
+
+/// Waits (60 s at most) until the woken `instances[woken]` found itself out
+/// after log byte `mark` (closed its tasks without commit) and processes
+/// again; every instance must keep running meanwhile.
+fn woken_comes_back(instances: &mut [Instance], woken: usize, mark: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        instances.iter_mut().for_each(|i| i.assert_running());
+        let text = instances[woken].text();
+        let lost = text.get(mark..).unwrap_or("").contains("tasks lost; closing them without commit");
+        let back = !instances[woken].lines_after(mark, "KSTATE-PROCESSED").is_empty();
+        if lost && back {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the frozen instance did not come back:\n{}", instances[woken].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -204,9 +204,7 @@ impl TaskQueues {
         }
         self.next[topic] = Some(offset + 1);
         self.checked[topic] = None;
-        if self.queues.len() > 1 {
-            self.enforced.increment(1);
-        }
+        self.enforced.increment(1);
         true
     }
 

@@ -162,12 +162,9 @@ impl Handshake<'_> {
 
     /// Whether `proof` is `role`'s under `secret` (compared in constant time).
     pub(super) fn verify(&self, secret: &[u8], role: &str, proof: &str) -> bool {
-        let wanted = self.proof(secret, role);
-        !wanted.is_empty() && wanted.len() == proof.len() && openssl::memcmp::eq(wanted.as_bytes(), proof.as_bytes())
+        same_mac(&self.proof(secret, role), proof.as_bytes())
     }
-}
 
-impl Handshake<'_> {
     /// The listener's proofs: under its secret, and under its previous
     /// one during a rotation (else empty).
     pub(super) fn listener_proofs(&self, secrets: &Secrets) -> (String, String) {
@@ -213,6 +210,12 @@ fn hmac_hex(key: &[u8], parts: &[&[u8]]) -> String {
     hex(&mac)
 }
 
+/// Whether `got` is the MAC `wanted` (compared in constant time; an empty
+/// `wanted`, OpenSSL having failed, matches nothing).
+fn same_mac(wanted: &str, got: &[u8]) -> bool {
+    !wanted.is_empty() && wanted.len() == got.len() && openssl::memcmp::eq(wanted.as_bytes(), got)
+}
+
 /// The role tag of a link's seal key.
 const SESSION: &str = "session";
 
@@ -255,8 +258,7 @@ impl Seal {
     pub(super) fn open<'a>(&mut self, line: &'a [u8]) -> Option<&'a [u8]> {
         let tab = line.iter().rposition(|b| *b == b'\t')?;
         let (text, mac) = (&line[..tab], &line[tab + 1..]);
-        let wanted = self.mac(self.incoming, self.received, text);
-        (!wanted.is_empty() && wanted.len() == mac.len() && openssl::memcmp::eq(wanted.as_bytes(), mac)).then(|| {
+        same_mac(&self.mac(self.incoming, self.received, text), mac).then(|| {
             self.received += 1;
             text
         })

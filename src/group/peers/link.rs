@@ -7,8 +7,8 @@
 //! and its proof, the caller's `Proof` its proof; nothing else counts
 //! before, and every line after carries a seal (`auth::Seal`: an HMAC
 //! under a key of that link over the line's direction, number and text),
-//! so nothing injected into an established link counts either. On a link the caller sends `Hello` once, then a `Ping` every
-//! `peer_timeout / 6`; the listener answers `Welcome`, then an `Ack` per
+//! so nothing injected into an established link counts either. On a link
+//! the caller sends `Hello` once, then a `Ping` every `peer_timeout / 6`; the listener answers `Welcome`, then an `Ack` per
 //! ping. An ack may grant the caller a lease: "I will not drop you from the
 //! group for silence until `lease_ms` after this ping was sent". The caller
 //! holds that lease from then on (its pings say `armed`), and only an armed
@@ -111,10 +111,20 @@ fn muted() -> bool {
 
 /// Sends `msg` as one line; sealed once the link is authenticated.
 fn send(stream: &mut TcpStream, msg: &Msg, seal: Option<&mut Seal>) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    let mut line = line_for(msg)?;
     if let Some(seal) = seal {
         seal.seal(&mut line);
     }
+    write_line(stream, line)
+}
+
+/// The text of `msg` on a link (without its line end).
+fn line_for(msg: &Msg) -> std::io::Result<Vec<u8>> {
+    serde_json::to_vec(msg).map_err(std::io::Error::other)
+}
+
+/// Writes `line` and its line end.
+fn write_line(stream: &mut TcpStream, mut line: Vec<u8>) -> std::io::Result<()> {
     line.push(b'\n');
     stream.write_all(&line)
 }
@@ -472,10 +482,9 @@ impl Calling {
     /// Sends this instance's `Hello` with a fresh nonce.
     fn hello(shared: &Shared, writer: &mut TcpStream) -> std::io::Result<Calling> {
         let nonce = auth::nonce();
-        let mut line = serde_json::to_vec(&shared.hello(&nonce)).map_err(std::io::Error::other)?;
+        let line = line_for(&shared.hello(&nonce))?;
         let hello = auth::digest(&line);
-        line.push(b'\n');
-        writer.write_all(&line)?;
+        write_line(writer, line)?;
         Ok(Calling { nonce, hello })
     }
 }

@@ -579,20 +579,22 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
         let me = (state.member.clone(), state.generation, state.instance_id.clone());
         drop(state);
         if victims.iter().any(|(_, reason, _)| *reason == Reason::Timeout) {
-            match still_member(&brokers, &shared.group, &me, &mut conn) {
-                Ok(true) => {}
+            let confirmed = match still_member(&brokers, &shared.group, &me, &mut conn) {
+                Ok(true) => true,
                 Ok(false) => {
                     tracing::info!(generation = me.1, "peers fell silent, but the coordinator does not hold this member in its generation: it drops no one for silence until it is confirmed");
                     (shared.nudge)();
-                    victims.retain(|(_, reason, _)| *reason != Reason::Timeout);
-                    judge_after = Some(Instant::now() + shared.timeout / 4);
+                    false
                 }
                 Err(e) => {
                     conn = None;
                     tracing::debug!(error = %e, "cannot ask the coordinator about this member; dropping no one for silence now");
-                    victims.retain(|(_, reason, _)| *reason != Reason::Timeout);
-                    judge_after = Some(Instant::now() + shared.timeout / 4);
+                    false
                 }
+            };
+            if !confirmed {
+                victims.retain(|(_, reason, _)| *reason != Reason::Timeout);
+                judge_after = Some(Instant::now() + shared.timeout / 4);
             }
         }
         let mut state = shared.state();

@@ -12,8 +12,8 @@
 //!   T a source table (the `join` scenario);
 //! * `plain-repartition --input I --through T --records N` — the same count with plain clients and a
 //!   hash map (read I, send re-keyed to T, read T back and count): the baseline of `kstate-repartition`;
-//! * `kstate-repartition --app A --input I --records N --state-dir D` — a count re-keyed through a
-//!   repartition topic by the value's first two bytes (the `repartition` scenario);
+//! * `kstate-repartition --app A --input I --records N --state-dir D [--read-cache-bytes B]` — a count
+//!   re-keyed through a repartition topic by the value's first two bytes (the `repartition` scenario);
 //! * `kstate-snapshot --app A --store S --input I --state-dir D --snapshot-url U` — kstate opening
 //!   the state dir, then snapshotting every store partition at once: upload time, bytes uploaded
 //!   (files the snapshot store did not have) and the snapshots' full size;
@@ -156,6 +156,7 @@ fn run(args: &[String]) -> Result<String, BoxError> {
             opt(args, "--input")?,
             opt(args, "--records")?.parse()?,
             opt(args, "--state-dir")?,
+            opt(args, "--read-cache-bytes").ok().map(str::parse).transpose()?,
         ),
         "kstate-write" => kstate_write(
             &b,
@@ -937,12 +938,22 @@ fn kstate_join(bootstrap: &str, app_id: &str, input: &str, table: &str, records:
 /// to the task of its value's first two bytes (`ctx.repartition`), which
 /// counts it (the Kafka Streams contender's `groupBy(..).count()`). Timed,
 /// as that one, from the first count update to the `records`-th.
-fn kstate_repartition(bootstrap: &str, app_id: &str, input: &str, records: u64, state: &str) -> Result<String, BoxError> {
-    let app = bench_app(bootstrap, app_id, input, state)
+fn kstate_repartition(
+    bootstrap: &str,
+    app_id: &str,
+    input: &str,
+    records: u64,
+    state: &str,
+    read_cache: Option<usize>,
+) -> Result<String, BoxError> {
+    let mut app = bench_app(bootstrap, app_id, input, state)
         .store(StoreDefinition::new("counts"))
         .repartition("by-prefix")
-        .commit_interval(Duration::from_millis(100))
-        .build()?;
+        .commit_interval(Duration::from_millis(100));
+    if let Some(bytes) = read_cache {
+        app = app.read_cache_bytes(bytes);
+    }
+    let app = app.build()?;
     let by_prefix = kstate::repartition_topic(app_id, "by-prefix");
     let stop = app.shutdown_handle();
     let counted = Arc::new(AtomicU64::new(0));

@@ -222,6 +222,7 @@ impl Default for AppBuilder {
                 task_timeout: Duration::from_secs(300),
                 changelog_replication_factor: None,
                 block_cache_bytes: 64 << 20,
+                read_cache_bytes: crate::store::recent::DEFAULT_BYTES,
                 write_buffer_bytes: 16 << 20,
                 max_state_memory: None,
                 in_memory_save_interval: Duration::from_secs(60),
@@ -416,6 +417,19 @@ impl AppBuilder {
     /// Size of the RocksDB block cache shared by all stores (default 64 MiB).
     pub fn block_cache_bytes(mut self, bytes: usize) -> Self {
         self.config.block_cache_bytes = bytes;
+        self
+    }
+
+    /// Bytes all store partitions' read caches hold together (default 16
+    /// MiB; 0 turns the cache off). A key-value store keeps the writes of
+    /// its landed commits in memory, so that reading a key back soon after
+    /// (an aggregate's next update) does not ask RocksDB; Kafka Streams'
+    /// `statestore.cache.max.bytes` plays this part. Window, session and
+    /// in-memory stores do not use it. A commit that does not fit empties
+    /// its own store partition's cache first. Not bounded by
+    /// `max_state_memory` (it comes on top, like uncommitted writes).
+    pub fn read_cache_bytes(mut self, bytes: usize) -> Self {
+        self.config.read_cache_bytes = bytes;
         self
     }
 

@@ -377,6 +377,8 @@ pub(crate) struct AppConfig {
     pub(crate) changelog_replication_factor: Option<i32>,
     pub(crate) block_cache_bytes: usize,
     pub(crate) write_buffer_bytes: usize,
+    /// `AppBuilder::read_cache_bytes`.
+    pub(crate) read_cache_bytes: usize,
     /// One bound for RocksDB's memory (cache + memtables), if set.
     pub(crate) max_state_memory: Option<usize>,
     /// `AppBuilder::in_memory_save_interval`.

@@ -34,6 +34,8 @@
 //! | `kstate_window_oldest_live_ms` | gauge | the oldest window start (session end) a window or session store still returns: its time minus the retention (updated at each commit) |
 //! | `kstate_store_gets_total` | counter | point reads |
 //! | `kstate_store_overlay_bytes` | gauge | uncommitted writes held in memory |
+//! | `kstate_store_read_cache_hits_total` | counter | point reads answered by the read cache (values of landed commits kept in memory) instead of RocksDB |
+//! | `kstate_store_read_cache_bytes` | gauge | bytes the store partition's read cache holds (all together at most `AppBuilder::read_cache_bytes`) |
 //! | `kstate_restore_records_total` | counter | changelog records restored |
 //! | `kstate_restore_bytes_total` | counter | key + value bytes restored |
 //! | `kstate_restore_remaining_records` | gauge | records left to restore (offset distance) |
@@ -139,6 +141,10 @@ pub const STORE_DELETES: &str = "kstate_store_deletes_total";
 pub const STORE_GETS: &str = "kstate_store_gets_total";
 /// Overlay size gauge name.
 pub const STORE_OVERLAY_BYTES: &str = "kstate_store_overlay_bytes";
+/// Read cache hits counter name.
+pub const STORE_READ_CACHE_HITS: &str = "kstate_store_read_cache_hits_total";
+/// Read cache size gauge name.
+pub const STORE_READ_CACHE_BYTES: &str = "kstate_store_read_cache_bytes";
 /// Restored records counter name.
 pub const RESTORE_RECORDS: &str = "kstate_restore_records_total";
 /// Restored bytes counter name.
@@ -243,6 +249,8 @@ pub(crate) struct StoreMetrics {
     pub(crate) deletes: Counter,
     pub(crate) gets: Counter,
     pub(crate) overlay_bytes: Gauge,
+    pub(crate) read_cache_hits: Counter,
+    pub(crate) read_cache_bytes: Gauge,
     pub(crate) restore_records: Counter,
     pub(crate) restore_bytes: Counter,
     pub(crate) restore_remaining: Gauge,
@@ -287,6 +295,8 @@ impl StoreMetrics {
             oldest_live: gauge!(WINDOW_OLDEST_LIVE, &labels),
             gets: counter!(STORE_GETS, &labels),
             overlay_bytes: gauge!(STORE_OVERLAY_BYTES, &labels),
+            read_cache_hits: counter!(STORE_READ_CACHE_HITS, &labels),
+            read_cache_bytes: gauge!(STORE_READ_CACHE_BYTES, &labels),
             restore_records: counter!(RESTORE_RECORDS, &labels),
             restore_bytes: counter!(RESTORE_BYTES, &labels),
             restore_remaining: gauge!(RESTORE_REMAINING, &labels),

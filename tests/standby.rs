@@ -216,6 +216,57 @@ fn a_frozen_instance_is_fenced_and_rejoins_while_the_others_go_on() {
 }
 
 #[test]
+fn a_task_demoted_to_a_standby_and_promoted_again_reads_what_the_other_owner_wrote() {
+    // a owns every task and reads its counts back (its read cache holds
+    // them); b joins and takes half, which a keeps as standbys in the same
+    // process and follows; b dies and a takes them back. Each count must
+    // go on from what b committed, not from what a last read.
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("demoted", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let options = "eos=1;count=1";
+    let pre = prefill(&input, 2_000);
+    let mut instances = vec![Instance::start_opts("a", &bootstrap, &app, &input, dir, "", ONE_STANDBY, options)];
+    wait_all_committed_at(&bootstrap, &app, &input, PARTITIONS, Duration::from_secs(120));
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    instances.push(Instance::start_opts("b", &bootstrap, &app, &input, dir, "", ONE_STANDBY, options));
+    let after = balanced(&mut instances, Duration::from_secs(120));
+    let moved = after[1].0.clone();
+    assert!(
+        instances[0].text().contains("active task demoted to standby"),
+        "a kept none of b's tasks as a standby in its own process:\n{}",
+        instances[0].tail()
+    );
+    // b counts on; a's standbys follow its changelog.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !moved.iter().all(|t| instances[1].lines_after(0, "KSTATE-PROCESSED").iter().any(|l| l.contains(&format!("partition={t} ")))) {
+        assert!(Instant::now() < deadline, "b does not process {moved:?}:\n{}", instances[1].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let mark = instances[0].log_len();
+    instances.pop().unwrap().kill();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !moved.iter().all(|t| instances[0].lines_after(mark, "KSTATE-PROCESSED").iter().any(|l| l.contains(&format!("partition={t} ")))) {
+        instances[0].assert_running();
+        assert!(Instant::now() < deadline, "a did not take {moved:?} back:\n{}", instances[0].tail());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let mut sent = pre;
+    sent.extend(feeder.join(true));
+    let a_state = instances[0].state.clone();
+    stop_and_check(instances, &app, &input, &sent, "a demotion and a promotion back");
+    for p in 0..PARTITIONS {
+        let expected = sent.iter().filter(|r| r.0 == p).count();
+        let (counts, _) = read_store_dir(&a_state, &app, "c", p);
+        let found = counts.get(format!("n{p}").as_bytes()).map(|v| String::from_utf8_lossy(v).to_string());
+        assert_eq!(found, Some(expected.to_string()), "partition {p}'s count (moved: {moved:?})");
+    }
+}
+
+#[test]
 fn the_state_of_a_task_that_moved_away_is_deleted_after_the_cleanup_delay() {
     let _serial = serial();
     let Fixture { input, app, state } = fixture("cleanup", 2);

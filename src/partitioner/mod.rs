@@ -105,6 +105,16 @@ fn fnv1a(key: &[u8]) -> u32 {
 
 /// Counts and logs (at most once a minute per topic) keyed input records
 /// that sit in another partition than the partitioner predicts.
+/// A topic's records in other partitions than the partitioner predicts.
+struct Mismatches {
+    topic: String,
+    counter: metrics::Counter,
+    /// When the last warning was logged.
+    logged: Option<std::time::Instant>,
+    /// Mismatches since the clock was last read.
+    unclocked: u32,
+}
+
 pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32, partitions: i32, key: &[u8]) {
     // (librdkafka's `consistent_random` places empty keys at random)
     if partitions <= 0 || (key.is_empty() && matches!(partitioner, Partitioner::Crc32)) {
@@ -114,16 +124,32 @@ pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32
     if predicted == partition {
         return;
     }
-    metrics::counter!(crate::metrics::INPUT_PARTITION_MISMATCHES, "topic" => topic.to_string()).increment(1);
-    static LAST: std::sync::Mutex<Vec<(String, std::time::Instant)>> = std::sync::Mutex::new(Vec::new());
-    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-    let now = std::time::Instant::now();
-    match last.iter_mut().find(|(t, _)| t == topic) {
-        Some((_, at)) if now.duration_since(*at) < std::time::Duration::from_secs(60) => return,
-        Some((_, at)) => *at = now,
-        None => last.push((topic.to_string(), now)),
+    // Every record of a topic produced with another partitioner can land
+    // here: its counter is resolved once, and the clock for the log's
+    // once-a-minute limit read every 64th mismatch.
+    static SEEN: std::sync::Mutex<Vec<Mismatches>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let at = match seen.iter().position(|m| m.topic == topic) {
+        Some(at) => at,
+        None => {
+            let counter = metrics::counter!(crate::metrics::INPUT_PARTITION_MISMATCHES, "topic" => topic.to_string());
+            seen.push(Mismatches { topic: topic.to_string(), counter, logged: None, unclocked: 0 });
+            seen.len() - 1
+        }
+    };
+    let m = &mut seen[at];
+    m.counter.increment(1);
+    m.unclocked += 1;
+    if m.logged.is_some() && m.unclocked < 64 {
+        return;
     }
-    drop(last);
+    m.unclocked = 0;
+    let now = std::time::Instant::now();
+    if m.logged.is_some_and(|at| now.duration_since(at) < std::time::Duration::from_secs(60)) {
+        return;
+    }
+    m.logged = Some(now);
+    drop(seen);
     tracing::warn!(
         topic,
         partition,

@@ -456,6 +456,8 @@ impl RestoreLoop {
             None => (None, high),
         };
         let store = &mut self.jobs.get_mut(&partition).expect("job").stores[index];
+        // A restore or standby writes RocksDB directly from here on.
+        store.forget_recent();
         let recorded_id = store.engine().changelog_topic_id()?;
         let reason = match store.open_problem.take() {
             Some(problem) => Some(problem),

@@ -182,6 +182,7 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         None => EngineResources::new(config.block_cache_bytes, config.write_buffer_bytes),
     }
     .with_statistics(config.rocksdb_statistics)
+    .with_read_cache(config.read_cache_bytes)
     .with_heap_save_every(config.in_memory_save_interval);
     // Global tables are current before this instance joins the group (a
     // task's first record may join with them).

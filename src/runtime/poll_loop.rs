@@ -323,8 +323,9 @@ fn drain_merged<S: ProcessorSet>(
         while i < ready.len() {
             // Exactly-once: a commit waits for the group's new generation
             // (held records wait too); at the bound on uncommitted bytes,
-            // until the commit in flight lands.
-            if tasks.is_parked() || tasks.backpressure() || shutdown.is_shutdown() {
+            // until the commit in flight lands (asked as often as a polled
+            // batch asks for its deadline: it reads the clock).
+            if tasks.is_parked() || shutdown.is_shutdown() || (done.is_multiple_of(DEADLINE_CHECK_EVERY) && tasks.backpressure()) {
                 return Ok(());
             }
             // (A task re-initialised meanwhile holds nothing: its records

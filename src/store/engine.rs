@@ -130,6 +130,8 @@ pub(crate) struct EngineResources {
     pub(crate) heap_budget: Arc<HeapBudget>,
     /// How often an in-memory store that commits saves its file.
     pub(crate) heap_save_every: Duration,
+    /// The bytes every store partition's read cache holds together.
+    pub(crate) read_cache: Arc<crate::store::recent::Budget>,
 }
 
 impl EngineResources {
@@ -142,12 +144,18 @@ impl EngineResources {
             statistics: false,
             heap_budget: Arc::default(),
             heap_save_every: FLUSH_AT_LEAST_EVERY,
+            read_cache: Arc::default(),
         }
     }
 
     /// In-memory stores save their files at least every `every` while they commit.
     pub(crate) fn with_heap_save_every(self, every: Duration) -> Self {
         EngineResources { heap_save_every: every, ..self }
+    }
+
+    /// Every store partition's read cache together holds at most `bytes`.
+    pub(crate) fn with_read_cache(self, bytes: usize) -> Self {
+        EngineResources { read_cache: Arc::new(crate::store::recent::Budget::new(bytes)), ..self }
     }
 
     /// With `on`: each database keeps RocksDB's tickers (see `statistics`).
@@ -204,6 +212,7 @@ impl EngineResources {
             statistics: false,
             heap_budget: Arc::new(HeapBudget::new(Some(total)).sharing(cache)),
             heap_save_every: FLUSH_AT_LEAST_EVERY,
+            read_cache: Arc::default(),
         }
     }
 }

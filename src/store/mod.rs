@@ -12,6 +12,7 @@ pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod memory;
 pub(crate) mod overlay;
+pub(crate) mod recent;
 pub(crate) mod published;
 pub(crate) mod schema;
 mod seed;
@@ -93,6 +94,8 @@ pub struct KeyValueStore {
     /// background (which shares them), and read from here until that write
     /// has landed.
     sealed: Arc<Overlay>,
+    /// Landed writes kept for point reads (the read cache).
+    recent: recent::Recent,
     producer: ChangelogSink,
     tracker: Arc<DeliveryTracker>,
     max_record_bytes: usize,
@@ -352,6 +355,7 @@ impl KeyValueStore {
             changelog_topic: args.changelog_topic,
             overlay: Overlay::default(),
             sealed: Arc::default(),
+            recent: recent::Recent::new(args.resources.read_cache.clone()),
             producer: args.producer,
             max_record_bytes: args.max_record_bytes,
             tombstone_retention: args.tombstone_retention,
@@ -433,6 +437,7 @@ impl KeyValueStore {
     /// is in flight (the task manager waits for it before a store leaves
     /// the running state).
     pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        self.forget_recent();
         if let Some(slot) = &self.slot {
             slot.withdraw_engine();
         }
@@ -443,6 +448,7 @@ impl KeyValueStore {
     pub(crate) fn wipe(&mut self) -> Result<()> {
         self.overlay.clear();
         self.sealed = Arc::default();
+        self.forget_recent();
         self.forget_source_progress();
         if let Some(slot) = &self.slot {
             slot.withdraw_engine();
@@ -500,7 +506,13 @@ impl KeyValueStore {
         self.metrics.gets.increment(1);
         let stored = match self.overlay.get(key).or_else(|| self.sealed.get(key)) {
             Some(v) => v.map(<[u8]>::to_vec),
-            None => self.engine().get(key)?,
+            None => match self.recent.get(key) {
+                Some(v) => {
+                    self.metrics.read_cache_hits.increment(1);
+                    v.map(<[u8]>::to_vec)
+                }
+                None => self.engine().get(key)?,
+            },
         };
         Ok(match (&self.ttl, stored) {
             (Some(ttl), Some(v)) => ttl.live(&v, ttl.read_time()).map(<[u8]>::to_vec),
@@ -721,9 +733,9 @@ impl KeyValueStore {
         }))
     }
 
-    /// The sealed writes are in RocksDB: stop reading them from memory.
-    /// Returns them, so that the caller can free them off the processing
-    /// thread.
+    /// The sealed writes are in RocksDB: stop reading them from the sealed
+    /// layer (the read cache keeps a copy). Returns them, so that the
+    /// caller can free them off the processing thread.
     pub(crate) fn commit_landed(&mut self) -> Arc<Overlay> {
         let landed = self.landed_checkpoint.swap(-1, Ordering::AcqRel);
         if landed >= 0 {
@@ -732,7 +744,21 @@ impl KeyValueStore {
                 s.landed();
             }
         }
-        std::mem::take(&mut self.sealed)
+        let writes = std::mem::take(&mut self.sealed);
+        if self.segments.is_none() && !self.in_memory {
+            self.recent.landed(&writes);
+            self.metrics.read_cache_bytes.set(self.recent.bytes() as f64);
+        }
+        writes
+    }
+
+    /// Empties the read cache: RocksDB is written another way than by a
+    /// landed commit (a restore, a standby, a wipe).
+    pub(crate) fn forget_recent(&mut self) {
+        if self.recent.bytes() > 0 {
+            self.recent.forget();
+            self.metrics.read_cache_bytes.set(0.0);
+        }
     }
 
     /// Drops uncommitted writes; local state stays at the last checkpoint.
@@ -744,6 +770,8 @@ impl KeyValueStore {
         }
         self.overlay.clear();
         self.sealed = Arc::default();
+        // Its commit may have landed unseen by the cache.
+        self.forget_recent();
         let landed = self.landed_checkpoint.swap(-1, Ordering::AcqRel) >= 0;
         if let Some(s) = &mut self.segments {
             if landed {

@@ -79,6 +79,12 @@ pub fn child_main() {
     // writes keys it never would.
     let bad = option("bad").is_some();
     let output = option("out");
+    // A count per partition (key `n<partition>`) in store `c`: read and
+    // written back by every record, so a stale read shows in the total.
+    let count = option("count").is_some();
+    if count {
+        builder = builder.store(super::store("c"));
+    }
     let app = builder.build().expect("valid config");
     let stop = app.shutdown_handle();
     std::thread::spawn(move || {
@@ -101,6 +107,12 @@ pub fn child_main() {
             for (k, v) in record_writes(rec.key.unwrap(), rec.value.unwrap()) {
                 s.put(&k, &v)?;
             }
+        }
+        if count {
+            let c = ctx.store("c")?;
+            let key = format!("n{}", rec.partition);
+            let n: u64 = c.get(key.as_bytes())?.map_or(0, |v| String::from_utf8(v).unwrap().parse().unwrap());
+            c.put(key.as_bytes(), (n + 1).to_string().as_bytes())?;
         }
         // One output per input record, its identity in the value.
         if let Some(topic) = &output {
@@ -204,7 +216,9 @@ impl Instance {
     /// `mute` (a file: while it exists the instance sends its peers no
     /// pings, `KSTATE_PEER_MUTE_FILE`), `snapshots` (snapshots to MinIO
     /// under this prefix, see [`s3_at`]), `bad` (a processor that deletes
-    /// and overwrites the good one's keys and writes keys of its own).
+    /// and overwrites the good one's keys and writes keys of its own),
+    /// `count` (also counts each partition's records in store `c`, key
+    /// `n<partition>`, by a read and a write per record).
     #[allow(clippy::too_many_arguments)]
     pub fn start_opts(
         name: &str,

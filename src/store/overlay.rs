@@ -92,7 +92,7 @@ impl Key {
 
 impl PartialEq for Key {
     fn eq(&self, other: &Self) -> bool {
-        self.prefix == other.prefix && self.bytes() == other.bytes()
+        self.prefix == other.prefix && self.len == other.len && (self.len <= 8 || self.bytes() == other.bytes())
     }
 }
 
@@ -106,7 +106,15 @@ impl PartialOrd for Key {
 
 impl Ord for Key {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.prefix.cmp(&other.prefix).then_with(|| self.bytes().cmp(other.bytes()))
+        self.prefix.cmp(&other.prefix).then_with(|| {
+            if self.len <= 8 && other.len <= 8 {
+                // Equal prefixes: one key is the other padded with zero
+                // bytes, so the shorter sorts first (no `memcmp` call).
+                self.len.cmp(&other.len)
+            } else {
+                self.bytes().cmp(other.bytes())
+            }
+        })
     }
 }
 

@@ -41,8 +41,11 @@ pub(crate) struct Held {
     order: i64,
     timestamp: Option<i64>,
     timestamp_type: TimestampType,
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
+    /// Key and value, one after the other (one allocation per record).
+    bytes: Box<[u8]>,
+    /// The key's length (`None`: no key); the value is the rest of `bytes`.
+    key_len: Option<usize>,
+    has_value: bool,
     headers: Option<OwnedHeaders>,
 }
 
@@ -60,8 +63,9 @@ impl Held {
             order: order.filter(|t| *t >= 0).unwrap_or(i64::MIN),
             timestamp: record.timestamp,
             timestamp_type: record.timestamp_type,
-            key: record.key.map(<[u8]>::to_vec),
-            value: record.value.map(<[u8]>::to_vec),
+            bytes: [record.key.unwrap_or_default(), record.value.unwrap_or_default()].concat().into_boxed_slice(),
+            key_len: record.key.map(<[u8]>::len),
+            has_value: record.value.is_some(),
             headers,
         }
     }
@@ -74,8 +78,8 @@ impl Held {
             offset: self.offset,
             timestamp: self.timestamp,
             timestamp_type: self.timestamp_type,
-            key: self.key.as_deref(),
-            value: self.value.as_deref(),
+            key: self.key_len.map(|n| &self.bytes[..n]),
+            value: self.has_value.then(|| &self.bytes[self.key_len.unwrap_or(0)..]),
             headers: self.headers.as_ref().map_or(Headers::empty(), Headers::of_owned),
         }
     }

@@ -53,6 +53,7 @@ use offsets::OffsetCommits;
 use opening::Openers;
 use reinit::TaskFailures;
 use standby::Standbys;
+use topic_map::TopicMap;
 use transaction::ExactlyOnce;
 
 mod cleanup;
@@ -65,6 +66,7 @@ mod offsets;
 mod opening;
 mod reinit;
 mod standby;
+mod topic_map;
 mod transaction;
 
 /// Where a task is in its life.
@@ -88,14 +90,14 @@ pub(crate) struct Task {
     /// The partition's stores, in definition order (empty while restoring).
     pub(crate) stores: Vec<KeyValueStore>,
     /// Next offset to commit per input topic (processed but uncommitted).
-    pub(crate) offsets: HashMap<String, i64>,
+    pub(crate) offsets: TopicMap<i64>,
     /// First offset of records that arrived before the task ran and were
     /// dropped; the consumer seeks back here when the task starts running.
     pub(crate) rewind: HashMap<String, i64>,
     /// Per input topic, the offset after the last record processed by this
     /// incarnation (never drained): a record below it was delivered again
     /// (architecture.md §15) and is skipped.
-    pub(crate) processed_to: HashMap<String, i64>,
+    pub(crate) processed_to: TopicMap<i64>,
     /// Whether such a record was logged already.
     pub(crate) redelivery_logged: bool,
     /// Per input topic, where processing restarts if the task is
@@ -143,8 +145,8 @@ impl Task {
             state: TaskState::Opening,
             topics,
             stores: Vec::new(),
-            offsets: HashMap::new(),
-            processed_to: HashMap::new(),
+            offsets: TopicMap::default(),
+            processed_to: TopicMap::default(),
             redelivery_logged: false,
             restart_from: rewind.clone(),
             rewind,

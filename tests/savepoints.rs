@@ -132,3 +132,44 @@ fn roll_back_a_bad_deploy(options: &str) {
     assert!(delete_savepoint(&at, &app, "before-deploy").unwrap() >= PARTITIONS as usize);
     assert!(list_savepoints(&at, &app).unwrap().is_empty());
 }
+
+#[test]
+fn restoring_a_savepoint_of_an_application_with_a_table_or_a_repartition_topic_is_refused_before_anything_is_written() {
+    let _serial = serial();
+    for kind in ["table", "repartition"] {
+        let f = fixture(&format!("sp-{kind}"), 2);
+        let (app, input) = (f.app.clone(), f.input.clone());
+        let (config, at) = s3_at(&s3_endpoint(), &unique("savepoint-refused"));
+        let users = unique("sp-users");
+        create_topic(&users, 2, &[("cleanup.policy", "compact")]);
+        let records: Vec<KeyedRecord> =
+            (0..400).map(|i| (i % 2, format!("k{i}").into_bytes(), Some(format!("v{}", i % 7).into_bytes()))).collect();
+        produce(&input, &records);
+        produce(&users, &records[..40]);
+        let mut b = builder(&app, &input, f.state.path()).store(common::store("s")).snapshots(config).commit_interval(Duration::from_millis(200));
+        b = if kind == "table" { b.table(&users, common::store("users")) } else { b.repartition("by-value") };
+        let (own, by_value) = (input.clone(), kstate::repartition_topic(&app, "by-value"));
+        let running = Running::start(b, move |ctx, rec| {
+            if kind == "repartition" && rec.topic == own {
+                return ctx.repartition("by-value", rec.value.unwrap_or_default(), b"");
+            }
+            if rec.topic == own || rec.topic == by_value {
+                ctx.store("s")?.put(rec.key.unwrap_or_default(), b"seen")?;
+            }
+            Ok(())
+        });
+        wait_all_committed_at(&bootstrap(), &app, &input, 2, WAIT);
+        create_savepoint(&at, &app, "cut", Duration::from_secs(120)).expect("savepoint taken");
+        running.stop().unwrap();
+        let committed: Vec<Option<i64>> = (0..2).map(|p| committed_offset(&app, &input, p)).collect();
+        let changelog_ends: Vec<i64> = (0..2).map(|p| end_offset_at(&bootstrap(), &kstate::changelog_topic(&app, "s"), p)).collect();
+        let refused = restore_savepoint(&at, &app, "cut", &Kafka::new(bootstrap())).unwrap_err().to_string();
+        let why = if kind == "table" { "restoring savepoints of applications with tables is not supported" } else { "applications with repartition topics" };
+        assert!(refused.contains(why), "{kind}: {refused}");
+        // Nothing was rolled back: neither the offsets nor the changelog.
+        assert_eq!((0..2).map(|p| committed_offset(&app, &input, p)).collect::<Vec<_>>(), committed, "{kind}: offsets");
+        let ends: Vec<i64> = (0..2).map(|p| end_offset_at(&bootstrap(), &kstate::changelog_topic(&app, "s"), p)).collect();
+        assert_eq!(ends, changelog_ends, "{kind}: the changelog of `s` was written");
+        delete_savepoint(&at, &app, "cut").unwrap();
+    }
+}

@@ -102,7 +102,8 @@ impl TestDriverBuilder {
         if self.partitions < 1 {
             return Err(Error::Config(format!("a test driver needs at least 1 partition, not {}", self.partitions)));
         }
-        let resources = EngineResources::in_memory(config.block_cache_bytes.min(8 << 20), config.write_buffer_bytes.min(4 << 20))?;
+        let resources =
+            EngineResources::in_memory(config.block_cache_bytes.min(8 << 20), config.write_buffer_bytes.min(4 << 20))?.with_read_cache(config.read_cache_bytes);
         let store_index = config.user_stores().iter().enumerate().map(|(i, s)| (s.name().to_string(), i)).collect();
         let topics = Arc::new(MemoryTopics::new(config.processing_guarantee == ProcessingGuarantee::ExactlyOnce));
         let clock = self.wall_clock.unwrap_or_else(crate::time::wall_clock_ms);
@@ -437,7 +438,8 @@ impl TestDriver {
         for partition in 0..self.partitions {
             loop {
                 let task = self.tasks.get_mut(&partition).expect("every partition has a task");
-                let Some(held) = task.held.as_mut().and_then(|h| h.next(self.clock, idle, &mut |_, _| Some(false))) else { break };
+                let clock = self.clock;
+                let Some(held) = task.held.as_mut().and_then(|h| h.next(&mut || clock, idle, &mut |_, _| Some(false))) else { break };
                 self.process_record(&held.record(&config.input_topics, partition))?;
             }
         }

@@ -103,18 +103,16 @@ fn fnv1a(key: &[u8]) -> u32 {
     h.wrapping_abs() as u32
 }
 
-/// Counts and logs (at most once a minute per topic) keyed input records
-/// that sit in another partition than the partitioner predicts.
 /// A topic's records in other partitions than the partitioner predicts.
 struct Mismatches {
     topic: String,
     counter: metrics::Counter,
     /// When the last warning was logged.
     logged: Option<std::time::Instant>,
-    /// Mismatches since the clock was last read.
-    unclocked: u32,
 }
 
+/// Counts and logs (at most once a minute per topic) keyed input records
+/// that sit in another partition than the partitioner predicts.
 pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32, partitions: i32, key: &[u8]) {
     // (librdkafka's `consistent_random` places empty keys at random)
     if partitions <= 0 || (key.is_empty() && matches!(partitioner, Partitioner::Crc32)) {
@@ -125,25 +123,19 @@ pub(crate) fn check_input(partitioner: &Partitioner, topic: &str, partition: i32
         return;
     }
     // Every record of a topic produced with another partitioner can land
-    // here: its counter is resolved once, and the clock for the log's
-    // once-a-minute limit read every 64th mismatch.
+    // here: its counter is resolved once per topic, not per record.
     static SEEN: std::sync::Mutex<Vec<Mismatches>> = std::sync::Mutex::new(Vec::new());
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     let at = match seen.iter().position(|m| m.topic == topic) {
         Some(at) => at,
         None => {
             let counter = metrics::counter!(crate::metrics::INPUT_PARTITION_MISMATCHES, "topic" => topic.to_string());
-            seen.push(Mismatches { topic: topic.to_string(), counter, logged: None, unclocked: 0 });
+            seen.push(Mismatches { topic: topic.to_string(), counter, logged: None });
             seen.len() - 1
         }
     };
     let m = &mut seen[at];
     m.counter.increment(1);
-    m.unclocked += 1;
-    if m.logged.is_some() && m.unclocked < 64 {
-        return;
-    }
-    m.unclocked = 0;
     let now = std::time::Instant::now();
     if m.logged.is_some_and(|at| now.duration_since(at) < std::time::Duration::from_secs(60)) {
         return;

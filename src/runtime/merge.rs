@@ -3,7 +3,6 @@
 //! taken when its turn has come, the broker's cached high watermarks for
 //! the wait on an input with none held; architecture.md §13).
 
-use std::cell::Cell;
 use std::time::Instant;
 
 use rdkafka::bindings as rdsys;
@@ -22,16 +21,9 @@ use super::RuntimeContext;
 pub(super) struct InputMerge {
     topics: Vec<String>,
     idle_ms: i64,
-    /// The clock of `TaskQueues::next`.
+    /// The clock of `TaskQueues::next` (read only when a wait needs it).
     started: Instant,
-    /// Its last reading (ms) and how many records used it since: read
-    /// again every [`CLOCK_EVERY`] records and at each pass, not per
-    /// record. A late reading only makes a wait for an input end later.
-    clock: Cell<(i64, u32)>,
 }
-
-/// Records that share one reading of the merge's clock.
-const CLOCK_EVERY: u32 = 32;
 
 impl InputMerge {
     /// `None` with one input topic: nothing to merge.
@@ -40,14 +32,12 @@ impl InputMerge {
             topics: config.input_topics.clone(),
             idle_ms: i64::try_from(config.max_task_idle.as_millis()).unwrap_or(i64::MAX),
             started: Instant::now(),
-            clock: Cell::new((0, 0)),
         })
     }
 
     /// A new pass over polled records (a poll, a seek): the answers of
     /// whether an input is behind are asked again.
     pub(super) fn new_pass(&self, tasks: &mut TaskManager) {
-        self.clock.set((0, 0));
         tasks.tasks.values_mut().filter_map(|t| t.held.as_mut()).for_each(TaskQueues::forget_lags);
     }
 
@@ -91,7 +81,8 @@ impl InputMerge {
             return false;
         }
         let queues = task.held.get_or_insert_with(|| TaskQueues::new(config, record.partition));
-        let now = self.now();
+        let started = self.started;
+        let now = &mut || started.elapsed().as_millis() as i64;
         let (topics, partition) = (&self.topics, record.partition);
         if !later_other && queues.goes_at_once((topic, record.offset), now, self.idle_ms, &mut |t, next| lagging(consumer, &topics[t], partition, next)) {
             return false;
@@ -109,23 +100,11 @@ impl InputMerge {
 
     /// Task `partition`'s next record to process now, if any.
     pub(super) fn next(&self, partition: i32, tasks: &mut TaskManager, consumer: &BaseConsumer<RuntimeContext>) -> Option<Held> {
-        let now = self.now();
+        let started = self.started;
+        let now = &mut || started.elapsed().as_millis() as i64;
         let task = tasks.tasks.get_mut(&partition)?;
         let topics = &self.topics;
         task.held.as_mut()?.next(now, self.idle_ms, &mut |t, next| lagging(consumer, &topics[t], partition, next))
-    }
-
-    /// The merge's clock (ms since it started), read afresh at most every
-    /// [`CLOCK_EVERY`] calls.
-    fn now(&self) -> i64 {
-        let (ms, uses) = self.clock.get();
-        if uses > 0 && uses < CLOCK_EVERY {
-            self.clock.set((ms, uses + 1));
-            return ms;
-        }
-        let ms = self.started.elapsed().as_millis() as i64;
-        self.clock.set((ms, 1));
-        ms
     }
 
     /// The topics, by index.

@@ -745,7 +745,13 @@ impl KeyValueStore {
             }
         }
         let writes = std::mem::take(&mut self.sealed);
-        if self.segments.is_none() && !self.in_memory {
+        if landed < 0 {
+            // (No caller lands writes that were not written; should one,
+            // the cache must not hold them.)
+            if !writes.is_empty() {
+                self.forget_recent();
+            }
+        } else if self.segments.is_none() && !self.in_memory {
             self.recent.landed(&writes);
             self.metrics.read_cache_bytes.set(self.recent.bytes() as f64);
         }

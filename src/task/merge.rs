@@ -152,8 +152,10 @@ impl TaskQueues {
     /// `None`: not known, which is waited for once per input), else `idle`
     /// ms; or once the task holds [`MAX_HELD`] records. The wait starts
     /// when the task holds records again after holding none, or when an
-    /// input runs dry. `now` is in ms on any clock that does not go back.
-    pub(crate) fn next(&mut self, now: i64, idle: i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>) -> Option<Held> {
+    /// input runs dry. `now` reads a clock in ms that does not go back
+    /// (only when a wait needs it: a task whose every input has a record
+    /// reads none).
+    pub(crate) fn next(&mut self, now: &mut dyn FnMut() -> i64, idle: i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>) -> Option<Held> {
         if self.held == 0 {
             self.waiting_since = None;
             return None;
@@ -161,8 +163,9 @@ impl TaskQueues {
         if (0..self.queues.len()).all(|t| !self.queues[t].is_empty()) {
             self.waiting_since = None;
         } else {
+            let now = now();
             let since = *self.waiting_since.get_or_insert(now);
-            let behind = self.behind(None, now, lagging);
+            let behind = self.behind(None, &mut || now, lagging);
             let wait = if behind { LAG_WAIT_MS.max(idle) } else { idle };
             if now - since < wait && self.held < MAX_HELD {
                 return None;
@@ -199,7 +202,7 @@ impl TaskQueues {
     pub(crate) fn goes_at_once(
         &mut self,
         (topic, offset): (usize, i64),
-        now: i64,
+        now: &mut dyn FnMut() -> i64,
         idle: i64,
         lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>,
     ) -> bool {
@@ -214,13 +217,16 @@ impl TaskQueues {
 
     /// Whether an empty input other than `except` is behind: the broker
     /// holds more of it (`lagging`), or that is not known and it was not
-    /// waited for yet. Answers of `lagging` are reused for [`LAG_RECHECK_MS`].
-    fn behind(&mut self, except: Option<usize>, now: i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>) -> bool {
+    /// waited for yet. Answers of `lagging` are reused for [`LAG_RECHECK_MS`]
+    /// (the clock is read once, if an input is empty).
+    fn behind(&mut self, except: Option<usize>, now: &mut dyn FnMut() -> i64, lagging: &mut dyn FnMut(usize, Option<i64>) -> Option<bool>) -> bool {
         let mut behind = false;
+        let mut read: Option<i64> = None;
         for t in 0..self.queues.len() {
             if Some(t) == except || !self.queues[t].is_empty() {
                 continue;
             }
+            let now = *read.get_or_insert_with(&mut *now);
             let answer = match self.checked[t] {
                 Some((at, answer)) if (0..LAG_RECHECK_MS).contains(&(now - at)) => answer,
                 _ => {
@@ -275,7 +281,7 @@ mod tests {
         let mut q = queues();
         let (mut asked, mut lag) = (0, Some(false));
         let at_once = |q: &mut TaskQueues, now: i64, idle: i64, lag: Option<bool>, asked: &mut i32| {
-            q.goes_at_once((0, 7), now, idle, &mut |t, _| {
+            q.goes_at_once((0, 7), &mut || now, idle, &mut |t, _| {
                 assert_eq!(t, 1, "only the other input is asked about");
                 *asked += 1;
                 lag
@@ -292,7 +298,7 @@ mod tests {
         assert!(!at_once(&mut q, 31, 500, Some(false), &mut asked), "max_task_idle applies");
         q.push(held(1, 3));
         assert!(!at_once(&mut q, 32, 0, Some(false), &mut asked), "records are held: they go first");
-        assert!(q.next(32, 0, &mut |_, _| Some(false)).is_some());
+        assert!(q.next(&mut || 32, 0, &mut |_, _| Some(false)).is_some());
         assert!(at_once(&mut q, 33, 0, Some(false), &mut asked), "a push cleared the reused `not known`");
         assert_eq!(asked, 4);
         assert!(at_once(&mut q, 34, 0, Some(true), &mut asked), "(reused)");
@@ -305,10 +311,10 @@ mod tests {
     fn an_input_not_known_to_be_behind_is_waited_for_once_then_records_go_at_once() {
         let mut q = queues();
         q.push(held(0, 1));
-        assert!(q.next(0, 0, &mut |_, _| None).is_none(), "not known: waited for");
-        assert!(q.next(LAG_WAIT_MS - 1, 0, &mut |_, _| None).is_none());
-        assert!(q.next(LAG_WAIT_MS, 0, &mut |_, _| None).is_some(), "once, for LAG_WAIT_MS");
+        assert!(q.next(&mut || 0, 0, &mut |_, _| None).is_none(), "not known: waited for");
+        assert!(q.next(&mut || LAG_WAIT_MS - 1, 0, &mut |_, _| None).is_none());
+        assert!(q.next(&mut || LAG_WAIT_MS, 0, &mut |_, _| None).is_some(), "once, for LAG_WAIT_MS");
         q.forget_lags();
-        assert!(q.goes_at_once((0, 2), LAG_WAIT_MS, 0, &mut |_, _| None), "then no more: it was settled");
+        assert!(q.goes_at_once((0, 2), &mut || LAG_WAIT_MS, 0, &mut |_, _| None), "then no more: it was settled");
     }
 }

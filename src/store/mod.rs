@@ -745,26 +745,8 @@ impl KeyValueStore {
             }
         }
         let writes = std::mem::take(&mut self.sealed);
-        if landed < 0 {
-            // (No caller lands writes that were not written; should one,
-            // the cache must not hold them.)
-            if !writes.is_empty() {
-                self.forget_recent();
-            }
-        } else if self.segments.is_none() && !self.in_memory {
-            self.recent.landed(&writes);
-            self.metrics.read_cache_bytes.set(self.recent.bytes() as f64);
-        }
+        self.remember_landed(&writes, landed >= 0);
         writes
-    }
-
-    /// Empties the read cache: RocksDB is written another way than by a
-    /// landed commit (a restore, a standby, a wipe).
-    pub(crate) fn forget_recent(&mut self) {
-        if self.recent.bytes() > 0 {
-            self.recent.forget();
-            self.metrics.read_cache_bytes.set(0.0);
-        }
     }
 
     /// Drops uncommitted writes; local state stays at the last checkpoint.

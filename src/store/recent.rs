@@ -25,6 +25,33 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::store::overlay::Overlay;
+use crate::store::KeyValueStore;
+
+impl KeyValueStore {
+    /// A commit's `writes` landed in RocksDB (`written`: its landing was
+    /// recorded): the read cache keeps them.
+    pub(super) fn remember_landed(&mut self, writes: &Overlay, written: bool) {
+        if !written {
+            // (No caller lands writes that were not written; should one,
+            // the cache must not hold them.)
+            if !writes.is_empty() {
+                self.forget_recent();
+            }
+        } else if self.segments.is_none() && !self.in_memory {
+            self.recent.landed(writes);
+            self.metrics.read_cache_bytes.set(self.recent.bytes() as f64);
+        }
+    }
+
+    /// Empties the read cache: RocksDB is written another way than by a
+    /// landed commit (a restore, a standby, a wipe).
+    pub(crate) fn forget_recent(&mut self) {
+        if self.recent.bytes() > 0 {
+            self.recent.forget();
+            self.metrics.read_cache_bytes.set(0.0);
+        }
+    }
+}
 
 /// The bytes all read caches of this instance may hold together.
 #[derive(Debug)]

@@ -81,8 +81,7 @@ impl InputMerge {
             return false;
         }
         let queues = task.held.get_or_insert_with(|| TaskQueues::new(config, record.partition));
-        let started = self.started;
-        let now = &mut || started.elapsed().as_millis() as i64;
+        let now = &mut || self.now_ms();
         let (topics, partition) = (&self.topics, record.partition);
         if !later_other && queues.goes_at_once((topic, record.offset), now, self.idle_ms, &mut |t, next| lagging(consumer, &topics[t], partition, next)) {
             return false;
@@ -100,11 +99,15 @@ impl InputMerge {
 
     /// Task `partition`'s next record to process now, if any.
     pub(super) fn next(&self, partition: i32, tasks: &mut TaskManager, consumer: &BaseConsumer<RuntimeContext>) -> Option<Held> {
-        let started = self.started;
-        let now = &mut || started.elapsed().as_millis() as i64;
+        let now = &mut || self.now_ms();
         let task = tasks.tasks.get_mut(&partition)?;
         let topics = &self.topics;
         task.held.as_mut()?.next(now, self.idle_ms, &mut |t, next| lagging(consumer, &topics[t], partition, next))
+    }
+
+    /// The merge's clock: ms since it started.
+    fn now_ms(&self) -> i64 {
+        self.started.elapsed().as_millis() as i64
     }
 
     /// The topics, by index.

@@ -81,6 +81,11 @@ impl Budget {
     fn give_back(&self, bytes: usize) {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
+
+    /// Takes `bytes` whether or not they fit.
+    fn charge(&self, bytes: usize) {
+        self.used.fetch_add(bytes, Ordering::AcqRel);
+    }
 }
 
 impl Default for Budget {
@@ -96,23 +101,19 @@ pub(crate) const DEFAULT_BYTES: usize = 16 << 20;
 /// holds (a delete included: the key is known to be absent).
 #[derive(Debug)]
 pub(crate) struct Recent {
+    /// What it holds; its bytes are what it has taken from the budget.
     entries: Overlay,
-    /// Bytes taken from the budget (at least `entries.bytes()`).
-    taken: usize,
     budget: Arc<Budget>,
 }
 
 impl Recent {
     pub(crate) fn new(budget: Arc<Budget>) -> Recent {
-        Recent { entries: Overlay::default(), taken: 0, budget }
+        Recent { entries: Overlay::default(), budget }
     }
 
     /// `None`: not cached; `Some(None)`: absent; `Some(Some(v))`: RocksDB holds `v`.
     #[inline]
     pub(crate) fn get(&self, key: &[u8]) -> Option<Option<&[u8]>> {
-        if self.taken == 0 {
-            return None;
-        }
         self.entries.get(key)
     }
 
@@ -130,30 +131,30 @@ impl Recent {
                 return;
             }
         }
+        let before = self.entries.bytes();
         for (k, v) in writes.iter() {
             self.entries.write(k, v);
         }
-        self.taken += growth;
-        // Give back what the overwrites did not use.
-        let held = self.entries.bytes();
-        if held < self.taken {
-            self.budget.give_back(self.taken - held);
-            self.taken = held;
+        // Give back what the overwrites did not use (`growth` bounds what
+        // the writes add; should it not, the excess is charged, so that
+        // the budget always holds exactly the caches' bytes).
+        let (taken, held) = (before + growth, self.entries.bytes());
+        match held.cmp(&taken) {
+            std::cmp::Ordering::Less => self.budget.give_back(taken - held),
+            std::cmp::Ordering::Greater => self.budget.charge(held - taken),
+            std::cmp::Ordering::Equal => {}
         }
     }
 
     /// Empties the cache: RocksDB is about to change another way, or did.
     pub(crate) fn forget(&mut self) {
-        if self.taken > 0 {
-            self.entries.clear();
-            self.budget.give_back(self.taken);
-            self.taken = 0;
-        }
+        self.budget.give_back(self.entries.bytes());
+        self.entries.clear();
     }
 
-    /// Bytes this cache holds.
+    /// Bytes this cache holds (taken from the budget).
     pub(crate) fn bytes(&self) -> usize {
-        self.taken
+        self.entries.bytes()
     }
 }
 

@@ -364,7 +364,7 @@ impl Follower {
         }
         self.store.apply(&[], &self.next, self.partitions)?;
         for (p, (records, bytes)) in counts.into_iter().enumerate() {
-            listener.on_restore_end(&RestoreEnd { store: name.clone(), partition: p as i32, records, bytes, duration: started.elapsed() });
+            listener.on_restore_end(&RestoreEnd { store: name.clone(), partition: p as i32, records, bytes, duration: started.elapsed(), table_files: 0 });
         }
         tracing::info!(table = %name, topic = %topic, took = ?started.elapsed(), "global table bootstrapped");
         Ok(())

@@ -418,3 +418,183 @@ fn a_changelog_truncated_from_its_start_is_reported_at_startup() {
     let lost: Vec<&str> = report.differences.iter().filter(|d| d.changelog_value.is_none()).map(|d| d.key.as_str()).collect();
     assert_eq!(lost.len(), 5, "{lost:?}");
 }
+
+/// Large changelog records for the table-file tests: `per_partition`
+/// writes over 1500 keys per partition (most keys written many times, in
+/// different batches), values of 60-160 bytes, 10% deletes.
+fn large_changelog_records(seed: u64, partitions: i32, per_partition: usize) -> Vec<KeyedRecord> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for i in 0..per_partition {
+        for p in 0..partitions {
+            let key = format!("p{p}-key-{:05}", rng.random_range(0..1500)).into_bytes();
+            let value = if rng.random_bool(0.1) {
+                None
+            } else {
+                let len = rng.random_range(60..160);
+                Some(format!("{i}:").into_bytes().into_iter().chain(std::iter::repeat_n(b'a' + (i % 26) as u8, len)).collect())
+            };
+            out.push((p, key, value));
+        }
+    }
+    out
+}
+
+/// The changelog's records of partition `p`, applied in order.
+fn changelog_model(changelog: &str, p: i32) -> (Model, u64) {
+    let mut model = Model::new();
+    let records = read_partition(changelog, p);
+    for (_, k, v) in &records {
+        apply(&mut model, k, v.as_deref());
+    }
+    (model, records.len() as u64)
+}
+
+/// A restore of more than a few MiB per store partition writes its batches
+/// as table files (sorted, one write per key) and ingests them in changelog
+/// order: a full restore and a tail restore on top of existing data both end
+/// equal to the changelog, later writes of a key over earlier ones, deletes
+/// included. A 2 MiB write buffer makes the batches 1 MiB.
+#[test]
+fn a_large_restore_ingests_table_files_in_changelog_order() {
+    let Fixture { input, app, state } = fixture("ingest", 2);
+    let changelog = kstate::changelog_topic(&app, "s");
+    let run = |n_ends: usize| {
+        let restores = Restores::default();
+        let running = Running::start(
+            builder(&app, &input, state.path()).store(common::store("s")).write_buffer_bytes(2 << 20).restore_listener(restores.clone()),
+            apply_input,
+        );
+        wait_until("restores to end", Duration::from_secs(120), || restores.ended() >= n_ends || running.is_finished());
+        running.stop().expect("clean run");
+        restores
+    };
+    let files = |r: &Restores, p: i32| r.ends.lock().unwrap().iter().filter(|e| e.partition == p).map(|e| e.table_files).sum::<u64>();
+    // The first run creates the changelog; then another owner's writes land in it.
+    run(2);
+    produce(&changelog, &large_changelog_records(11, 2, 30_000));
+
+    // 1. Full restore (state lost): about 3.5 MiB per partition.
+    std::fs::remove_dir_all(state.path().join(&app)).unwrap();
+    let r = run(2);
+    for p in 0..2 {
+        let (model, len) = changelog_model(&changelog, p);
+        assert_store_is_changelog_prefix(state.path(), &app, p, &model);
+        let restored = r.ends.lock().unwrap().iter().filter(|e| e.partition == p).map(|e| e.records).sum::<u64>();
+        assert_eq!(restored, len, "partition {p}: the whole changelog replayed");
+        if !common::stores_in_memory() {
+            assert!(files(&r, p) >= 3, "partition {p}: {} table files; a 3.5 MiB restore in 1 MiB batches writes at least 3", files(&r, p));
+        }
+    }
+
+    // 2. Tail restore on top of the restored data: the same keys again.
+    produce(&changelog, &large_changelog_records(12, 1, 20_000));
+    let r = run(2);
+    let (model, len) = changelog_model(&changelog, 0);
+    assert_store_is_changelog_prefix(state.path(), &app, 0, &model);
+    assert_eq!(r.restored_records(), 20_000, "only the tail (of partition 0) is replayed; {len} in the changelog");
+    if !common::stores_in_memory() {
+        assert!(files(&r, 0) >= 2, "the 2.2 MiB tail went through {} table files", files(&r, 0));
+    }
+    assert_store_is_changelog_prefix(state.path(), &app, 1, &changelog_model(&changelog, 1).0);
+}
+
+/// Prints each restored batch's end offset to stdout, then sleeps: the
+/// restore of [`restore_child`] goes slowly enough to be killed mid-way.
+struct SlowBatches;
+
+impl kstate::RestoreListener for SlowBatches {
+    fn on_restore_start(&self, _: &kstate::RestoreStart) {}
+    fn on_batch_restored(&self, b: &kstate::RestoreBatch) {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "batch {} {}", b.partition, b.batch_end_offset);
+        let _ = out.flush();
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    fn on_restore_end(&self, _: &kstate::RestoreEnd) {}
+}
+
+/// The child of `a_restore_killed_mid_way_resumes_from_its_last_table_file`.
+#[test]
+#[ignore = "child process of a_restore_killed_mid_way_resumes_from_its_last_table_file"]
+fn restore_child() {
+    let (Ok(app), Ok(input), Ok(state)) =
+        (std::env::var("KSTATE_RESTORE_APP"), std::env::var("KSTATE_RESTORE_INPUT"), std::env::var("KSTATE_RESTORE_STATE"))
+    else {
+        return;
+    };
+    init_tracing();
+    let app = builder(&app, &input, Path::new(&state))
+        .store(common::store("s"))
+        .write_buffer_bytes(2 << 20)
+        .restore_listener(SlowBatches)
+        .build()
+        .unwrap();
+    app.run(apply_input).unwrap();
+}
+
+/// A SIGKILL in the middle of a restore that ingests table files: the store
+/// is left at the checkpoint of its last ingested file (data and checkpoint
+/// agree, nothing past it), and the next start replays only the rest.
+#[test]
+fn a_restore_killed_mid_way_resumes_from_its_last_table_file() {
+    if common::stores_in_memory() {
+        return; // in memory: no table files (and a restore's progress is saved at its end)
+    }
+    let Fixture { input, app, state } = fixture("ingest-kill", 1);
+    let changelog = kstate::changelog_topic(&app, "s");
+    run_once(&app, &input, state.path(), 1, &[], common::store("s"));
+    produce(&changelog, &large_changelog_records(13, 1, 60_000));
+    let (model, len) = changelog_model(&changelog, 0);
+    std::fs::remove_dir_all(state.path().join(&app)).unwrap();
+
+    let log = state.path().join("child.log");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["restore_child", "--exact", "--ignored", "--nocapture"])
+        .env("KSTATE_RESTORE_APP", &app)
+        .env("KSTATE_RESTORE_INPUT", &input)
+        .env("KSTATE_RESTORE_STATE", state.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(offset) = line.strip_prefix("batch 0 ").and_then(|o| o.parse::<i64>().ok()) {
+                let _ = tx.send(offset);
+            }
+        }
+    });
+    // Killed while it sleeps after its second batch (its listener sleeps 400 ms).
+    let mut ends = Vec::new();
+    while ends.len() < 2 {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(offset) => ends.push(offset),
+            Err(e) => panic!("the child restored {} batches ({e}); see {}", ends.len(), log.display()),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(ends[1] + 1 < len as i64, "killed before the restore's end ({ends:?} of {len})");
+
+    // Data and checkpoint agree, at the second batch's end.
+    let (data, checkpoint) = read_store_dir_after_kill(state.path(), &app, "s", 0);
+    assert_eq!(checkpoint, Some(ends[1]), "the checkpoint of the last batch written before the kill");
+    let mut prefix = Model::new();
+    for (off, k, v) in read_partition(&changelog, 0) {
+        if off <= ends[1] {
+            apply(&mut prefix, &k, v.as_deref());
+        }
+    }
+    assert_same_state(&data, &prefix, "after the kill: store vs changelog prefix to its checkpoint");
+
+    // The next start replays the rest only.
+    let r = run_once(&app, &input, state.path(), 1, &[], common::store("s"));
+    assert_eq!(r.restored_records(), len - (ends[1] + 1) as u64, "resumed after the checkpoint");
+    assert_store_is_changelog_prefix(state.path(), &app, 0, &model);
+}

@@ -33,6 +33,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod checkpoint;
+pub(crate) mod file_builder;
 pub(crate) mod live_tail;
 pub(crate) mod rate;
 pub(crate) mod restore_loop;
@@ -95,6 +96,9 @@ pub struct RestoreEnd {
     pub bytes: u64,
     /// Wall time from start to end.
     pub duration: Duration,
+    /// Batches written as table files and ingested into RocksDB (a large
+    /// restore's fast path; the others went through its memtable).
+    pub table_files: u64,
 }
 
 /// Observes restores, like Kafka Streams' `StateRestoreListener`.

@@ -17,7 +17,7 @@ use super::live_tail::Prober;
 use super::checkpoint::{full_restore_reason, ChangelogState, LocalCheckpoint};
 use super::rate::RestoreRate;
 use super::restorer::{Command, RestoreJob, RestoreOutcome};
-use super::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
+use super::{RestoreEnd, RestoreListener, RestoreStart};
 use crate::error::{Error, Result};
 use crate::kafka::consumer_batch::{serve_consumer_queue, PolledBatch, QueueHandle, POLL_BATCH};
 use crate::store::published::Role;
@@ -27,6 +27,7 @@ use crate::store::KeyValueStore;
 
 mod standby;
 mod table;
+mod write;
 pub(crate) use table::CommittedOffsets;
 
 /// Records written to RocksDB per restore batch.
@@ -71,6 +72,15 @@ struct Active {
     last_write: Instant,
     /// In bulk-load mode (a restore, or a standby far behind).
     bulk: bool,
+    /// A restore whose full batches are ingested as table files
+    /// (`restore_loop/write.rs`): the bytes that fill one.
+    ingest_bytes: Option<usize>,
+    /// Identifies this restore to the file builder (unique in the loop).
+    id: u64,
+    /// Its batches at the file builder, oldest first.
+    in_flight: std::collections::VecDeque<write::InFlight>,
+    /// Batches ingested as table files.
+    table_files: u64,
     /// When a standby last read its end offset from the broker, and how
     /// often it does (a quarter of the changelog's tombstone retention, at
     /// most [`STANDBY_AGE_REFRESH`]).
@@ -123,6 +133,10 @@ pub(super) struct RestoreLoop {
     busy: Option<Busy>,
     /// The application's committed offsets, which end tables' copies.
     committed: Option<CommittedOffsets>,
+    /// Writes full restore batches as table files (`restore_loop/write.rs`).
+    files: crate::restore::file_builder::FileBuilder,
+    /// The next [`Active`]'s id.
+    next_id: u64,
 }
 
 /// Restores that overlapped in time, for [`RestoreRate`].
@@ -158,6 +172,8 @@ impl RestoreLoop {
             active: HashMap::new(),
             standby_offsets,
             committed,
+            files: Default::default(),
+            next_id: 0,
         }
     }
 
@@ -273,6 +289,7 @@ impl RestoreLoop {
             Self::serve_events(&consumer, |topic, partition, offset, key, value| {
                 self.on_record(topic, partition, offset, key, value)
             });
+            self.ingest_built();
             if !restarted.is_empty() {
                 // Positions may still show the old assignment for a moment.
                 last_progress = Instant::now();
@@ -369,7 +386,10 @@ impl RestoreLoop {
         }
         a.records += 1;
         a.last_offset = offset;
-        let full = a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES;
+        let full = match a.ingest_bytes {
+            Some(limit) => a.batch.bytes() >= limit,
+            None => a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES,
+        };
         if a.standby {
             // Written when full, and every STANDBY_WRITE_EVERY by check_positions.
             if full {
@@ -383,7 +403,7 @@ impl RestoreLoop {
             let id = id.clone();
             if at_end {
                 self.finish(&id);
-            } else {
+            } else if !self.write_batch_later(&id) {
                 self.write_batch(&id);
             }
         }
@@ -537,6 +557,10 @@ impl RestoreLoop {
             standby,
             last_write: Instant::now(),
             bulk: false,
+            ingest_bytes: None,
+            id: self.next_id,
+            in_flight: Default::default(),
+            table_files: 0,
             seen_end: (high, end_read_at_ms),
             age_refreshed: Instant::now(),
             age_refresh_every: store.tombstone_retention.map_or(STANDBY_AGE_REFRESH, |r| (r / 4).min(STANDBY_AGE_REFRESH)),
@@ -545,6 +569,7 @@ impl RestoreLoop {
             schema: RestoreSchema::new(store.schema().clone(), store.engine().refused_keys()?),
             table,
         };
+        self.next_id += 1;
         if standby {
             let checkpoint = store.checkpoint();
             self.publish_standby(partition, index, checkpoint);
@@ -564,6 +589,11 @@ impl RestoreLoop {
         }
         // A standby restarted after an interrupted bulk copy is still in bulk mode.
         active.bulk = store.engine().is_bulk_loading();
+        // (Not a table copy that must never be ahead of the committed offset,
+        // exactly-once: a crash could leave a file past its checkpoint.)
+        if !standby && active.segments.is_none() && !store.source().is_some_and(|s| s.rebuild_if_ahead) {
+            active.ingest_bytes = store.engine().ingest_batch_bytes();
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;
         if !self.records.forward_partition(&self.consumer, &topic, partition) {
@@ -576,67 +606,6 @@ impl RestoreLoop {
         active.assigned = true;
         self.active.insert(key, active);
         Ok(None)
-    }
-
-    /// Writes the pending batch with the checkpoint of its last record.
-    fn write_batch(&mut self, key: &(String, i32)) {
-        let listener = self.listener.clone();
-        let Some((a, store)) = self.store_of(key) else { return };
-        if a.batch.len() == 0 && !a.schema.has_changes() {
-            return;
-        }
-        let records = a.batch.len() as u64;
-        let mut batch = crate::store::engine::Batch::from(a.batch.take_sorted());
-        store.engine().add_refused_changes(&mut batch, a.schema.take_changes());
-        if let Some(segments) = &mut a.segments {
-            // After the data: records of segments that expired while this
-            // batch filled are dropped with them.
-            let update = segments.take_update();
-            store.engine().add_segments_update(&mut batch, &update);
-            store.metrics.segments_dropped.increment(update.dropped);
-        }
-        let last = a.last_offset;
-        // (A table's records past `last` may be older than any read of its
-        // end: they were appended after about the last one's timestamp.)
-        let result = if a.standby && a.table.is_none() && last + 1 >= a.seen_end.0 {
-            store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
-        } else if let Some(bound) = table::age_bound(a) {
-            store.engine().commit_with_age_bound(batch, last, bound)
-        } else {
-            store.engine().commit(batch, last)
-        };
-        a.last_write = Instant::now();
-        if result.is_ok() {
-            if let Some(s) = &mut a.segments {
-                s.landed();
-            }
-            store.segments.clone_from(&a.segments);
-        }
-        match result {
-            Ok(()) if a.standby => {
-                store.set_checkpoint(Some(last));
-                store.metrics.standby_records.increment(records);
-                let (partition, index) = (a.partition, a.store_index);
-                self.publish_standby(partition, index, Some(last));
-            }
-            Ok(()) => {
-                store.set_checkpoint(Some(last));
-                store.metrics.restore_records.increment(records);
-                let remaining = (a.end - last - 1).max(0) as u64;
-                store.metrics.restore_remaining.set(remaining as f64);
-                store.metrics.restore_remaining_bytes.set(a.estimated_bytes(remaining) as f64);
-                listener.on_batch_restored(&RestoreBatch {
-                    store: store.name().to_string(),
-                    partition: key.1,
-                    batch_end_offset: last,
-                    records,
-                });
-            }
-            Err(e) => {
-                let p = a.partition;
-                self.fail(p, e);
-            }
-        }
     }
 
     /// Completes one store partition: last batch, checkpoint at `end - 1`, flush.
@@ -689,9 +658,10 @@ impl RestoreLoop {
             records: a.records,
             bytes: a.bytes,
             duration,
+            table_files: a.table_files,
         };
         tracing::info!(store = %event.store, partition = a.partition, records = a.records, bytes = a.bytes,
-            expired_skipped = a.expired, seconds = duration.as_secs_f64(), "restore finished");
+            expired_skipped = a.expired, table_files = a.table_files, seconds = duration.as_secs_f64(), "restore finished");
         let app_dir = store.app_dir().map(Path::to_path_buf);
         self.listener.on_restore_end(&event);
         // Restores run side by side on this one thread: the rate that
@@ -727,6 +697,12 @@ impl RestoreLoop {
     /// Stops tracking one store partition and releases its changelog partition.
     fn remove_active(&mut self, key: &(String, i32)) -> Option<Active> {
         let a = self.active.remove(key)?;
+        if !a.in_flight.is_empty() {
+            self.discard_files(a.id, a.in_flight.len());
+        }
+        if self.active.is_empty() && !self.files.is_busy() {
+            self.files.release_spares(); // nothing restores: their memory goes
+        }
         if let Some(job) = self.jobs.get(&a.partition) {
             job.stores[a.store_index].metrics.clear_lags();
         }

@@ -25,10 +25,12 @@ use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, FlushOptions, Me
 use crate::error::{Error, Result};
 
 mod heap;
+mod ingest;
 mod readonly;
 mod stats;
 mod view;
 
+pub(crate) use ingest::{remove_file as remove_table_file, TableFile};
 pub(crate) use heap::{decode as decode_heap_file, HeapBudget, ENTRY_OVERHEAD as HEAP_ENTRY_OVERHEAD, FILE as HEAP_FILE};
 pub(crate) use stats::{DataStats, Tickers};
 pub(crate) use view::{Batch, SnapshotRead};
@@ -267,6 +269,9 @@ impl Engine {
             tracing::info!(dir = %path.display(), "store is on RocksDB now; removing its in-memory file");
             Self::wipe(path)?;
         }
+        if res.memory.is_none() {
+            ingest::remove_leftovers(path)?;
+        }
         let (db, options) = Self::open_db(path, res, false)?;
         Ok(Self::new(path, res, (Some(db), None), options))
     }
@@ -305,28 +310,7 @@ impl Engine {
     /// auto-compaction. Measured on 2M records: +15% (vector), +10% (no
     /// compression); see BENCHMARKS.md.
     fn open_db(path: &Path, res: &EngineResources, bulk: bool) -> Result<(DB, Options)> {
-        let mut table = BlockBasedOptions::default();
-        table.set_block_cache(&res.block_cache);
-        table.set_cache_index_and_filter_blocks(true);
-        table.set_bloom_filter(10.0, false);
-        let mut cf_opts = Options::default();
-        cf_opts.set_block_based_table_factory(&table);
-        cf_opts.set_write_buffer_size(res.write_buffer_bytes);
-        // L0 and the level L0 compacts into hold the newest, most rewritten
-        // data (with dynamic level sizes, a small store's only level): leave
-        // them uncompressed, as Kafka Streams leaves every level, and
-        // compress the deeper levels where most of a large store lives.
-        // Measured: +5% write throughput at 5M records (BENCHMARKS.md).
-        use rocksdb::DBCompressionType::{Lz4, None as Plain};
-        cf_opts.set_compression_per_level(&[Plain, Plain, Lz4, Lz4, Lz4, Lz4, Lz4]);
-        if bulk {
-            cf_opts.set_memtable_factory(MemtableFactory::Vector);
-            cf_opts.set_disable_auto_compactions(true);
-            // Flushes during a restore compete with it for CPU; their files
-            // are compressed later, when compaction rewrites them.
-            cf_opts.set_compression_per_level(&[Plain; 7]);
-        }
-
+        let cf_opts = Self::data_options(res, bulk);
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
@@ -357,6 +341,32 @@ impl Engine {
         ];
         let db = DB::open_cf_descriptors(&db_opts, path, cfs)?;
         Ok((db, db_opts))
+    }
+
+    /// The options of the data column family (see [`Engine::open_db`]).
+    fn data_options(res: &EngineResources, bulk: bool) -> Options {
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&res.block_cache);
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_bloom_filter(10.0, false);
+        let mut cf_opts = Options::default();
+        cf_opts.set_block_based_table_factory(&table);
+        cf_opts.set_write_buffer_size(res.write_buffer_bytes);
+        // L0 and the level L0 compacts into hold the newest, most rewritten
+        // data (with dynamic level sizes, a small store's only level): leave
+        // them uncompressed, as Kafka Streams leaves every level, and
+        // compress the deeper levels where most of a large store lives.
+        // Measured: +5% write throughput at 5M records (BENCHMARKS.md).
+        use rocksdb::DBCompressionType::{Lz4, None as Plain};
+        cf_opts.set_compression_per_level(&[Plain, Plain, Lz4, Lz4, Lz4, Lz4, Lz4]);
+        if bulk {
+            cf_opts.set_memtable_factory(MemtableFactory::Vector);
+            cf_opts.set_disable_auto_compactions(true);
+            // Flushes during a restore compete with it for CPU; their files
+            // are compressed later, when compaction rewrites them.
+            cf_opts.set_compression_per_level(&[Plain; 7]);
+        }
+        cf_opts
     }
 
     fn db(&self) -> &DB {

@@ -425,6 +425,11 @@ class Suite:
             self.record("restore", "kstate-table", run_json(
                 [self.rust, "kstate-restore", "--bootstrap", self.b, "--app", f"{app}-table-{rep}", "--store", store, "--input", inp,
                  "--state-dir", kst_table, "--table", changelog]))
+            # Kafka Streams' own source-table restore (builder.table with
+            # topology.optimization=all: the topic is the store's changelog).
+            self.record("restore", "kafka-streams-table", run_json(self.java + [
+                "table-restore", "--bootstrap", self.b, "--app-id", f"{app}-kstable-{rep}", "--store", store, "--input-topic", inp,
+                "--partitions", str(self.a.partitions), "--state-dir", os.path.join(self.tmp, "ks-table-restore"), "--table-topic", changelog]))
         # Tail restore: 1% more records on top of the state both just restored.
         for rep in range(self.a.reps):
             self.gen(changelog, max(1, self.a.records // 100), append=True, seed=1000 + rep)

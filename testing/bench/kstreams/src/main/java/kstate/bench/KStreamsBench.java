@@ -26,6 +26,7 @@ public final class KStreamsBench {
         "  window-restore COMMON [same window options]   (empty state dir: restore the window store's changelog)",
         "  repartition  COMMON --records N   (groupBy(first two value bytes).count() through a repartition topic)",
         "  join         COMMON --records N --table-topic T   (stream.leftJoin(builder.table(T)), N stream records)",
+        "  table-restore COMMON --table-topic T   (empty state dir: builder.table(T) restored from T itself, up to the group's offsets, set to T's end)",
         "COMMON = --bootstrap H:P --app-id ID --store NAME --input-topic T --partitions P --state-dir DIR");
 
     public static void main(String[] argv) {
@@ -48,6 +49,7 @@ public final class KStreamsBench {
                 case "window-restore": result = WindowBench.run(a, true); break;
                 case "repartition": result = RepartitionBench.run(a); break;
                 case "join": result = JoinBench.run(a); break;
+                case "table-restore": result = TableRestoreBench.run(a); break;
                 default: throw new IllegalArgumentException("unknown subcommand " + argv[0] + "\n" + USAGE);
             }
             System.out.println(result);

@@ -42,6 +42,8 @@ final class StoreApp {
     String tableTopic;
     /** --in-memory: Stores.inMemoryKeyValueStore instead of RocksDB (replayed in full on every start). */
     boolean inMemory;
+    /** table-restore: only the table of `tableTopic` (see TableRestoreBench), no stream. */
+    boolean tableOnly;
 
     StoreApp(Args a) {
         bootstrap = a.str("bootstrap");
@@ -75,6 +77,7 @@ final class StoreApp {
     Topology topology(ProcessedCounter counter) {
         if (windowed != null) return WindowBench.topology(this, counter);
         if (repartitioned) return RepartitionBench.topology(this, counter);
+        if (tableOnly) return TableRestoreBench.topology(this);
         if (tableTopic != null) return JoinBench.topology(this, counter);
         Topology t = new Topology();
         t.addSource("source", new BytesDeserializer(), new ByteArrayDeserializer(), inputTopic);

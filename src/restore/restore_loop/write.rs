@@ -1,0 +1,216 @@
+//! How the restore loop writes its batches: through RocksDB's memtable
+//! (each with its checkpoint in one write batch), or, for a restore's large
+//! batches, as table files (architecture.md §21): full batches go to the
+//! file builder thread, and the files it returns are ingested here, in
+//! order, each followed by its checkpoint.
+
+use crate::error::{Error, Result};
+use crate::restore::file_builder::Built;
+use crate::restore::RestoreBatch;
+use crate::store::engine::TableFile;
+
+use super::{table, RestoreLoop};
+
+/// A restore's last batch is written as a table file from this share of a
+/// full one; a smaller one goes through the memtable (one small file more
+/// would cost more than it saves).
+const LAST_BATCH_FILE_FROM: usize = 4;
+
+/// A batch handed to the file builder, not yet ingested.
+pub(super) struct InFlight {
+    /// The changelog offset of its last record: the checkpoint it brings.
+    last: i64,
+    records: u64,
+    /// A table copy's age bound (`table::age_bound`) when it was handed over.
+    bound: Option<i64>,
+}
+
+impl RestoreLoop {
+    /// Writes the pending batch with the checkpoint of its last record,
+    /// after every batch handed to the file builder.
+    pub(super) fn write_batch(&mut self, key: &(String, i32)) {
+        self.settle(key);
+        if self.ingest_now(key) {
+            return;
+        }
+        let Some((a, store)) = self.store_of(key) else { return };
+        if a.batch.len() == 0 && !a.schema.has_changes() {
+            return;
+        }
+        let records = a.batch.len() as u64;
+        let last = a.last_offset;
+        let mut batch = crate::store::engine::Batch::from(a.batch.take_sorted());
+        store.engine().add_refused_changes(&mut batch, a.schema.take_changes());
+        if let Some(segments) = &mut a.segments {
+            // After the data: records of segments that expired while this
+            // batch filled are dropped with them.
+            let update = segments.take_update();
+            store.engine().add_segments_update(&mut batch, &update);
+            store.metrics.segments_dropped.increment(update.dropped);
+        }
+        // (A table's records past `last` may be older than any read of its
+        // end: they were appended after about the last one's timestamp.)
+        let result = if a.standby && a.table.is_none() && last + 1 >= a.seen_end.0 {
+            store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
+        } else if let Some(bound) = table::age_bound(a) {
+            store.engine().commit_with_age_bound(batch, last, bound)
+        } else {
+            store.engine().commit(batch, last)
+        };
+        if result.is_ok() {
+            if let Some(s) = &mut a.segments {
+                s.landed();
+            }
+            store.segments.clone_from(&a.segments);
+        }
+        self.batch_written(key, result, records, last);
+    }
+
+    /// Hands the full batch of `key` to the file builder if it is one to
+    /// ingest (true); false: write it with [`RestoreLoop::write_batch`].
+    pub(super) fn write_batch_later(&mut self, key: &(String, i32)) -> bool {
+        let Some((a, store)) = self.store_of(key) else { return true };
+        let Some(file) = ingests(a, 1).then(|| store.engine().table_file()).flatten() else { return false };
+        let pending = InFlight { last: a.last_offset, records: a.batch.len() as u64, bound: table::age_bound(a) };
+        let (owner, partition, batch) = (a.id, a.partition, std::mem::take(&mut a.batch));
+        match self.files.submit(owner, batch, file) {
+            Ok(fresh) => {
+                if let Some(a) = self.active.get_mut(key) {
+                    a.batch = fresh;
+                    a.in_flight.push_back(pending);
+                }
+            }
+            Err(detail) => self.fail(partition, Error::Restore { topic: key.0.clone(), partition: key.1, detail }),
+        }
+        true
+    }
+
+    /// Writes the remaining batch of `key` as a table file here and now, if
+    /// it is one to ingest (true).
+    pub(super) fn ingest_now(&mut self, key: &(String, i32)) -> bool {
+        let Some((a, store)) = self.store_of(key) else { return true };
+        let Some(file) = ingests(a, LAST_BATCH_FILE_FROM).then(|| store.engine().table_file()).flatten() else { return false };
+        let (records, last, bound) = (a.batch.len() as u64, a.last_offset, table::age_bound(a));
+        let batch = &mut a.batch;
+        let result = write_file(&file, |each| batch.drain_sorted(each)).and_then(|path| match path {
+            Some(path) => store.engine().ingest(&path, last, bound).map(|()| a.table_files += 1),
+            None => commit(store.engine(), last, bound),
+        });
+        self.batch_written(key, result, records, last);
+        true
+    }
+
+    /// Ingests the files the builder finished, without waiting.
+    pub(super) fn ingest_built(&mut self) {
+        while let Some(built) = self.files.try_next() {
+            self.ingest_one(built);
+        }
+    }
+
+    /// Waits until every batch of `key` handed to the builder is ingested
+    /// (or its restore failed).
+    pub(super) fn settle(&mut self, key: &(String, i32)) {
+        while let Some(a) = self.active.get(key).filter(|a| !a.in_flight.is_empty()) {
+            let (owner, partition) = (a.id, a.partition);
+            match self.files.next_of(owner) {
+                Ok(built) => self.ingest_one(built),
+                Err(detail) => return self.fail(partition, Error::Restore { topic: key.0.clone(), partition: key.1, detail }),
+            }
+        }
+    }
+
+    /// Drops the `count` files being written for `owner`, whose restore
+    /// ended (failed) before they were ingested.
+    pub(super) fn discard_files(&mut self, owner: u64, count: usize) {
+        for _ in 0..count {
+            match self.files.next_of(owner) {
+                Ok(built) => {
+                    let _ = crate::store::engine::remove_table_file(&built.path);
+                }
+                Err(detail) => {
+                    tracing::warn!(%detail, "a restore's table file was not returned; a file may be left in its store directory until it opens again");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn ingest_one(&mut self, built: Built) {
+        let Some(key) = self.active.iter().find(|(_, a)| a.id == built.owner).map(|(k, _)| k.clone()) else {
+            // Its restore ended meanwhile (`discard_files` takes these first).
+            let _ = crate::store::engine::remove_table_file(&built.path);
+            return;
+        };
+        let Some((a, store)) = self.store_of(&key) else {
+            let _ = crate::store::engine::remove_table_file(&built.path);
+            return;
+        };
+        let Some(InFlight { last, records, bound }) = a.in_flight.pop_front() else {
+            let _ = crate::store::engine::remove_table_file(&built.path);
+            return;
+        };
+        let result = match built.result {
+            Ok(true) => store.engine().ingest(&built.path, last, bound).map(|()| a.table_files += 1),
+            Ok(false) => commit(store.engine(), last, bound),
+            Err(e) => Err(e),
+        };
+        self.batch_written(&key, result, records, last);
+    }
+
+    /// Records a batch of `records` records up to offset `last` as written
+    /// (`result`): the store's checkpoint, metrics and the listener; or
+    /// the restore's failure.
+    pub(super) fn batch_written(&mut self, key: &(String, i32), result: Result<()>, records: u64, last: i64) {
+        let listener = self.listener.clone();
+        let Some((a, store)) = self.store_of(key) else { return };
+        a.last_write = std::time::Instant::now();
+        match result {
+            Ok(()) if a.standby => {
+                store.set_checkpoint(Some(last));
+                store.metrics.standby_records.increment(records);
+                let (partition, index) = (a.partition, a.store_index);
+                self.publish_standby(partition, index, Some(last));
+            }
+            Ok(()) => {
+                store.set_checkpoint(Some(last));
+                store.metrics.restore_records.increment(records);
+                let remaining = (a.end - last - 1).max(0) as u64;
+                store.metrics.restore_remaining.set(remaining as f64);
+                store.metrics.restore_remaining_bytes.set(a.estimated_bytes(remaining) as f64);
+                listener.on_batch_restored(&RestoreBatch {
+                    store: store.name().to_string(),
+                    partition: key.1,
+                    batch_end_offset: last,
+                    records,
+                });
+            }
+            Err(e) => {
+                let p = a.partition;
+                self.fail(p, e);
+            }
+        }
+    }
+}
+
+/// Whether this batch is one to ingest: a restore (not a standby) of a
+/// plain key-value store, without refused keys to record, holding at least
+/// `1 / share` of a full batch's bytes.
+fn ingests(a: &super::Active, share: usize) -> bool {
+    a.ingest_bytes.is_some_and(|full| a.batch.bytes() >= full / share) && !a.schema.has_changes()
+}
+
+/// Writes `file`; its path if it holds any entry.
+fn write_file<F>(file: &TableFile, fill: F) -> Result<Option<std::path::PathBuf>>
+where
+    F: FnOnce(&mut dyn FnMut(&[u8], Option<&[u8]>) -> Result<()>) -> Result<()>,
+{
+    Ok(file.write(fill)?.then(|| file.path().to_path_buf()))
+}
+
+/// Records `last` as the checkpoint without data.
+fn commit(engine: &crate::store::engine::Engine, last: i64, bound: Option<i64>) -> Result<()> {
+    match bound {
+        Some(b) => engine.commit_with_age_bound(Default::default(), last, b),
+        None => engine.commit(Default::default(), last),
+    }
+}

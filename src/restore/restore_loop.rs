@@ -73,7 +73,7 @@ struct Active {
     /// In bulk-load mode (a restore, or a standby far behind).
     bulk: bool,
     /// A restore whose full batches are ingested as table files
-    /// (`restore_loop/write.rs`): the bytes that fill one.
+    /// (`restore_loop/write.rs`): the bytes that fill the next one.
     ingest_bytes: Option<usize>,
     /// Identifies this restore to the file builder (unique in the loop).
     id: u64,
@@ -592,7 +592,7 @@ impl RestoreLoop {
         // (Not a table copy that must never be ahead of the committed offset,
         // exactly-once: a crash could leave a file past its checkpoint.)
         if !standby && active.segments.is_none() && !store.source().is_some_and(|s| s.rebuild_if_ahead) {
-            active.ingest_bytes = store.engine().ingest_batch_bytes();
+            active.ingest_bytes = store.engine().ingest_batch_bytes().map(|max| max / 2);
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&topic, partition, Offset::Offset(start))?;

@@ -73,11 +73,13 @@ impl RestoreLoop {
         let Some(file) = ingests(a, 1).then(|| store.engine().table_file()).flatten() else { return false };
         let pending = InFlight { last: a.last_offset, records: a.batch.len() as u64, bound: table::age_bound(a) };
         let (owner, partition, batch) = (a.id, a.partition, std::mem::take(&mut a.batch));
+        let max = store.engine().ingest_batch_bytes();
         match self.files.submit(owner, batch, file) {
             Ok(fresh) => {
                 if let Some(a) = self.active.get_mut(key) {
                     a.batch = fresh;
                     a.in_flight.push_back(pending);
+                    a.ingest_bytes = max.map(|max| batch_limit(a, max));
                 }
             }
             Err(detail) => self.fail(partition, Error::Restore { topic: key.0.clone(), partition: key.1, detail }),
@@ -191,6 +193,21 @@ impl RestoreLoop {
         }
     }
 }
+
+/// The bytes of a restore's next table file: about a
+/// [`FILES_PER_RESTORE`]th of the restore (the bytes so far, and the
+/// records left at their average size), within half `max` and `max`.
+/// Small restores make small files (a shorter wait for the last one);
+/// large ones make files of up to a memtable, as flushes did, so that a
+/// restore leaves as few L0 files as before (past 16 it compacts before
+/// the store goes live).
+fn batch_limit(a: &super::Active, max: usize) -> usize {
+    let total = a.bytes + a.estimated_bytes((a.end - a.last_offset - 1).max(0) as u64);
+    usize::try_from(total / FILES_PER_RESTORE).unwrap_or(usize::MAX).clamp(max / 2, max)
+}
+
+/// How many table files a restore aims at (see [`batch_limit`]).
+const FILES_PER_RESTORE: u64 = 8;
 
 /// Whether this batch is one to ingest: a restore (not a standby) of a
 /// plain key-value store, without refused keys to record, holding at least

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 const FILE_PREFIX: &str = "kstate-restore-";
 
 /// The smallest and largest restore batch written as one table file.
-const MIN_BATCH_BYTES: usize = 1 << 20;
+const MIN_BATCH_BYTES: usize = 2 << 20;
 const MAX_BATCH_BYTES: usize = 64 << 20;
 
 /// Numbers the files being written in this process.
@@ -107,13 +107,13 @@ impl Engine {
         Some(TableFile { options: Self::data_options(&self.resources, true), path })
     }
 
-    /// The bytes of keys and values a restore batch collects before it is
-    /// written as a table file, if this store ingests them: half a memtable
-    /// (within [`MIN_BATCH_BYTES`, `MAX_BATCH_BYTES`]), less than the
+    /// The most bytes of keys and values a restore batch collects before it
+    /// is written as a table file, if this store ingests them: a memtable
+    /// (within [`MIN_BATCH_BYTES`, `MAX_BATCH_BYTES`]), no more than the
     /// memtables it bypasses would hold.
     pub(crate) fn ingest_batch_bytes(&self) -> Option<usize> {
         let ingests = self.bulk_loading && self.heap.is_none() && self.resources.memory.is_none();
-        ingests.then_some((self.resources.write_buffer_bytes / 2).clamp(MIN_BATCH_BYTES, MAX_BATCH_BYTES))
+        ingests.then_some(self.resources.write_buffer_bytes.clamp(MIN_BATCH_BYTES, MAX_BATCH_BYTES))
     }
 
     /// Ingests the table file at `path` (written by [`TableFile::write`],

@@ -474,7 +474,7 @@ fn a_large_restore_ingests_table_files_in_changelog_order() {
     run(2);
     produce(&changelog, &large_changelog_records(11, 2, 30_000));
 
-    // 1. Full restore (state lost): about 3.5 MiB per partition.
+    // 1. Full restore (state lost): about 3.3 MiB per partition.
     std::fs::remove_dir_all(state.path().join(&app)).unwrap();
     let r = run(2);
     for p in 0..2 {
@@ -483,7 +483,7 @@ fn a_large_restore_ingests_table_files_in_changelog_order() {
         let restored = r.ends.lock().unwrap().iter().filter(|e| e.partition == p).map(|e| e.records).sum::<u64>();
         assert_eq!(restored, len, "partition {p}: the whole changelog replayed");
         if !common::stores_in_memory() {
-            assert!(files(&r, p) >= 3, "partition {p}: {} table files; a 3.5 MiB restore in 1 MiB batches writes at least 3", files(&r, p));
+            assert!(files(&r, p) >= 3, "partition {p}: {} table files; a 3.3 MiB restore in 1 MiB batches writes at least 3", files(&r, p));
         }
     }
 

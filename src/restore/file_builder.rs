@@ -70,15 +70,25 @@ impl FileBuilder {
         Ok(self.spare.pop().unwrap_or_default())
     }
 
-    /// A file that is done, if any, without waiting.
-    pub(crate) fn try_next(&mut self) -> Option<Built> {
+    /// A file that is done, if any, without waiting (an error: the thread
+    /// is gone, and every batch it held with it).
+    pub(crate) fn try_next(&mut self) -> std::result::Result<Option<Built>, String> {
         if let Some(built) = self.ready.pop_front() {
-            return Some(built);
+            return Ok(Some(built));
         }
-        let (_, done) = self.thread.as_ref()?;
-        let (built, batch) = done.try_recv().ok()?;
-        self.returned(batch);
-        Some(built)
+        let Some((_, done)) = self.thread.as_ref() else { return Ok(None) };
+        match done.try_recv() {
+            Ok((built, batch)) => {
+                self.returned(batch);
+                Ok(Some(built))
+            }
+            Err(mpsc::TryRecvError::Empty) => Ok(None),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                let lost = self.in_flight > 0;
+                self.stopped();
+                if lost { Err(gone()) } else { Ok(None) }
+            }
+        }
     }
 
     /// The next file of `owner` that is done, waiting for it; files of
@@ -164,4 +174,39 @@ fn spawn() -> Channels {
         tracing::error!(error = %e, "cannot start the restore's file builder thread");
     }
     (jobs, done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: usize) -> SortedBatch {
+        let mut b = SortedBatch::default();
+        for i in 0..n {
+            b.push(&[format!("k{:04}", (i * 7) % n).as_bytes()], (i % 5 != 0).then_some(b"value".as_slice()));
+        }
+        b
+    }
+
+    /// Files come back in order, each written; a batch whose file could not
+    /// be opened comes back empty, so that the spare handed to the next
+    /// submit (for any store partition) holds nothing of it.
+    #[test]
+    fn files_come_back_in_order_and_every_returned_batch_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = FileBuilder::default();
+        let good = dir.path().join("a.sst");
+        let bad = dir.path().join("missing-dir").join("b.sst");
+        files.submit(1, batch(300), TableFile::at(&good)).unwrap();
+        files.submit(2, batch(300), TableFile::at(&bad)).unwrap();
+        let first = files.next_of(1).unwrap();
+        assert!(matches!(first.result, Ok(true)), "{:?}", first.result.err());
+        assert!(good.exists());
+        let second = files.next_of(2).unwrap();
+        assert!(second.result.is_err(), "a file in a missing directory cannot be written");
+        assert!(!files.is_busy());
+        let spare = files.submit(3, batch(10), TableFile::at(&dir.path().join("c.sst"))).unwrap();
+        assert_eq!(spare.len(), 0, "a returned batch is empty whatever happened to its file");
+        assert_eq!(files.next_of(3).unwrap().owner, 3);
+    }
 }

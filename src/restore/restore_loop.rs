@@ -386,9 +386,10 @@ impl RestoreLoop {
         }
         a.records += 1;
         a.last_offset = offset;
+        // (A batch with refused keys goes through the memtable: the usual size.)
         let full = match a.ingest_bytes {
-            Some(limit) => a.batch.bytes() >= limit,
-            None => a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES,
+            Some(limit) if !a.schema.has_changes() => a.batch.bytes() >= limit,
+            _ => a.batch.len() >= BATCH_RECORDS || a.batch.bytes() >= BATCH_BYTES,
         };
         if a.standby {
             // Written when full, and every STANDBY_WRITE_EVERY by check_positions.
@@ -700,8 +701,8 @@ impl RestoreLoop {
         if !a.in_flight.is_empty() {
             self.discard_files(a.id, a.in_flight.len());
         }
-        if self.active.is_empty() && !self.files.is_busy() {
-            self.files.release_spares(); // nothing restores: their memory goes
+        if !self.files.is_busy() && !self.active.values().any(|a| a.ingest_bytes.is_some()) {
+            self.files.release_spares(); // nothing writes table files: their memory goes
         }
         if let Some(job) = self.jobs.get(&a.partition) {
             job.stores[a.store_index].metrics.clear_lags();

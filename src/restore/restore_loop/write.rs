@@ -82,7 +82,10 @@ impl RestoreLoop {
                     a.ingest_bytes = max.map(|max| batch_limit(a, max));
                 }
             }
-            Err(detail) => self.fail(partition, Error::Restore { topic: key.0.clone(), partition: key.1, detail }),
+            Err(detail) => {
+                self.files_failed(detail.clone());
+                self.fail(partition, Error::Restore { topic: key.0.clone(), partition: key.1, detail });
+            }
         }
         true
     }
@@ -104,8 +107,30 @@ impl RestoreLoop {
 
     /// Ingests the files the builder finished, without waiting.
     pub(super) fn ingest_built(&mut self) {
-        while let Some(built) = self.files.try_next() {
-            self.ingest_one(built);
+        loop {
+            match self.files.try_next() {
+                Ok(Some(built)) => self.ingest_one(built),
+                Ok(None) => return,
+                Err(detail) => return self.files_failed(detail),
+            }
+        }
+    }
+
+    /// The file builder failed (`detail`): every restore with batches at it
+    /// fails, as they are lost or late (a late file finds no owner and is
+    /// removed), and none ingests a later file under a lost one's checkpoint.
+    fn files_failed(&mut self, detail: String) {
+        let hit: Vec<((String, i32), i32)> = self
+            .active
+            .iter_mut()
+            .filter(|(_, a)| !a.in_flight.is_empty())
+            .map(|(k, a)| {
+                a.in_flight.clear();
+                (k.clone(), a.partition)
+            })
+            .collect();
+        for ((topic, p), partition) in hit {
+            self.fail(partition, Error::Restore { topic, partition: p, detail: detail.clone() });
         }
     }
 
@@ -113,10 +138,11 @@ impl RestoreLoop {
     /// (or its restore failed).
     pub(super) fn settle(&mut self, key: &(String, i32)) {
         while let Some(a) = self.active.get(key).filter(|a| !a.in_flight.is_empty()) {
-            let (owner, partition) = (a.id, a.partition);
+            let owner = a.id;
             match self.files.next_of(owner) {
                 Ok(built) => self.ingest_one(built),
-                Err(detail) => return self.fail(partition, Error::Restore { topic: key.0.clone(), partition: key.1, detail }),
+                // (This restore has batches out: it fails with the others.)
+                Err(detail) => return self.files_failed(detail),
             }
         }
     }
@@ -202,7 +228,7 @@ impl RestoreLoop {
 /// restore leaves as few L0 files as before (past 16 it compacts before
 /// the store goes live).
 fn batch_limit(a: &super::Active, max: usize) -> usize {
-    let total = a.bytes + a.estimated_bytes((a.end - a.last_offset - 1).max(0) as u64);
+    let total = a.bytes.saturating_add(a.estimated_bytes((a.end - a.last_offset - 1).max(0) as u64));
     usize::try_from(total / FILES_PER_RESTORE).unwrap_or(usize::MAX).clamp(max / 2, max)
 }
 

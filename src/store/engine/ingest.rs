@@ -38,6 +38,12 @@ pub(crate) struct TableFile {
 }
 
 impl TableFile {
+    /// A file at `path` with the restore's options (tests of the builder).
+    #[cfg(test)]
+    pub(crate) fn at(path: &Path) -> TableFile {
+        TableFile { options: Engine::data_options(&super::EngineResources::new(8 << 20, 4 << 20), true), path: path.to_path_buf() }
+    }
+
     /// Where the file goes.
     pub(crate) fn path(&self) -> &Path {
         &self.path

@@ -111,7 +111,7 @@ impl FileBuilder {
         self.in_flight > 0 || !self.ready.is_empty()
     }
 
-    /// Drops the spare batches (nothing is restoring).
+    /// Drops the spare batches (no restore writes table files now).
     pub(crate) fn release_spares(&mut self) {
         self.spare.clear();
     }

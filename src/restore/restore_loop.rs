@@ -632,10 +632,7 @@ impl RestoreLoop {
                 store.set_checkpoint(Some(a.end - 1));
             } else if a.end > 0 && store.checkpoint().is_none_or(|c| c < a.end - 1) {
                 // A table kept ahead of the committed offset keeps its checkpoint.
-                match table::age_bound(&a) {
-                    Some(bound) => store.engine().commit_with_age_bound(Default::default(), a.end - 1, bound)?,
-                    None => store.engine().commit(Default::default(), a.end - 1)?,
-                }
+                store.engine().commit_bounded(Default::default(), a.end - 1, table::age_bound(&a))?;
                 store.set_checkpoint(Some(a.end - 1));
             }
             store.engine_mut().finish_bulk_load()?;

@@ -30,7 +30,7 @@ mod readonly;
 mod stats;
 mod view;
 
-pub(crate) use ingest::{remove_file as remove_table_file, TableFile};
+pub(crate) use ingest::TableFile;
 pub(crate) use heap::{decode as decode_heap_file, HeapBudget, ENTRY_OVERHEAD as HEAP_ENTRY_OVERHEAD, FILE as HEAP_FILE};
 pub(crate) use stats::{DataStats, Tickers};
 pub(crate) use view::{Batch, SnapshotRead};
@@ -458,7 +458,7 @@ impl Engine {
         )
     }
 
-    /// Starts a batch of writes; apply it with [`Engine::commit`].
+    /// Starts a batch of writes; apply it with [`Engine::commit_bounded`].
     pub(crate) fn batch() -> Batch {
         Batch::from(WriteBatch::default())
     }
@@ -470,7 +470,13 @@ impl Engine {
     }
 
     /// Writes `batch` plus the new checkpoint atomically, without RocksDB's
-    /// write-ahead log.
+    /// write-ahead log; with `appended_after_ms`, also records that every
+    /// changelog record past `checkpoint` was appended at or after it (ms
+    /// since the epoch). A store whose bound is older than the changelog's
+    /// `delete.retention.ms` may have missed tombstones the broker dropped
+    /// meanwhile and is restored in full (see the restore's `begin`).
+    /// Commits without a bound keep the previous one, which stays true for
+    /// any later checkpoint.
     ///
     /// The changelog is the log: a crash loses the memtables, and RocksDB
     /// reopens at its last flush, which (flushes are atomic across both
@@ -484,19 +490,30 @@ impl Engine {
     /// A store whose memtables rarely fill is flushed (in the background)
     /// at least every [`FLUSH_AT_LEAST_EVERY`], so that a crash never sends
     /// the restore back further than that.
-    pub(crate) fn commit(&self, batch: Batch, checkpoint: i64) -> Result<()> {
-        self.commit_inner(batch, checkpoint, None)
+    pub(crate) fn commit_bounded(&self, mut batch: Batch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
+        batch.meta.push((CHECKPOINT_KEY.to_vec(), Some(checkpoint.to_be_bytes().to_vec())));
+        if self.schema_version != 1 {
+            batch.meta.push((SCHEMA_KEY.to_vec(), Some(self.schema_version.to_be_bytes().to_vec())));
+        }
+        if let Some(ms) = appended_after_ms {
+            batch.meta.push((APPENDED_AFTER_KEY.to_vec(), Some(ms.to_be_bytes().to_vec())));
+        }
+        self.write_batch(batch)?;
+        if !self.bulk_loading && self.last_flush().elapsed() >= self.flush_every() {
+            self.flush_opt(false)?;
+        }
+        Ok(())
     }
 
-    /// [`Engine::commit`], also recording that every changelog record past
-    /// `checkpoint` was appended at or after `appended_after_ms` (ms since
-    /// the epoch). A store whose bound is older than the changelog's
-    /// `delete.retention.ms` may have missed tombstones the broker dropped
-    /// meanwhile and is restored in full (see the restore's `begin`).
-    /// Commits without a bound keep the previous one, which stays true for
-    /// any later checkpoint.
+    /// [`Engine::commit_bounded`] without a bound.
+    #[cfg(test)]
+    pub(crate) fn commit(&self, batch: Batch, checkpoint: i64) -> Result<()> {
+        self.commit_bounded(batch, checkpoint, None)
+    }
+
+    /// [`Engine::commit_bounded`] with a bound.
     pub(crate) fn commit_with_age_bound(&self, batch: Batch, checkpoint: i64, appended_after_ms: i64) -> Result<()> {
-        self.commit_inner(batch, checkpoint, Some(appended_after_ms))
+        self.commit_bounded(batch, checkpoint, Some(appended_after_ms))
     }
 
     /// The bound recorded by [`Engine::commit_with_age_bound`], if any.
@@ -588,20 +605,6 @@ impl Engine {
         Ok(())
     }
 
-    fn commit_inner(&self, mut batch: Batch, checkpoint: i64, appended_after_ms: Option<i64>) -> Result<()> {
-        batch.meta.push((CHECKPOINT_KEY.to_vec(), Some(checkpoint.to_be_bytes().to_vec())));
-        if self.schema_version != 1 {
-            batch.meta.push((SCHEMA_KEY.to_vec(), Some(self.schema_version.to_be_bytes().to_vec())));
-        }
-        if let Some(ms) = appended_after_ms {
-            batch.meta.push((APPENDED_AFTER_KEY.to_vec(), Some(ms.to_be_bytes().to_vec())));
-        }
-        self.write_batch(batch)?;
-        if !self.bulk_loading && self.last_flush().elapsed() >= self.flush_every() {
-            self.flush_opt(false)?;
-        }
-        Ok(())
-    }
 
     /// Applies `batch` atomically: the data, then range deletions, then
     /// meta keys (one RocksDB write without the WAL, or one write lock).

@@ -238,10 +238,7 @@ impl SealedCommit {
         if let Some(source) = self.source {
             // Written by others by definition: no check of who appended what.
             let batch = self.batch.take().expect("built before the write");
-            match source.appended_after_ms {
-                Some(bound) => self.engine.commit_with_age_bound(batch, source.checkpoint, bound)?,
-                None => self.engine.commit(batch, source.checkpoint)?,
-            }
+            self.engine.commit_bounded(batch, source.checkpoint, source.appended_after_ms)?;
             self.landed_checkpoint.store(source.checkpoint, Ordering::Release);
             return Ok(());
         }

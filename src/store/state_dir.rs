@@ -36,6 +36,15 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()>
     std::fs::rename(&tmp, path)
 }
 
+/// Removes the file at `path` if it is there.
+pub(crate) fn remove_if_present(path: &Path) -> crate::error::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(crate::error::Error::io(path, e)),
+    }
+}
+
 /// Names of the directories in `dir`, sorted.
 pub(crate) fn subdirs(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -4,10 +4,12 @@
 //! file builder thread, and the files it returns are ingested here, in
 //! order, each followed by its checkpoint.
 
+use std::path::Path;
+
 use crate::error::{Error, Result};
 use crate::restore::file_builder::Built;
 use crate::restore::RestoreBatch;
-use crate::store::engine::TableFile;
+use crate::store::engine::Engine;
 
 use super::{table, RestoreLoop};
 
@@ -50,13 +52,8 @@ impl RestoreLoop {
         }
         // (A table's records past `last` may be older than any read of its
         // end: they were appended after about the last one's timestamp.)
-        let result = if a.standby && a.table.is_none() && last + 1 >= a.seen_end.0 {
-            store.engine().commit_with_age_bound(batch, last, a.seen_end.1)
-        } else if let Some(bound) = table::age_bound(a) {
-            store.engine().commit_with_age_bound(batch, last, bound)
-        } else {
-            store.engine().commit(batch, last)
-        };
+        let bound = if a.standby && a.table.is_none() && last + 1 >= a.seen_end.0 { Some(a.seen_end.1) } else { table::age_bound(a) };
+        let result = store.engine().commit_bounded(batch, last, bound);
         if result.is_ok() {
             if let Some(s) = &mut a.segments {
                 s.landed();
@@ -97,10 +94,8 @@ impl RestoreLoop {
         let Some(file) = ingests(a, LAST_BATCH_FILE_FROM).then(|| store.engine().table_file()).flatten() else { return false };
         let (records, last, bound) = (a.batch.len() as u64, a.last_offset, table::age_bound(a));
         let batch = &mut a.batch;
-        let result = write_file(&file, |each| batch.drain_sorted(each)).and_then(|path| match path {
-            Some(path) => store.engine().ingest(&path, last, bound).map(|()| a.table_files += 1),
-            None => commit(store.engine(), last, bound),
-        });
+        let written = file.write(|each| batch.drain_sorted(each));
+        let result = land(store.engine(), written, file.path(), (last, bound), &mut a.table_files);
         self.batch_written(key, result, records, last);
         true
     }
@@ -153,7 +148,7 @@ impl RestoreLoop {
         for _ in 0..count {
             match self.files.next_of(owner) {
                 Ok(built) => {
-                    let _ = crate::store::engine::remove_table_file(&built.path);
+                    let _ = crate::store::state_dir::remove_if_present(&built.path);
                 }
                 Err(detail) => {
                     tracing::warn!(%detail, "a restore's table file was not returned; a file may be left in its store directory until it opens again");
@@ -166,22 +161,18 @@ impl RestoreLoop {
     fn ingest_one(&mut self, built: Built) {
         let Some(key) = self.active.iter().find(|(_, a)| a.id == built.owner).map(|(k, _)| k.clone()) else {
             // Its restore ended meanwhile (`discard_files` takes these first).
-            let _ = crate::store::engine::remove_table_file(&built.path);
+            let _ = crate::store::state_dir::remove_if_present(&built.path);
             return;
         };
         let Some((a, store)) = self.store_of(&key) else {
-            let _ = crate::store::engine::remove_table_file(&built.path);
+            let _ = crate::store::state_dir::remove_if_present(&built.path);
             return;
         };
         let Some(InFlight { last, records, bound }) = a.in_flight.pop_front() else {
-            let _ = crate::store::engine::remove_table_file(&built.path);
+            let _ = crate::store::state_dir::remove_if_present(&built.path);
             return;
         };
-        let result = match built.result {
-            Ok(true) => store.engine().ingest(&built.path, last, bound).map(|()| a.table_files += 1),
-            Ok(false) => commit(store.engine(), last, bound),
-            Err(e) => Err(e),
-        };
+        let result = land(store.engine(), built.result, &built.path, (last, bound), &mut a.table_files);
         self.batch_written(&key, result, records, last);
     }
 
@@ -242,18 +233,15 @@ fn ingests(a: &super::Active, share: usize) -> bool {
     a.ingest_bytes.is_some_and(|full| a.batch.bytes() >= full / share) && !a.schema.has_changes()
 }
 
-/// Writes `file`; its path if it holds any entry.
-fn write_file<F>(file: &TableFile, fill: F) -> Result<Option<std::path::PathBuf>>
-where
-    F: FnOnce(&mut dyn FnMut(&[u8], Option<&[u8]>) -> Result<()>) -> Result<()>,
-{
-    Ok(file.write(fill)?.then(|| file.path().to_path_buf()))
-}
-
-/// Records `last` as the checkpoint without data.
-fn commit(engine: &crate::store::engine::Engine, last: i64, bound: Option<i64>) -> Result<()> {
-    match bound {
-        Some(b) => engine.commit_with_age_bound(Default::default(), last, b),
-        None => engine.commit(Default::default(), last),
+/// Lands a batch written as the table file at `path` (`written`: whether
+/// it holds any entry, or why it was not written): ingests it, counted in
+/// `files`, then records the checkpoint `last` (with its age `bound`);
+/// an empty file records the checkpoint alone.
+fn land(engine: &Engine, written: Result<bool>, path: &Path, (last, bound): (i64, Option<i64>), files: &mut u64) -> Result<()> {
+    if !written? {
+        return engine.commit_bounded(Default::default(), last, bound);
     }
+    engine.ingest(path, last, bound)?;
+    *files += 1;
+    Ok(())
 }

@@ -18,6 +18,7 @@ use rocksdb::{IngestExternalFileOptions, Options, SstFileWriter};
 
 use super::{Batch, Engine};
 use crate::error::{Error, Result};
+use crate::store::state_dir::remove_if_present as remove_file;
 
 /// Names of the files being written start with this, inside the database
 /// directory (RocksDB ignores names it did not make).
@@ -56,39 +57,26 @@ impl TableFile {
         F: FnOnce(&mut dyn FnMut(&[u8], Option<&[u8]>) -> Result<()>) -> Result<()>,
     {
         let mut writer = SstFileWriter::create(&self.options);
-        if let Err(e) = writer.open(&self.path) {
-            drop(writer);
-            remove_file(&self.path)?;
-            return Err(e.into());
-        }
         let mut entries = 0u64;
-        let filled = fill(&mut |key, value| {
-            entries += 1;
-            match value {
-                Some(v) => writer.put(key, v)?,
-                None => writer.delete(key)?,
+        let written = writer.open(&self.path).map_err(Error::from).and_then(|()| {
+            fill(&mut |key, value| {
+                entries += 1;
+                match value {
+                    Some(v) => writer.put(key, v)?,
+                    None => writer.delete(key)?,
+                }
+                Ok(())
+            })?;
+            if entries > 0 {
+                writer.finish()?;
             }
             Ok(())
         });
-        let written = match filled {
-            Ok(()) if entries > 0 => writer.finish().map_err(Error::from),
-            Ok(()) => Ok(()),
-            Err(e) => Err(e),
-        };
         drop(writer);
         if entries == 0 || written.is_err() {
             remove_file(&self.path)?;
         }
         written.map(|()| entries > 0)
-    }
-}
-
-/// Removes `path` if it is there.
-pub(crate) fn remove_file(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(path, e)),
     }
 }
 
@@ -137,7 +125,7 @@ impl Engine {
         // RocksDB removes the file once moved in; after a failure, ours goes.
         remove_file(path)?;
         ingested?;
-        self.commit_inner(Batch::default(), checkpoint, appended_after_ms)?;
+        self.commit_bounded(Batch::default(), checkpoint, appended_after_ms)?;
         // The checkpoint is durable at once too (a flush of both column
         // families, the data's memtable empty): a crash leaves the data
         // ahead of it by at most the file just ingested.

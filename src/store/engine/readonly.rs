@@ -131,12 +131,7 @@ pub(crate) fn write_checkpoint_hint(store_dir: &Path, c: i64) -> std::io::Result
 
 /// Removes the hint: the database is about to change.
 pub(crate) fn remove_checkpoint_hint(store_dir: &Path) -> Result<()> {
-    let hint = store_dir.join(CHECKPOINT_HINT);
-    match std::fs::remove_file(&hint) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(hint, e)),
-    }
+    crate::store::state_dir::remove_if_present(&store_dir.join(CHECKPOINT_HINT))
 }
 
 /// The checkpoint a store partition directory's database had when it was

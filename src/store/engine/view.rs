@@ -85,7 +85,7 @@ pub(super) fn scan_options<'k>(start: Bound<&'k [u8]>, end: Bound<&[u8]>) -> (It
 
 /// A commit's writes: data puts and deletes, then range deletions (a
 /// segmented store's expired segments), then meta keys, applied in that
-/// order by [`Engine::commit`] on either backend.
+/// order by [`Engine::commit_bounded`] on either backend.
 pub(crate) struct Batch {
     pub(super) data: WriteBatch,
     pub(super) ranges: Vec<(Vec<u8>, Vec<u8>)>,

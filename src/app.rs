@@ -251,6 +251,7 @@ impl Default for AppBuilder {
                 published: Default::default(),
                 partitioner: Default::default(),
                 snapshots: None,
+                remote_state: None,
                 snapshot_handle: Default::default(),
             },
         }
@@ -811,6 +812,12 @@ impl AppBuilder {
         self
     }
 
+    /// Where [remote stores](crate::StoreDefinition::remote) live (README "Remote stores").
+    pub fn remote_state(mut self, config: crate::RemoteStateConfig) -> Self {
+        self.config.remote_state = Some(config);
+        self
+    }
+
     /// Checks the configuration; fails with [`Error::Config`](crate::Error::Config).
     pub fn build(self) -> Result<App> {
         Ok(App { config: Arc::new(self.finish()?), shutdown: ShutdownHandle::default() })
@@ -868,7 +875,8 @@ impl AppBuilder {
             self.config.timers = true;
         }
         if self.config.timers {
-            self.config.stores.push(StoreDefinition::new(TIME_STORE));
+            let time = StoreDefinition::new(TIME_STORE); // remote with the others
+            self.config.stores.push(if self.config.remote_stores() { time.remote() } else { time });
         }
         Ok(self.config)
     }

@@ -141,6 +141,25 @@ pub enum Error {
         bound: u64,
     },
 
+    /// A remote store partition's database (see
+    /// [`StoreDefinition::remote`](crate::StoreDefinition::remote)) failed:
+    /// `kind` says how. A task whose remote store fails is closed without
+    /// commit and re-opened (its database then replays the changelog past
+    /// its own checkpoint), as for any store fault; a fenced one waits a
+    /// session timeout first. At start (`partition` -1, `store` empty):
+    /// the remote state's URL or credentials do not work.
+    #[error("remote store `{store}` [{partition}] ({kind:?}): {detail}")]
+    RemoteStore {
+        /// The store (empty: the remote state as a whole).
+        store: String,
+        /// The partition (-1: the remote state as a whole).
+        partition: i32,
+        /// What kind of failure.
+        kind: RemoteFailure,
+        /// What happened, with the object store's own message.
+        detail: String,
+    },
+
     /// A source table's topic (see [`AppBuilder::table`](crate::AppBuilder::table))
     /// cannot be a table: its `cleanup.policy` is `delete` only, so a
     /// restore would miss every key whose records aged out.
@@ -409,6 +428,25 @@ pub enum Error {
     /// The runtime was shut down while an operation was in progress.
     #[error("the runtime is shutting down")]
     ShuttingDown,
+}
+
+/// How a remote store failed ([`Error::RemoteStore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RemoteFailure {
+    /// Another instance opened the store partition for writing since: this
+    /// writer is a zombie, and nothing more of it lands.
+    Fenced,
+    /// The object store did not answer within the remote state's
+    /// `timeout`, or answered that it is unavailable.
+    Unavailable,
+    /// The object store refused the credentials or the request.
+    Refused,
+    /// An object is missing or does not read as what it should be: the
+    /// database is never read as another state; it names the object.
+    Corrupt,
+    /// Anything else the storage engine reported.
+    Other,
 }
 
 /// An error of the Kafka client library (librdkafka through rdkafka).

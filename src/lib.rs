@@ -123,6 +123,7 @@ mod partitioner;
 mod processor;
 mod query;
 mod record;
+mod remote_state;
 pub mod restore;
 mod runtime;
 mod shutdown;
@@ -138,7 +139,7 @@ pub use app::{App, AppBuilder};
 pub use assignment::AssignmentStrategy;
 pub use config::{repartition_topic, ProcessingDecision, ProcessingGuarantee, StoreDefinition};
 pub use context::{Outputs, ProcessorContext};
-pub use error::{ClientError, Error, Result, StorageError};
+pub use error::{ClientError, Error, RemoteFailure, Result, StorageError};
 pub use global::GlobalTable;
 pub use join::{JoinKind, JoinOutcome, JoinWindows, Joined, StreamJoin};
 pub use kafka::changelog_topic;
@@ -151,6 +152,7 @@ pub use query::{
     DEFAULT_QUERY_WAIT, MAX_SCAN_LIMIT,
 };
 pub use record::{Headers, Record, TimestampType};
+pub use remote_state::RemoteStateConfig;
 pub use restore::{RestoreBatch, RestoreEnd, RestoreListener, RestoreStart};
 pub use shutdown::ShutdownHandle;
 pub use table::TableUpdate;

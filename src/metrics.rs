@@ -80,6 +80,12 @@
 //! | `kstate_snapshot_age_seconds` | gauge | time since the last complete snapshot of a store partition taken here (updated every second) |
 //! | `kstate_snapshot_seeds_total` | counter | store partitions without local state that looked for a snapshot, label `result` (`seeded`, `skipped`: none usable, reasons logged; `none`: there was none; no store labels) |
 //! | `kstate_snapshot_seed_bytes_per_sec` | gauge | download rate of the last seeding of a store partition from a snapshot: the recovery bandwidth |
+//! | `kstate_remote_requests_total` | counter | requests remote stores sent to object storage, label `kind` (`GET`, `PUT`, `LIST`, `DELETE`, `HEAD`, `COPY`; a multipart upload counts a PUT per part and one to complete; no store labels): what object storage bills |
+//! | `kstate_remote_bytes_total` | counter | bytes remote stores moved to and from object storage, label `direction` (`up`, `down`; no store labels) |
+//! | `kstate_remote_open_seconds` | histogram | how long opening a remote store partition's database took (fencing earlier writers, reading its manifest), label `store` only |
+//! | `kstate_remote_waiting` | gauge | calls of remote stores waiting for object storage for more than 5 s (an outage: processing pauses, logged as it starts and ends; a call fails after `RemoteStateConfig::timeout`) |
+//! | `kstate_remote_cache_hits_total` | counter | block, index and filter reads of remote stores answered by the instance's remote cache, no store labels (with `kstate_remote_cache_misses_total`: the hit rate) |
+//! | `kstate_remote_cache_misses_total` | counter | the same reads that went to object storage |
 //! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
 //! | `kstate_rocksdb_live_sst_bytes` | gauge | RocksDB `rocksdb.live-sst-files-size` |
 //! | `kstate_rocksdb_pending_compaction_bytes` | gauge | RocksDB `rocksdb.estimate-pending-compaction-bytes` |
@@ -104,6 +110,19 @@ pub const SNAPSHOT_AGE: &str = "kstate_snapshot_age_seconds";
 pub const SNAPSHOT_SEEDS: &str = "kstate_snapshot_seeds_total";
 /// Download rate of the last seeding.
 pub const SNAPSHOT_SEED_RATE: &str = "kstate_snapshot_seed_bytes_per_sec";
+
+/// Requests remote stores sent to object storage (label `kind`).
+pub const REMOTE_REQUESTS: &str = "kstate_remote_requests_total";
+/// Bytes remote stores moved (label `direction`).
+pub const REMOTE_BYTES: &str = "kstate_remote_bytes_total";
+/// Time to open a remote store partition.
+pub const REMOTE_OPEN_SECONDS: &str = "kstate_remote_open_seconds";
+/// Calls to object storage waiting for it (an outage: processing pauses).
+pub const REMOTE_WAITING: &str = "kstate_remote_waiting";
+/// Remote cache hits.
+pub const REMOTE_CACHE_HITS: &str = "kstate_remote_cache_hits_total";
+/// Remote cache misses.
+pub const REMOTE_CACHE_MISSES: &str = "kstate_remote_cache_misses_total";
 
 /// Expired entries deleted counter name.
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";

@@ -223,6 +223,17 @@ const TOPICS: &[(&str, &[&str])] = &[
         &["kstate_window_segments", "kstate_window_oldest_live_ms", "kstate_window_late_records_total", "kstate_window_segments_dropped_total"],
     ),
     (
+        "remote stores: requests, bytes, cache hit rate, waits, open time",
+        &[
+            "kstate_remote_requests_total",
+            "kstate_remote_bytes_total",
+            "kstate_remote_cache_hits_total",
+            "kstate_remote_cache_misses_total",
+            "kstate_remote_waiting",
+            "kstate_remote_open_seconds",
+        ],
+    ),
+    (
         "failure detection: peers, drops, lease lapses, failover, refused connections",
         &[
             "kstate_peers",
@@ -246,6 +257,7 @@ const RUNBOOK_SECTIONS: &[&str] = &[
     "Windows: late records and segments",
     "Snapshots",
     "Global tables and several inputs",
+    "Remote stores",
 ];
 
 #[test]
@@ -331,6 +343,13 @@ const NOT_CAUSED: &[(&str, &str)] = &[
     // Stores here never seed from a snapshot (`seed_stores(false)`, so the
     // full restore below stays one); tests/snapshots.rs seeds them.
     ("kstate_snapshot_seed_bytes_per_sec", "needs a store seeded from a snapshot"),
+    // The stores here are local; tests/remote.rs checks these.
+    ("kstate_remote_requests_total", "needs remote stores"),
+    ("kstate_remote_bytes_total", "needs remote stores"),
+    ("kstate_remote_cache_hits_total", "needs remote stores"),
+    ("kstate_remote_cache_misses_total", "needs remote stores"),
+    ("kstate_remote_waiting", "needs remote stores and an outage"),
+    ("kstate_remote_open_seconds", "needs remote stores"),
     ("kstate_snapshot_seeds_total", "needs a store seeded from a snapshot"),
     // Failure detection: these instances run without peer links; the peer
     // metrics need instances as processes that are killed, frozen or sent

@@ -224,53 +224,13 @@ fn retention_keeps_the_newest_snapshots_and_every_file_they_name() {
     assert_same_state(&state, &model_of(&input), "seeded after collection");
 }
 
-/// A MinIO server of this test's own (it is killed and restarted).
-struct OwnMinio {
-    port: u16,
-    data: tempfile::TempDir,
-}
-
-impl OwnMinio {
-    fn script(&self, verb: &str) -> std::process::Output {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = std::process::Command::new("bash")
-            .arg(root.join("testing/minio.sh"))
-            .arg(verb)
-            .env("KSTATE_MINIO_PORT", self.port.to_string())
-            .env("KSTATE_MINIO_DATA", self.data.path().join("minio"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "minio.sh {verb}: {}", String::from_utf8_lossy(&out.stderr));
-        out
-    }
-    fn start(port: u16) -> OwnMinio {
-        let m = OwnMinio { port, data: tempfile::tempdir().unwrap() };
-        m.script("start");
-        m
-    }
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for OwnMinio {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/minio.sh"))
-            .arg("stop")
-            .env("KSTATE_MINIO_PORT", self.port.to_string())
-            .env("KSTATE_MINIO_DATA", self.data.path().join("minio"))
-            .output();
-    }
-}
-
 #[test]
 fn the_s3_server_dying_mid_upload_or_mid_download_stops_nobody_and_falls_back() {
     if rocksdb_only("paced uploads of several SST files") {
         return;
     }
     let f = fixture("snap-fault", 1);
-    let minio = OwnMinio::start(9010);
+    let minio = OwnMinio::start();
     let (config, at) = s3_at(&minio.endpoint(), &unique("fault"));
     // One file at a time, paced after each request: the first SST file is
     // uploaded at once, the next request waits ~8 s, and the server dies

@@ -59,6 +59,11 @@ impl SessionClock {
         }
     }
 
+    /// The group's session timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Exactly-once: whether the current generation is settled: no
     /// JoinGroup is under way and the last one's assignment was applied.
     /// Check it while holding [`SessionClock::commit_gate`].

@@ -183,7 +183,8 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     }
     .with_statistics(config.rocksdb_statistics)
     .with_read_cache(config.read_cache_bytes)
-    .with_heap_save_every(config.in_memory_save_interval);
+    .with_heap_save_every(config.in_memory_save_interval)
+    .with_remote(start_remote_state(&config)?);
     // Global tables are current before this instance joins the group (a
     // task's first record may join with them).
     let (globals, followers) = crate::global::bootstrap(&config, &base, &resources, &*listener)?;
@@ -260,7 +261,10 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
         rebalance_timeout: timeouts.rebalance,
         instance_id: timeouts.instance_id,
         num_standby_replicas: config.num_standby_replicas,
-        acceptable_recovery_lag: config.acceptable_recovery_lag,
+        // Remote stores: every instance is as good a place for a task
+        // as its last owner (it opens the same databases), so no move
+        // waits for a warmup.
+        acceptable_recovery_lag: if config.remote_stores() { u64::MAX } else { config.acceptable_recovery_lag },
         max_warmup_replicas: config.max_warmup_replicas,
         probing_rebalance_interval: config.probing_rebalance_interval,
         changelog_topics: config.stores.iter().map(|s| s.changelog_topic(&config.application_id)).collect(),
@@ -398,4 +402,28 @@ pub(crate) fn run<S: ProcessorSet>(config: Arc<AppConfig>, shutdown: ShutdownHan
     drop(consumer);
     tracing::info!(application_id = %config.application_id, ok = result.is_ok(), "kstate stopped");
     result
+}
+
+/// The remote stores' object store, runtime and cache, if the application
+/// has remote stores: a URL or credentials that do not work fail here.
+#[cfg(feature = "remote")]
+fn start_remote_state(config: &AppConfig) -> Result<Option<Arc<crate::store::engine::remote::RemoteState>>> {
+    let Some(remote) = config.remote_state.as_ref().filter(|_| config.remote_stores()) else { return Ok(None) };
+    let state = crate::store::engine::remote::RemoteState::start(crate::store::engine::remote::RemoteSettings {
+        url: &remote.url,
+        options: &remote.options,
+        application_id: &config.application_id,
+        cache_bytes: remote.cache_bytes,
+        flush_interval: remote.flush_interval,
+        timeout: remote.timeout,
+        memtable_bytes: config.write_buffer_bytes,
+        simulated_latency: remote.simulated_latency,
+    })?;
+    Ok(Some(state))
+}
+
+/// Without the `remote` feature the configuration refused remote stores.
+#[cfg(not(feature = "remote"))]
+fn start_remote_state(_config: &AppConfig) -> Result<Option<Arc<crate::store::engine::remote::RemoteState>>> {
+    Ok(None)
 }

@@ -212,6 +212,8 @@ fn process_polled<S: ProcessorSet>(
         }
         None => Vec::new(),
     };
+    // Remote stores read the batch's keys ahead, all at once.
+    tasks.prefetch(polled.iter().filter_map(|m| Some((m.partition(), m.key()?))));
     for (i, msg) in polled.iter().enumerate() {
         // A batch of a slow processor can take seconds: keep to the
         // commit interval and stop promptly on shutdown inside it

@@ -59,15 +59,7 @@ impl std::fmt::Debug for SnapshotConfig {
     /// Option values that may be credentials (keys naming a secret, key,
     /// token or password) are not shown.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let options: Vec<(&str, &str)> = self
-            .options
-            .iter()
-            .map(|(k, v)| {
-                let lower = k.to_ascii_lowercase();
-                let secret = ["secret", "key", "token", "password", "credential", "sas"].iter().any(|w| lower.contains(w));
-                (k.as_str(), if secret { "<redacted>" } else { v.as_str() })
-            })
-            .collect();
+        let options = redacted(&self.options);
         f.debug_struct("SnapshotConfig")
             .field("url", &self.url)
             .field("options", &options)
@@ -79,6 +71,8 @@ impl std::fmt::Debug for SnapshotConfig {
             .finish()
     }
 }
+
+pub(crate) use crate::store::objects::redacted;
 
 impl SnapshotConfig {
     /// Snapshots to `url`: `s3://bucket/prefix` (S3, and S3-compatible

@@ -25,14 +25,6 @@ use tokio::io::AsyncWriteExt;
 /// above S3's 5 MiB minimum).
 const CHUNK: usize = 8 << 20;
 
-/// Retries of a failed request: few and short, so that an unreachable
-/// snapshot store turns into a logged fallback (a full replay) within
-/// seconds instead of holding a task's restore for minutes.
-#[cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
-fn retry() -> object_store::RetryConfig {
-    object_store::RetryConfig { max_retries: 3, retry_timeout: Duration::from_secs(15), ..Default::default() }
-}
-
 /// What went wrong talking to the snapshot store, or with a file.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RemoteError {
@@ -136,58 +128,12 @@ impl Remote {
     /// (the builders' configuration keys, e.g. `aws_endpoint`,
     /// `aws_allow_http`, `aws_region`), options winning.
     pub(crate) fn open(url: &str, options: &[(String, String)]) -> Result<Remote, String> {
-        #[cfg(not(any(feature = "s3", feature = "gcs", feature = "azure")))]
-        let _ = options; // (only the cloud backends take options)
-        let parsed = url::Url::parse(url).map_err(|e| format!("snapshot URL `{url}`: {e}"))?;
-        let (store, root): (Arc<dyn ObjectStore>, Path) = match parsed.scheme() {
-            "file" => {
-                let dir = parsed.to_file_path().map_err(|()| format!("snapshot URL `{url}`: not an absolute file path"))?;
-                std::fs::create_dir_all(&dir).map_err(|e| format!("snapshot directory `{}`: {e}", dir.display()))?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| format!("snapshot directory `{}`: {e}", dir.display()))?
-                    .with_automatic_cleanup(true);
-                (Arc::new(fs), Path::default())
-            }
-            #[cfg(feature = "s3")]
-            "s3" | "s3a" => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url).with_retry(retry());
-                for (k, v) in options {
-                    b = b.with_config(k.parse().map_err(|e| format!("snapshot option `{k}`: {e}"))?, v);
-                }
-                (Arc::new(b.build().map_err(|e| format!("snapshot URL `{url}`: {e}"))?), Path::parse(parsed.path()).map_err(|e| e.to_string())?)
-            }
-            #[cfg(feature = "gcs")]
-            "gs" => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url).with_retry(retry());
-                for (k, v) in options {
-                    b = b.with_config(k.parse().map_err(|e| format!("snapshot option `{k}`: {e}"))?, v);
-                }
-                (Arc::new(b.build().map_err(|e| format!("snapshot URL `{url}`: {e}"))?), Path::parse(parsed.path()).map_err(|e| e.to_string())?)
-            }
-            #[cfg(feature = "azure")]
-            "az" | "adl" | "azure" | "abfs" | "abfss" => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url).with_retry(retry());
-                for (k, v) in options {
-                    b = b.with_config(k.parse().map_err(|e| format!("snapshot option `{k}`: {e}"))?, v);
-                }
-                (Arc::new(b.build().map_err(|e| format!("snapshot URL `{url}`: {e}"))?), Path::parse(parsed.path()).map_err(|e| e.to_string())?)
-            }
-            other => {
-                let feature = match other {
-                    "s3" | "s3a" => Some("s3"),
-                    "gs" => Some("gcs"),
-                    "az" | "adl" | "azure" | "abfs" | "abfss" => Some("azure"),
-                    _ => None,
-                };
-                return Err(match feature {
-                    Some(feature) => format!(
-                        "snapshot URL `{url}`: `{other}://` needs kstate's `{feature}` Cargo feature \
-                         (features = [\"{feature}\"] on the kstate dependency in your Cargo.toml)"
-                    ),
-                    None => format!("snapshot URL `{url}`: unsupported scheme `{other}` (use s3://, gs://, az:// or file://)"),
-                });
-            }
-        };
+        Self::open_as("snapshot", url, options)
+    }
+
+    /// [`Remote::open`], its errors naming the URL's use (`what`: "snapshot", "remote state").
+    pub(crate) fn open_as(what: &str, url: &str, options: &[(String, String)]) -> Result<Remote, String> {
+        let (store, root) = crate::store::objects::open_url(what, url, options)?;
         Ok(Remote {
             store,
             root,

@@ -1,5 +1,6 @@
-//! The engine under one store partition: RocksDB, or the in-memory maps of
-//! [`heap`] for a store defined `in_memory()`.
+//! The engine under one store partition: RocksDB, the in-memory maps of
+//! [`heap`] for a store defined `in_memory()`, or a database in object
+//! storage ([`remote`]) for a store defined `remote()`.
 //!
 //! One RocksDB instance per (store, partition) with two column families:
 //! `default` holds the store's data, `kstate_meta` holds the changelog
@@ -24,9 +25,18 @@ use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, FlushOptions, Me
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "remote")]
+mod counted;
 mod heap;
 mod ingest;
 mod readonly;
+#[cfg(feature = "remote")]
+pub(crate) mod remote;
+#[cfg(not(feature = "remote"))]
+#[path = "engine/remote_off.rs"]
+pub(crate) mod remote;
+mod remote_dispatch;
+use remote_dispatch::remote_writes;
 mod stats;
 mod view;
 
@@ -134,6 +144,8 @@ pub(crate) struct EngineResources {
     pub(crate) heap_save_every: Duration,
     /// The bytes every store partition's read cache holds together.
     pub(crate) read_cache: Arc<crate::store::recent::Budget>,
+    /// The object store, runtime and cache of remote stores, if any.
+    pub(crate) remote: Option<Arc<remote::RemoteState>>,
 }
 
 impl EngineResources {
@@ -147,6 +159,7 @@ impl EngineResources {
             heap_budget: Arc::default(),
             heap_save_every: FLUSH_AT_LEAST_EVERY,
             read_cache: Arc::default(),
+            remote: None,
         }
     }
 
@@ -158,6 +171,11 @@ impl EngineResources {
     /// Every store partition's read cache together holds at most `bytes`.
     pub(crate) fn with_read_cache(self, bytes: usize) -> Self {
         EngineResources { read_cache: Arc::new(crate::store::recent::Budget::new(bytes)), ..self }
+    }
+
+    /// Remote stores open their databases through `remote`.
+    pub(crate) fn with_remote(self, remote: Option<Arc<remote::RemoteState>>) -> Self {
+        EngineResources { remote, ..self }
     }
 
     /// With `on`: each database keeps RocksDB's tickers (see `statistics`).
@@ -215,6 +233,7 @@ impl EngineResources {
             heap_budget: Arc::new(HeapBudget::new(Some(total)).sharing(cache)),
             heap_save_every: FLUSH_AT_LEAST_EVERY,
             read_cache: Arc::default(),
+            remote: None,
         }
     }
 }
@@ -225,6 +244,8 @@ pub(crate) struct Engine {
     db: Option<DB>,
     /// In memory: `Some` (and `db` is `None`).
     heap: Option<heap::Heap>,
+    /// In object storage: `Some` (and `db` is `None`).
+    remote: Option<remote::RemoteDb>,
     path: PathBuf,
     resources: EngineResources,
     bulk_loading: bool,
@@ -281,6 +302,7 @@ impl Engine {
         Engine {
             db,
             heap,
+            remote: None,
             path: path.to_path_buf(),
             resources: res.clone(),
             bulk_loading: false,
@@ -422,6 +444,9 @@ impl Engine {
         if let Some(heap) = &self.heap {
             return Ok(heap.read().get(key).map(<[u8]>::to_vec));
         }
+        if let Some(r) = &self.remote {
+            return r.get(remote::DATA, key);
+        }
         Ok(self.db().get_pinned(key)?.map(|v| v.to_vec()))
     }
 
@@ -433,9 +458,10 @@ impl Engine {
     /// not call back into the engine (a second read lock could wait behind
     /// a waiting commit).
     pub(crate) fn committed<T>(&self, read: impl FnOnce(&SnapshotRead<'_>) -> Result<T>) -> Result<(T, Checkpoint)> {
-        let view = match &self.heap {
-            Some(heap) => SnapshotRead::Heap(heap.read()),
-            None => SnapshotRead::Rocks { snapshot: self.db().snapshot(), meta: self.meta() },
+        let view = match (&self.heap, &self.remote) {
+            (Some(heap), _) => SnapshotRead::Heap(heap.read()),
+            (None, Some(r)) => SnapshotRead::Remote { snapshot: r.snapshot()?, db: r },
+            (None, None) => SnapshotRead::Rocks { snapshot: self.db().snapshot(), meta: self.meta() },
         };
         let checkpoint = decode_checkpoint(view.meta_get(CHECKPOINT_KEY)?);
         Ok((read(&view)?, checkpoint))
@@ -445,6 +471,9 @@ impl Engine {
     pub(crate) fn scan(&self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> Scan<'_> {
         if let Some(heap) = &self.heap {
             return Box::new(heap.scan(start, end));
+        }
+        if let Some(r) = &self.remote {
+            return Box::new(r.scan(None, remote::DATA, start, end));
         }
         let (mode, ro, skip) = scan_options(start, end);
         Box::new(
@@ -549,6 +578,13 @@ impl Engine {
         if let Some(heap) = &self.heap {
             let state = heap.read();
             let _ = state.meta.range::<[u8], _>((Bound::Included(REFUSED_PREFIX), Bound::Unbounded)).all(|(k, v)| take(k, v));
+        } else if let Some(r) = &self.remote {
+            for entry in r.scan_meta(REFUSED_PREFIX) {
+                let (k, v) = entry?;
+                if !take(&k, &v) {
+                    break;
+                }
+            }
         } else {
             for entry in self.db().iterator_cf(self.meta(), rocksdb::IteratorMode::From(REFUSED_PREFIX, rocksdb::Direction::Forward)) {
                 let (k, v) = entry?;
@@ -575,6 +611,9 @@ impl Engine {
             heap.write().put_meta(TOPIC_ID_KEY, Some(id.as_bytes()));
             return Ok(());
         }
+        if let Some(r) = &self.remote {
+            return r.write(&[], vec![(remote::prefixed(remote::META, TOPIC_ID_KEY), Some(id.as_bytes().to_vec()))]);
+        }
         let mut wo = WriteOptions::default();
         wo.disable_wal(true);
         self.db().put_cf_opt(self.meta(), TOPIC_ID_KEY, id.as_bytes(), &wo)?;
@@ -585,6 +624,9 @@ impl Engine {
     pub(crate) fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if let Some(heap) = &self.heap {
             return Ok(heap.read().meta.get(key).map(|v| v.to_vec()));
+        }
+        if let Some(r) = &self.remote {
+            return r.get(remote::META, key);
         }
         Ok(self.db().get_cf(self.meta(), key)?)
     }
@@ -633,6 +675,9 @@ impl Engine {
             }
             return heap.charge();
         }
+        if let Some(r) = &self.remote {
+            return r.write(&ranges, remote_writes(data, &ranges, meta));
+        }
         for (from, to) in &ranges {
             data.delete_range(from, to);
         }
@@ -651,7 +696,11 @@ impl Engine {
     /// How long a committing store goes without a flush (RocksDB) or a
     /// save of its file (in memory).
     fn flush_every(&self) -> Duration {
-        if self.heap.is_some() { self.resources.heap_save_every } else { FLUSH_AT_LEAST_EVERY }
+        match (&self.heap, &self.resources.remote) {
+            (Some(_), _) => self.resources.heap_save_every,
+            (None, Some(state)) if self.remote.is_some() => state.flush_interval(),
+            _ => FLUSH_AT_LEAST_EVERY,
+        }
     }
 
     fn last_flush(&self) -> std::sync::MutexGuard<'_, Instant> {
@@ -666,7 +715,7 @@ impl Engine {
     /// Switches to restore mode: WAL off, vector memtable, auto-compaction
     /// deferred. The store must not be read until [`Engine::finish_bulk_load`].
     pub(crate) fn start_bulk_load(&mut self) -> Result<()> {
-        if !self.bulk_loading && self.heap.is_none() {
+        if !self.bulk_loading && self.db.is_some() {
             self.reopen(true)?;
             self.bulk_loading = true;
         }
@@ -677,7 +726,7 @@ impl Engine {
     /// restored data is durable before the task runs), then turns
     /// compaction back on.
     pub(crate) fn finish_bulk_load(&mut self) -> Result<()> {
-        if self.heap.is_some() {
+        if self.heap.is_some() || self.remote.is_some() {
             // Saved in the background: a crash soon after replays the tail only.
             self.flush_opt(false)?;
             return Ok(());
@@ -722,6 +771,9 @@ impl Engine {
             return Ok(());
         }
         *self.last_flush() = Instant::now();
+        if let Some(r) = &self.remote {
+            return r.flush(wait);
+        }
         let mut fo = FlushOptions::default();
         fo.set_wait(wait);
         let Some(db) = self.db.as_ref() else {
@@ -744,12 +796,15 @@ impl Engine {
         if let Some(heap) = &self.heap {
             return (name == "rocksdb.estimate-num-keys").then(|| heap.read().data.len() as u64);
         }
+        if self.remote.is_some() {
+            return None;
+        }
         self.db().property_int_value(name).ok().flatten()
     }
 
     /// Block-cache and stall tickers since the engine was opened (none in memory).
     pub(crate) fn tickers(&self) -> Tickers {
-        if self.heap.is_some() {
+        if self.db.is_none() {
             return self.carried;
         }
         self.carried.plus(Tickers::of(&self.options, self.db(), self.resources.statistics))
@@ -757,9 +812,10 @@ impl Engine {
 
     /// Sizes and compaction state of the data (RocksDB properties, no scan).
     pub(crate) fn data_stats(&self) -> DataStats {
-        match &self.heap {
-            Some(heap) => DataStats::of_heap(&heap.read()),
-            None => DataStats::of(self.db()),
+        match (&self.heap, &self.db) {
+            (Some(heap), _) => DataStats::of_heap(&heap.read()),
+            (None, Some(db)) => DataStats::of(db),
+            (None, None) => DataStats::default(),
         }
     }
 
@@ -776,6 +832,9 @@ impl Engine {
         if let Some(heap) = &self.heap {
             return heap.save_to(dest);
         }
+        if self.remote.is_some() {
+            return Err(Error::InvalidUse("a remote store partition has no local checkpoint: its database in object storage is its durable copy".into()));
+        }
         self.flush()?;
         rocksdb::checkpoint::Checkpoint::new(self.db())?.create_checkpoint(dest)?;
         Ok(())
@@ -787,6 +846,14 @@ impl Drop for Engine {
         // Writes skip the WAL: a store that closes makes its memtables
         // durable, so a clean shutdown or rebalance restores nothing on the
         // next start. Cheap if nothing is unflushed.
+        if let Some(r) = &self.remote {
+            // Closing flushes the memtable: the next owner replays nothing.
+            if let Err(e) = r.close() {
+                tracing::warn!(path = %self.path.display(), error = %e,
+                    "closing a remote store failed; its next owner replays the changelog from its last landed flush");
+            }
+            return;
+        }
         if self.db.is_some() || self.heap.is_some() {
             match self.flush() {
                 Ok(()) => self.write_checkpoint_hint(),

@@ -7,10 +7,13 @@
 //! Processors get stores from their [`ProcessorContext`](crate::ProcessorContext);
 //! [`TypedStore`] adds codecs on top.
 
+mod backend;
+pub(crate) use backend::StoreBackend;
 pub(crate) mod closing;
 pub(crate) mod engine;
 pub(crate) mod lock;
 pub(crate) mod memory;
+pub(crate) mod objects;
 pub(crate) mod overlay;
 pub(crate) mod recent;
 pub(crate) mod published;
@@ -76,8 +79,9 @@ pub(crate) struct StoreOpenArgs<'a> {
     pub(crate) schema: schema::Schema,
     /// Whether its windows close with a final result (kstate's own timers).
     pub(crate) final_results: bool,
-    /// Held in memory ([`crate::StoreDefinition::in_memory`]), not in RocksDB.
-    pub(crate) in_memory: bool,
+    /// RocksDB, in memory ([`crate::StoreDefinition::in_memory`]) or in
+    /// object storage ([`crate::StoreDefinition::remote`]).
+    pub(crate) backend: StoreBackend,
 }
 
 /// A changelog-backed key-value store of one partition, keyed and valued by bytes.
@@ -127,8 +131,8 @@ pub struct KeyValueStore {
     pub(crate) live_tail_retention: Option<i64>,
     /// Whether a window write registers its window's closing (final results).
     pub(crate) final_results: bool,
-    /// Held in memory (a wipe reopens it so).
-    in_memory: bool,
+    /// Where the data lives (a wipe reopens it there).
+    backend: StoreBackend,
     /// This store partition's slot for interactive queries (its engine
     /// withdrawn before the engine closes, reopens or is replaced).
     slot: Option<Arc<published::Slot>>,
@@ -297,36 +301,35 @@ impl KeyValueStore {
         let no_files = args.resources.is_in_memory();
         let lock = if no_files { None } else { Some(DirLock::acquire(&args.dir, args.lock_timeout)?) };
         let db_dir = args.dir.join("db");
-        let seeded = args.seed.filter(|_| !no_files).map(|seed| seed(&db_dir)).unwrap_or_default();
-        let identity = format!("{}/{}", args.name, args.partition);
-        let heap = args.in_memory.then_some(identity.as_str());
-        let (engine, open_problem) = match Self::open_engine(&db_dir, args.resources, heap) {
+        let seeded = args.seed.filter(|_| !no_files && args.backend != StoreBackend::Remote).map(|seed| seed(&db_dir)).unwrap_or_default();
+        let which = (args.backend, args.name, args.partition);
+        let (engine, open_problem) = match Self::open_engine(&db_dir, args.resources, which) {
             Ok((e, refused_file)) => match e.checkpoint() {
                 Ok(Checkpoint::Corrupt(why)) => {
                     drop(e);
-                    (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((why, UNREADABLE)))
+                    (Self::reopen_empty(&db_dir, args.resources, which)?, Some((why, UNREADABLE)))
                 }
                 Ok(checkpoint) => match (layout_problem(&e, &checkpoint, args.segments)?, schema_problem(&e, &checkpoint, &args.schema)?) {
                     // Rebuilt from the changelog, whose keys have no segment.
                     (Some(why), _) => {
                         drop(e);
-                        (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((why, "layout_changed")))
+                        (Self::reopen_empty(&db_dir, args.resources, which)?, Some((why, "layout_changed")))
                     }
                     // Rebuilt from the changelog, converting its records.
                     (None, Some(why)) => {
                         drop(e);
-                        (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((why, "schema_changed")))
+                        (Self::reopen_empty(&db_dir, args.resources, which)?, Some((why, "schema_changed")))
                     }
                     (None, None) => (e, refused_file.map(|why| (why, UNREADABLE))),
                 },
                 Err(Error::RocksDb(err)) if err.is_corruption() => {
                     drop(e);
-                    (Self::reopen_empty(&db_dir, args.resources, heap)?, Some((format!("checkpoint unreadable: {err}"), UNREADABLE)))
+                    (Self::reopen_empty(&db_dir, args.resources, which)?, Some((format!("checkpoint unreadable: {err}"), UNREADABLE)))
                 }
                 Err(err) => return Err(err),
             },
             Err(Error::RocksDb(err)) if err.is_corruption() => (
-                Self::reopen_empty(&db_dir, args.resources, heap)?,
+                Self::reopen_empty(&db_dir, args.resources, which)?,
                 Some((format!("local store unreadable: {err}"), UNREADABLE)),
             ),
             Err(err) => return Err(err),
@@ -369,7 +372,7 @@ impl KeyValueStore {
             shape: args.segments.map(|(shape, _)| shape),
             live_tail_retention: args.live_tail_retention,
             final_results: args.final_results,
-            in_memory: args.in_memory,
+            backend: args.backend,
             slot: args.published.map(|p| p.slot(args.name, args.partition)),
             engine: Some(Arc::new(engine)),
             schema: args.schema,
@@ -413,17 +416,25 @@ impl KeyValueStore {
         self.db_dir.ancestors().nth(3)
     }
 
-    /// `heap`: in memory, as this store partition (`store/partition`).
-    fn open_engine(db_dir: &Path, res: &EngineResources, heap: Option<&str>) -> Result<(Engine, Option<String>)> {
-        match heap {
-            Some(identity) => Engine::open_in_memory(db_dir, res, identity),
-            None => Ok((Engine::open(db_dir, res)?, None)),
+    /// Opens the engine of store partition `(backend, store, partition)`.
+    /// The second value says why an in-memory store's file was refused.
+    fn open_engine(db_dir: &Path, res: &EngineResources, (backend, store, partition): (StoreBackend, &str, i32)) -> Result<(Engine, Option<String>)> {
+        match backend {
+            StoreBackend::InMemory => Engine::open_in_memory(db_dir, res, &format!("{store}/{partition}")),
+            StoreBackend::RocksDb => Ok((Engine::open(db_dir, res)?, None)),
+            StoreBackend::Remote => Ok((Engine::open_remote(db_dir, res, store, partition)?, None)),
         }
     }
 
-    fn reopen_empty(db_dir: &Path, res: &EngineResources, heap: Option<&str>) -> Result<Engine> {
-        res.wipe(db_dir)?;
-        Ok(Self::open_engine(db_dir, res, heap)?.0)
+    /// Opens the store partition with nothing in it: its local files
+    /// removed first, or (remote) every key of its database deleted.
+    fn reopen_empty(db_dir: &Path, res: &EngineResources, which: (StoreBackend, &str, i32)) -> Result<Engine> {
+        if which.0 != StoreBackend::Remote {
+            res.wipe(db_dir)?;
+        }
+        let engine = Self::open_engine(db_dir, res, which)?.0;
+        engine.wipe_remote()?;
+        Ok(engine)
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -451,8 +462,7 @@ impl KeyValueStore {
             slot.withdraw_engine();
         }
         drop(self.engine.take());
-        let identity = format!("{}/{}", self.name, self.partition);
-        let mut engine = Self::reopen_empty(&self.db_dir, &self.resources, self.in_memory.then_some(identity.as_str()))?;
+        let mut engine = Self::reopen_empty(&self.db_dir, &self.resources, (self.backend, &self.name, self.partition))?;
         engine.set_schema_version(self.schema.version);
         self.engine = Some(Arc::new(engine));
         self.checkpoint = None;

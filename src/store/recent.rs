@@ -28,6 +28,20 @@ use crate::store::overlay::Overlay;
 use crate::store::KeyValueStore;
 
 impl KeyValueStore {
+    /// Reads ahead the keys of `keys` that only the engine holds (a
+    /// remote store fetches them concurrently into its cache; other
+    /// engines do nothing). A key-value store's keys only.
+    pub(crate) fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
+        if self.segments.is_some() || !self.engine().is_remote() {
+            return;
+        }
+        let wanted: Vec<Vec<u8>> = keys
+            .filter(|k| self.overlay.get(k).is_none() && self.sealed.get(k).is_none() && self.recent.get(k).is_none())
+            .map(<[u8]>::to_vec)
+            .collect();
+        self.engine().prefetch(wanted);
+    }
+
     /// A commit's `writes` landed in RocksDB (`written`: its landing was
     /// recorded): the read cache keeps them.
     pub(super) fn remember_landed(&mut self, writes: &Overlay, written: bool) {
@@ -37,7 +51,7 @@ impl KeyValueStore {
             if !writes.is_empty() {
                 self.forget_recent();
             }
-        } else if self.segments.is_none() && !self.in_memory {
+        } else if self.segments.is_none() && self.backend != crate::store::StoreBackend::InMemory {
             self.recent.landed(writes);
             self.metrics.read_cache_bytes.set(self.recent.bytes() as f64);
         }

@@ -40,7 +40,7 @@ pub(crate) fn scratch_store_with(dir: &Path, segments: Option<(Shape, Duration)>
         published: None,
         schema: Default::default(),
         final_results: false,
-        in_memory: std::env::var("KSTATE_TEST_STORES").is_ok_and(|v| v == "memory"),
+        backend: if std::env::var("KSTATE_TEST_STORES").is_ok_and(|v| v == "memory") { crate::store::StoreBackend::InMemory } else { crate::store::StoreBackend::RocksDb },
     })
     .expect("scratch store")
 }

@@ -45,6 +45,25 @@ impl Drop for TaskManager {
 }
 
 impl TaskManager {
+    /// Before a polled batch is processed: each running task's remote
+    /// key-value stores read the batch's keys of its partition ahead,
+    /// concurrently (architecture.md §22). Nothing without remote stores.
+    pub(crate) fn prefetch<'k>(&self, records: impl Iterator<Item = (i32, &'k [u8])>) {
+        if !self.config.remote_stores() {
+            return;
+        }
+        let mut by_partition: std::collections::BTreeMap<i32, Vec<&[u8]>> = std::collections::BTreeMap::new();
+        for (partition, key) in records {
+            by_partition.entry(partition).or_default().push(key);
+        }
+        for (partition, keys) in by_partition {
+            let Some(task) = self.tasks.get(&partition).filter(|t| t.state == super::TaskState::Running) else { continue };
+            for store in &task.stores {
+                store.prefetch(keys.iter().copied());
+            }
+        }
+    }
+
     pub(crate) fn new(parts: TaskManagerParts) -> Self {
         let TaskManagerParts {
             config,

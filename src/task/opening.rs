@@ -188,7 +188,7 @@ impl TaskManager {
                             seed: Some(&seed),
                             schema: def.schema(),
                             final_results: def.emits_final_results(),
-                            in_memory: def.is_in_memory(),
+                            backend: def.backend(),
                         })?);
                         if def.source_topic.is_some() {
                             let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;

@@ -72,6 +72,13 @@ impl TaskManager {
             tracing::error!(partition, error = %cause, "in-memory stores hold more than max_state_memory; stopping");
             return Err(cause);
         }
+        // Another instance opened a remote store of this task for writing:
+        // this one is a zombie (or the other is, and stops at its next
+        // write). Re-opening at once would fence the other in turn; after
+        // a session timeout the group has told the zombie it lost the
+        // task, and only a true owner opens it again.
+        let fenced = matches!(cause, Error::RemoteStore { kind: crate::error::RemoteFailure::Fenced, .. });
+        let count = count && !fenced;
         // A transaction in flight may commit offsets of this task: it must
         // restart after them, or it would apply them again on top of the
         // restored records. Should it fail instead, its abort re-initialised
@@ -104,12 +111,17 @@ impl TaskManager {
             return Err(Error::TaskFailed { partition, attempts, last: Box::new(cause) });
         }
         // The first retry at once, then 0.5 s, 1 s, 2 s, ... up to 30 s.
-        let backoff = if attempts == 1 || !count {
+        let backoff = if fenced {
+            self.session.as_ref().map_or(Duration::from_secs(10), |s| s.timeout())
+        } else if attempts == 1 || !count {
             Duration::ZERO
         } else {
             (Duration::from_millis(500) * (1 << (attempts - 2).min(6))).min(Duration::from_secs(30))
         };
-        if count {
+        if fenced {
+            tracing::warn!(partition, ?backoff, error = %cause,
+                "a remote store of this task was opened by another instance; closing the task, re-opened after a session timeout if it is still assigned here");
+        } else if count {
             tracing::error!(partition, attempt = attempts, ?backoff, error = %cause,
                 "task failed; closing it without commit and restoring its stores from their changelogs");
         } else {

@@ -233,14 +233,50 @@ pub fn stores_in_memory() -> bool {
     std::env::var("KSTATE_TEST_STORES").is_ok_and(|v| v == "memory")
 }
 
-/// A store definition on this run's backend (see [`stores_in_memory`]).
+/// Whether this run's stores are remote (`KSTATE_TEST_STORES=remote`):
+/// databases in the MinIO server of testing/ (`KSTATE_S3_ENDPOINT`).
+pub fn stores_remote() -> bool {
+    std::env::var("KSTATE_TEST_STORES").is_ok_and(|v| v == "remote")
+}
+
+/// A store definition on this run's backend (see [`stores_in_memory`],
+/// [`stores_remote`]).
 pub fn store(name: impl Into<String>) -> kstate::StoreDefinition {
     let def = kstate::StoreDefinition::new(name);
     if stores_in_memory() {
         def.in_memory()
+    } else if stores_remote() {
+        def.remote()
     } else {
         def
     }
+}
+
+/// The object store options of MinIO at `endpoint` (testing/minio.sh's
+/// credentials unless the environment names others).
+pub fn s3_options(endpoint: &str) -> Vec<(String, String)> {
+    let mut options = vec![("aws_endpoint".to_string(), endpoint.to_string()), ("aws_allow_http".to_string(), "true".to_string())];
+    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
+        options.push(("aws_access_key_id".into(), "kstate".into()));
+        options.push(("aws_secret_access_key".into(), "kstate-secret".into()));
+        options.push(("aws_region".into(), "us-east-1".into()));
+    }
+    options
+}
+
+/// Remote state in MinIO under `s3://<bucket>/remote` (applications have
+/// ids of their own), flushing often so that crash tests replay little.
+pub fn remote_state() -> kstate::RemoteStateConfig {
+    remote_state_at(&s3_endpoint())
+}
+
+/// [`remote_state`] on the S3 server at `endpoint`.
+pub fn remote_state_at(endpoint: &str) -> kstate::RemoteStateConfig {
+    let mut config = kstate::RemoteStateConfig::new(format!("s3://{}/remote", s3_bucket())).flush_interval(Duration::from_millis(500)).timeout(Duration::from_secs(30));
+    for (k, v) in s3_options(endpoint) {
+        config = config.option(k, v);
+    }
+    config
 }
 
 /// Keys and values by key.
@@ -424,6 +460,8 @@ pub fn builder(app_id: &str, input: &str, state_dir: &Path) -> AppBuilder {
         .kafka_config("heartbeat.interval.ms", "500");
     if stores_in_memory() {
         builder.in_memory_save_interval(Duration::from_millis(300))
+    } else if stores_remote() {
+        builder.remote_state(remote_state())
     } else {
         builder
     }
@@ -727,13 +765,7 @@ pub fn s3_bucket() -> String {
 /// `KSTATE_S3_ENDPOINT`) under a prefix of the test's own, snapshots hourly.
 pub fn s3_at(endpoint: &str, prefix: &str) -> (kstate::SnapshotConfig, kstate::admin::SnapshotStore) {
     let url = format!("s3://{}/{prefix}", s3_bucket());
-    let mut options = vec![("aws_endpoint".to_string(), endpoint.to_string()), ("aws_allow_http".to_string(), "true".to_string())];
-    // The credentials testing/minio.sh sets, unless the environment names others.
-    if std::env::var("AWS_ACCESS_KEY_ID").is_err() {
-        options.push(("aws_access_key_id".into(), "kstate".into()));
-        options.push(("aws_secret_access_key".into(), "kstate-secret".into()));
-        options.push(("aws_region".into(), "us-east-1".into()));
-    }
+    let options = s3_options(endpoint);
     let mut config = kstate::SnapshotConfig::new(&url).interval(Duration::from_secs(3600));
     for (k, v) in &options {
         config = config.option(k, v);
@@ -778,4 +810,56 @@ pub fn produce_timestamped(topic: &str, records: &[(i32, String, String, i64)]) 
         producer.poll(Duration::ZERO);
     }
     producer.flush(TIMEOUT).unwrap();
+}
+
+/// A MinIO server of a test's own, on free ports (it is killed and
+/// restarted: testing/minio.sh's `kill` and `restart`); stopped when dropped.
+pub struct OwnMinio {
+    pub port: u16,
+    data: tempfile::TempDir,
+}
+
+impl OwnMinio {
+    /// Runs `testing/minio.sh <verb>` for this server.
+    pub fn script(&self, verb: &str) -> std::process::Output {
+        let out = std::process::Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/minio.sh"))
+            .arg(verb)
+            .env("KSTATE_MINIO_PORT", self.port.to_string())
+            .env("KSTATE_MINIO_DATA", self.data.path().join("minio"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "minio.sh {verb}: {}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+
+    /// Starts one on a free port whose next port (the console's) is free too.
+    pub fn start() -> OwnMinio {
+        let port = (0..20)
+            .find_map(|_| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let port = l.local_addr().unwrap().port();
+                drop(l);
+                (port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok()).then_some(port)
+            })
+            .expect("two free ports in a row");
+        let m = OwnMinio { port, data: tempfile::tempdir().unwrap() };
+        m.script("start");
+        m
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for OwnMinio {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testing/minio.sh"))
+            .arg("stop")
+            .env("KSTATE_MINIO_PORT", self.port.to_string())
+            .env("KSTATE_MINIO_DATA", self.data.path().join("minio"))
+            .output();
+    }
 }

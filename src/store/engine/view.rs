@@ -5,13 +5,14 @@ use std::ops::Bound;
 
 use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, DB};
 
-use super::{decode_segments, heap, RecordedSegments, SEGMENTS_KEY};
+use super::{decode_segments, heap, remote, RecordedSegments, SEGMENTS_KEY};
 use crate::error::Result;
 
 /// Reads of one snapshot of a store partition (see [`Engine::committed`]).
 pub(crate) enum SnapshotRead<'a> {
     Rocks { snapshot: rocksdb::SnapshotWithThreadMode<'a, DB>, meta: &'a rocksdb::ColumnFamily },
     Heap(std::sync::RwLockReadGuard<'a, heap::HeapState>),
+    Remote { snapshot: std::sync::Arc<remote::Snapshot>, db: &'a remote::RemoteDb },
 }
 
 impl SnapshotRead<'_> {
@@ -20,6 +21,7 @@ impl SnapshotRead<'_> {
         match self {
             SnapshotRead::Rocks { snapshot, .. } => Ok(snapshot.get_pinned(key)?.map(|v| v.to_vec())),
             SnapshotRead::Heap(state) => Ok(state.get(key).map(<[u8]>::to_vec)),
+            SnapshotRead::Remote { snapshot, db } => db.snapshot_get(snapshot, remote::DATA, key),
         }
     }
 
@@ -27,6 +29,7 @@ impl SnapshotRead<'_> {
         match self {
             SnapshotRead::Rocks { snapshot, meta } => Ok(snapshot.get_cf(*meta, key)?),
             SnapshotRead::Heap(state) => Ok(state.meta.get(key).map(|v| v.to_vec())),
+            SnapshotRead::Remote { snapshot, db } => db.snapshot_get(snapshot, remote::META, key),
         }
     }
 
@@ -37,6 +40,15 @@ impl SnapshotRead<'_> {
             SnapshotRead::Heap(state) => {
                 for (k, v) in state.range(start, end) {
                     if !take(k, v) {
+                        break;
+                    }
+                }
+                return Ok(());
+            }
+            SnapshotRead::Remote { snapshot, db } => {
+                for entry in db.scan(Some(snapshot.clone()), remote::DATA, start, end) {
+                    let (k, v) = entry?;
+                    if !take(&k, &v) {
                         break;
                     }
                 }

@@ -1,0 +1,646 @@
+//! A store partition kept in object storage: one SlateDB database (an LSM
+//! tree whose files live in an object store) per (store, partition), under
+//! `<url path>/<application id>/<store>/<partition>/` (docs/architecture.md §22).
+//!
+//! - **The changelog stays the log.** SlateDB's own write-ahead log is
+//!   off: a commit's data and checkpoint go into the memtable in one
+//!   atomic batch, and a memtable reaches object storage as one table file
+//!   whose manifest update lands whole or not at all. The durable state is
+//!   therefore always a prefix of the changelog, with its checkpoint;
+//!   opening a store replays the changelog past it (the tail only).
+//! - **One writer.** Opening a database raises its writer epoch in the
+//!   manifest: every earlier writer is fenced. A fenced writer's memtable
+//!   never lands (its manifest update fails), and its next write or flush
+//!   fails with [`RemoteFailure::Fenced`].
+//! - **A cache, bounded.** Blocks, indexes and filters read from object
+//!   storage are kept in one in-memory cache shared by every remote store
+//!   partition of the instance (`RemoteStateConfig::cache_bytes`).
+//! - **Data and meta keys share one key space**, told apart by a first
+//!   byte: [`DATA`] for the store's keys, [`META`] for the checkpoint and
+//!   the other bookkeeping RocksDB keeps in its meta column family.
+//!
+//! SlateDB is asynchronous; the engine is not. Every call runs on this
+//! instance's remote runtime (a small tokio runtime of its own) and the
+//! calling thread waits for it, up to `RemoteStateConfig::timeout`: an
+//! object store that stays away that long turns into
+//! [`RemoteFailure::Unavailable`] (the task fails and is re-opened, as any
+//! store fault).
+
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use object_store::path::Path as StorePath;
+use object_store::ObjectStore;
+use slatedb::config::{FlushOptions, FlushType, Settings};
+use slatedb::db_cache::moka::{MokaCache, MokaCacheOptions};
+use slatedb::db_cache::DbCache;
+use slatedb::{Db, DbIterator, DbSnapshot, ErrorKind};
+
+/// A point-in-time view of a remote database.
+pub(crate) type Snapshot = DbSnapshot;
+
+use super::counted::{Counted, CountedCache};
+use crate::error::{Error, RemoteFailure, Result};
+
+/// First byte of a store's own keys.
+pub(crate) const DATA: u8 = b'd';
+/// First byte of a meta key (checkpoint, topic id, schema, segments).
+pub(crate) const META: u8 = b'm';
+
+/// A call to object storage waiting this long is logged as a pause.
+const PAUSE_LOGGED_AFTER: Duration = Duration::from_secs(5);
+
+/// Keys a prefetch reads at once.
+const PREFETCH_PARALLEL: usize = 32;
+
+/// Entries a scan fetches per round trip to the remote runtime.
+const SCAN_CHUNK: usize = 512;
+
+/// What every remote store partition of one instance shares: the object
+/// store, the runtime its calls run on, the block cache and the settings.
+pub(crate) struct RemoteState {
+    /// `Some` until dropped.
+    runtime: Option<tokio::runtime::Runtime>,
+    store: Arc<dyn ObjectStore>,
+    /// `<url path>/<application id>`.
+    root: StorePath,
+    url: String,
+    cache: Arc<dyn DbCache>,
+    flush_interval: Duration,
+    timeout: Duration,
+    memtable_bytes: usize,
+    /// Gives each database its own part of the shared cache.
+    next_cache_id: AtomicU64,
+}
+
+impl std::fmt::Debug for RemoteState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteState").field("url", &self.url).field("root", &self.root).finish()
+    }
+}
+
+/// The settings [`RemoteState::start`] takes (from `RemoteStateConfig`).
+pub(crate) struct RemoteSettings<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) options: &'a [(String, String)],
+    pub(crate) application_id: &'a str,
+    pub(crate) cache_bytes: usize,
+    pub(crate) flush_interval: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) memtable_bytes: usize,
+    /// Added before every request (benchmarks; zero otherwise).
+    pub(crate) simulated_latency: Duration,
+}
+
+impl RemoteState {
+    /// Opens the object store the URL names and checks that it answers
+    /// (one LIST under the application's folder): a URL, bucket or
+    /// credentials that do not work fail here, before anything runs.
+    pub(crate) fn start(s: RemoteSettings<'_>) -> Result<Arc<RemoteState>> {
+        let (opened, url_path) = crate::store::objects::open_url("remote state", s.url, s.options).map_err(Error::Config)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kstate-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("kstate-remote runtime", e))?;
+        let mut inner = opened;
+        if !s.simulated_latency.is_zero() {
+            let l = s.simulated_latency;
+            let config = object_store::throttle::ThrottleConfig {
+                wait_get_per_call: l,
+                wait_put_per_call: l,
+                wait_list_per_call: l,
+                wait_list_with_delimiter_per_call: l,
+                wait_delete_per_call: l,
+                ..Default::default()
+            };
+            inner = Arc::new(object_store::throttle::ThrottledStore::new(inner, config));
+        }
+        let store: Arc<dyn ObjectStore> = Arc::new(Counted::new(inner));
+        let root = url_path.join(s.application_id);
+        let state = RemoteState {
+            runtime: Some(runtime),
+            store,
+            root,
+            url: s.url.to_string(),
+            cache: Arc::new(CountedCache::new(Arc::new(MokaCache::new_with_opts(MokaCacheOptions {
+                max_capacity: s.cache_bytes as u64,
+                ..Default::default()
+            })))),
+            flush_interval: s.flush_interval,
+            timeout: s.timeout,
+            memtable_bytes: s.memtable_bytes,
+            next_cache_id: AtomicU64::new(1),
+        };
+        let (store, root) = (state.store.clone(), state.root.clone());
+        state
+            .run(async move {
+                use futures::StreamExt;
+                let mut listing = store.list(Some(&root));
+                match listing.next().await {
+                    Some(Err(e)) => Err(e),
+                    _ => Ok(()),
+                }
+            })
+            .map_err(|()| Error::RemoteStore {
+                store: String::new(),
+                partition: -1,
+                kind: RemoteFailure::Unavailable,
+                detail: format!("remote state `{}` did not answer a listing within the timeout ({:?})", s.url, s.timeout),
+            })?
+            .map_err(|e| Error::RemoteStore {
+                store: String::new(),
+                partition: -1,
+                kind: classify_object_store(&e),
+                detail: format!("remote state `{}` refused a listing: {e}", s.url),
+            })?;
+        tracing::info!(url = %s.url, "remote state reachable");
+        Ok(Arc::new(state))
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime.as_ref().expect("the runtime lives as long as the state")
+    }
+
+    /// How long a committing remote store goes without a memtable flush.
+    pub(crate) fn flush_interval(&self) -> Duration {
+        self.flush_interval
+    }
+
+    /// Runs `fut` on the remote runtime and waits for it, at most
+    /// `timeout` (`Err(())`: it took longer, and was dropped).
+    /// A call that waits longer than [`PAUSE_LOGGED_AFTER`] is logged
+    /// (once) and counted in `kstate_remote_waiting`, until it ends.
+    fn run<T: Send + 'static>(&self, fut: impl std::future::Future<Output = T> + Send + 'static) -> std::result::Result<T, ()> {
+        let timeout = self.timeout;
+        let url = self.url.clone();
+        let handle = self.runtime().spawn(async move {
+            let fut = std::pin::pin!(fut);
+            let mut fut = fut;
+            if let Ok(v) = tokio::time::timeout(PAUSE_LOGGED_AFTER.min(timeout), &mut fut).await {
+                return Ok(v);
+            }
+            tracing::warn!(url = %url, timeout = ?timeout, "remote state: object storage has not answered for {PAUSE_LOGGED_AFTER:?}; processing waits for it");
+            let waiting = metrics::gauge!(crate::metrics::REMOTE_WAITING);
+            waiting.increment(1.0);
+            let started = Instant::now();
+            let done = tokio::time::timeout(timeout.saturating_sub(PAUSE_LOGGED_AFTER), fut).await;
+            waiting.decrement(1.0);
+            match &done {
+                Ok(_) => tracing::info!(url = %url, waited = ?(started.elapsed() + PAUSE_LOGGED_AFTER), "remote state: object storage answered again"),
+                Err(_) => tracing::error!(url = %url, ?timeout, "remote state: object storage did not answer within the timeout; the call fails"),
+            }
+            done.map_err(|_| ())
+        });
+        match futures::executor::block_on(handle) {
+            Ok(done) => done,
+            Err(join) => std::panic::resume_unwind(join.into_panic()),
+        }
+    }
+
+    /// The folder of one store partition's database.
+    pub(crate) fn db_path(&self, store: &str, partition: i32) -> StorePath {
+        self.root.clone().join(store).join(partition.to_string())
+    }
+}
+
+impl Drop for RemoteState {
+    /// Without waiting for tasks still running (a background flush of a
+    /// closed store): dropping a runtime that waits would block, and is
+    /// refused on an async thread.
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Which failure an object store error is.
+fn classify_object_store(e: &object_store::Error) -> RemoteFailure {
+    match e {
+        object_store::Error::NotFound { .. } => RemoteFailure::Corrupt,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => RemoteFailure::Refused,
+        _ => RemoteFailure::Unavailable,
+    }
+}
+
+/// One store partition's remote database, open for writing.
+pub(crate) struct RemoteDb {
+    db: Arc<Db>,
+    state: Arc<RemoteState>,
+    store: String,
+    partition: i32,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl RemoteDb {
+    /// Opens (or creates) the database of `store`'s `partition`, fencing
+    /// any earlier writer.
+    pub(crate) fn open(state: &Arc<RemoteState>, store: &str, partition: i32) -> Result<RemoteDb> {
+        let started = Instant::now();
+        let path = state.db_path(store, partition);
+        let settings = Settings {
+            wal_enabled: false,
+            // Memtable sizes are checked this often; flushes by time are ours.
+            flush_interval: Some(Duration::from_millis(100)),
+            l0_sst_size_bytes: state.memtable_bytes,
+            // Writes wait (then time out) past this much not yet in object storage.
+            max_unflushed_bytes: state.memtable_bytes.saturating_mul(4),
+            manifest_poll_interval: Duration::from_secs(5),
+            object_store_max_retries: None,
+            ..Settings::default()
+        };
+        let builder = Db::builder(path.clone(), state.store.clone())
+            .with_settings(settings)
+            .with_db_cache(state.cache.clone(), state.next_cache_id.fetch_add(1, Ordering::Relaxed));
+        let opened = state.run(builder.build());
+        let db = remote_result(opened, store, partition, "open")?;
+        let opened_in = started.elapsed();
+        metrics::histogram!(crate::metrics::REMOTE_OPEN_SECONDS, "store" => store.to_string()).record(opened_in.as_secs_f64());
+        tracing::info!(store, partition, path = %path, seconds = opened_in.as_secs_f64(), "remote store opened (earlier writers fenced)");
+        Ok(RemoteDb {
+            db: Arc::new(db),
+            state: state.clone(),
+            store: store.to_string(),
+            partition,
+            closed: Default::default(),
+        })
+    }
+
+    fn result<T>(&self, r: std::result::Result<std::result::Result<T, slatedb::Error>, ()>, what: &str) -> Result<T> {
+        remote_result(r, &self.store, self.partition, what)
+    }
+
+    /// One key's value (`prefix`: [`DATA`] or [`META`]).
+    pub(crate) fn get(&self, prefix: u8, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let db = self.db.clone();
+        let key = prefixed(prefix, key);
+        let got = self.state.run(async move { db.get(key).await });
+        Ok(self.result(got, "read")?.map(|v| v.to_vec()))
+    }
+
+    /// Reads `keys` (data keys) concurrently, at most [`PREFETCH_PARALLEL`]
+    /// at once, and forgets the values: the blocks they need are then in
+    /// the cache when the processing thread reads them one by one. The
+    /// latency of a poll batch's cold reads is so paid about once per
+    /// [`PREFETCH_PARALLEL`] keys instead of once per key. Errors are left
+    /// to the reads that follow.
+    pub(crate) fn prefetch(&self, keys: Vec<Vec<u8>>) {
+        use futures::StreamExt;
+        if keys.is_empty() {
+            return;
+        }
+        let db = self.db.clone();
+        let _ = self.state.run(async move {
+            futures::stream::iter(keys)
+                .map(|k| {
+                    let db = db.clone();
+                    async move { db.get(prefixed(DATA, &k)).await }
+                })
+                .buffer_unordered(PREFETCH_PARALLEL)
+                .for_each(|_| async {})
+                .await
+        });
+    }
+
+    /// Applies one commit's writes atomically: `puts` (`None`: a delete)
+    /// of prefixed keys, after deleting every data key in `ranges`.
+    pub(crate) fn write(&self, ranges: &[(Vec<u8>, Vec<u8>)], writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
+        // One write per key, the last one given.
+        let mut last = std::collections::BTreeMap::new();
+        for (from, to) in ranges {
+            // SlateDB has no range deletion: the keys are read and deleted.
+            for entry in self.scan(None, DATA, Bound::Included(from), Bound::Excluded(to)) {
+                last.insert(prefixed(DATA, &entry?.0), None);
+            }
+        }
+        last.extend(writes);
+        if last.is_empty() {
+            return Ok(());
+        }
+        let mut batch = slatedb::WriteBatch::new();
+        for (key, value) in last {
+            match value {
+                Some(v) => batch.put(key, v),
+                None => batch.delete(key),
+            }
+        }
+        let db = self.db.clone();
+        let written = self.state.run(async move { db.write(batch).await.map(|_| ()) });
+        self.result(written, "write")
+    }
+
+    /// Deletes every key of the database (a full restore follows), in
+    /// batches; the epoch, and so the fencing, stays.
+    pub(crate) fn wipe(&self) -> Result<()> {
+        for prefix in [DATA, META] {
+            loop {
+                let keys = self.scan_prefix(prefix, 10_000)?;
+                if keys.is_empty() {
+                    break;
+                }
+                let mut batch = slatedb::WriteBatch::new();
+                for key in keys {
+                    batch.delete(key);
+                }
+                let db = self.db.clone();
+                let written = self.state.run(async move { db.write(batch).await.map(|_| ()) });
+                self.result(written, "wipe")?;
+            }
+        }
+        self.flush(true)
+    }
+
+    /// Up to `n` whole keys (prefix included) under `prefix`.
+    fn scan_prefix(&self, prefix: u8, n: usize) -> Result<Vec<Bytes>> {
+        let db = self.db.clone();
+        let range = (Bound::Included(vec![prefix]), Bound::Excluded(vec![prefix + 1]));
+        let read = self.state.run(async move {
+            let mut it = db.scan(range).await?;
+            let mut out = Vec::new();
+            while out.len() < n {
+                match it.next().await? {
+                    Some(kv) => out.push(kv.key),
+                    None => break,
+                }
+            }
+            Ok(out)
+        });
+        self.result(read, "scan")
+    }
+
+    /// A point-in-time view: reads of one committed state.
+    pub(crate) fn snapshot(&self) -> Result<Arc<DbSnapshot>> {
+        self.db.snapshot().map_err(|e| map_error(e, &self.store, self.partition, "snapshot"))
+    }
+
+    /// Reads from `snapshot` (or the database) with this database's runtime.
+    pub(crate) fn snapshot_get(&self, snapshot: &Arc<DbSnapshot>, prefix: u8, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let snapshot = snapshot.clone();
+        let key = prefixed(prefix, key);
+        let got = self.state.run(async move { snapshot.get(key).await });
+        Ok(self.result(got, "read")?.map(|v| v.to_vec()))
+    }
+
+    /// Meta entries from `from` on, in key order (without their first byte).
+    pub(crate) fn scan_meta(&self, from: &[u8]) -> RemoteScan {
+        self.scan(None, META, Bound::Included(from), Bound::Unbounded)
+    }
+
+    /// Entries of key space `space` ([`DATA`] or [`META`]) within the
+    /// bounds in key order, without their first byte, fetched in chunks
+    /// (of `snapshot`, if given).
+    pub(crate) fn scan(&self, snapshot: Option<Arc<DbSnapshot>>, space: u8, start: Bound<&[u8]>, end: Bound<&[u8]>) -> RemoteScan {
+        let range = space_range(space, start, end);
+        RemoteScan {
+            state: self.state.clone(),
+            db: self.db.clone(),
+            snapshot,
+            store: self.store.clone(),
+            partition: self.partition,
+            range: Some(range),
+            iter: None,
+            buffered: std::collections::VecDeque::new(),
+            done: false,
+        }
+    }
+
+    /// Writes the memtable to object storage (`wait`: until it landed;
+    /// else in the background, its failure logged).
+    pub(crate) fn flush(&self, wait: bool) -> Result<()> {
+        let db = self.db.clone();
+        let fut = async move { db.flush_with_options(FlushOptions { flush_type: FlushType::MemTable }).await };
+        if wait {
+            let flushed = self.state.run(fut);
+            return self.result(flushed, "flush");
+        }
+        let (store, partition) = (self.store.clone(), self.partition);
+        self.state.runtime().spawn(async move {
+            if let Err(e) = fut.await {
+                tracing::warn!(store, partition, error = %e, "remote store: background flush failed; a restart replays the changelog from the last landed flush");
+            }
+        });
+        Ok(())
+    }
+
+    /// Flushes and closes the database (once).
+    pub(crate) fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let db = self.db.clone();
+        let closed = self.state.run(async move { db.close().await });
+        self.result(closed, "close")
+    }
+}
+
+/// A chunked scan of a remote database, as a blocking iterator.
+pub(crate) struct RemoteScan {
+    state: Arc<RemoteState>,
+    db: Arc<Db>,
+    snapshot: Option<Arc<DbSnapshot>>,
+    store: String,
+    partition: i32,
+    range: Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>,
+    iter: Option<DbIterator>,
+    buffered: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+    done: bool,
+}
+
+impl RemoteScan {
+    fn fill(&mut self) -> Result<()> {
+        let (db, snapshot, range, iter) = (self.db.clone(), self.snapshot.clone(), self.range.take(), self.iter.take());
+        let fetched = self.state.run(async move {
+            let mut it = match (iter, range) {
+                (Some(it), _) => it,
+                (None, Some(range)) => match snapshot {
+                    Some(s) => s.scan(range).await?,
+                    None => db.scan(range).await?,
+                },
+                (None, None) => unreachable!("a scan has its range or its iterator"),
+            };
+            let mut out = Vec::with_capacity(SCAN_CHUNK);
+            let mut done = false;
+            while out.len() < SCAN_CHUNK {
+                match it.next().await? {
+                    Some(kv) => out.push((kv.key[1..].to_vec(), kv.value.to_vec())),
+                    None => {
+                        done = true;
+                        break;
+                    }
+                }
+            }
+            Ok::<_, slatedb::Error>((it, out, done))
+        });
+        let (it, out, done) = remote_result(fetched, &self.store, self.partition, "scan")?;
+        self.iter = Some(it);
+        self.buffered.extend(out);
+        self.done = done;
+        Ok(())
+    }
+}
+
+impl Iterator for RemoteScan {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buffered.is_empty() && !self.done {
+            if let Err(e) = self.fill() {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+        self.buffered.pop_front().map(Ok)
+    }
+}
+
+/// `key` behind its first byte.
+pub(crate) fn prefixed(prefix: u8, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 1);
+    out.push(prefix);
+    out.extend_from_slice(key);
+    out
+}
+
+/// Bounds of keys of `space` as bounds of the prefixed keys.
+fn space_range(space: u8, start: Bound<&[u8]>, end: Bound<&[u8]>) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
+    let start = match start {
+        Bound::Included(s) => Bound::Included(prefixed(space, s)),
+        Bound::Excluded(s) => Bound::Excluded(prefixed(space, s)),
+        Bound::Unbounded => Bound::Included(vec![space]),
+    };
+    let end = match end {
+        Bound::Included(e) => Bound::Included(prefixed(space, e)),
+        Bound::Excluded(e) => Bound::Excluded(prefixed(space, e)),
+        Bound::Unbounded => Bound::Excluded(vec![space + 1]),
+    };
+    (start, end)
+}
+
+fn remote_result<T>(r: std::result::Result<std::result::Result<T, slatedb::Error>, ()>, store: &str, partition: i32, what: &str) -> Result<T> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(map_error(e, store, partition, what)),
+        Err(()) => Err(Error::RemoteStore {
+            store: store.to_string(),
+            partition,
+            kind: RemoteFailure::Unavailable,
+            detail: format!("{what} did not finish within the remote state timeout (object store unreachable?)"),
+        }),
+    }
+}
+
+/// SlateDB's error as kstate's, by kind.
+fn map_error(e: slatedb::Error, store: &str, partition: i32, what: &str) -> Error {
+    let kind = match e.kind() {
+        ErrorKind::Closed(slatedb::CloseReason::Fenced) => RemoteFailure::Fenced,
+        ErrorKind::Unavailable => RemoteFailure::Unavailable,
+        ErrorKind::Data => RemoteFailure::Corrupt,
+        _ => RemoteFailure::Other,
+    };
+    let detail = match kind {
+        RemoteFailure::Fenced => format!("{what}: another instance opened this store partition for writing since (this writer is fenced; nothing more of it lands): {e}"),
+        _ => format!("{what}: {e}"),
+    };
+    Error::RemoteStore { store: store.to_string(), partition, kind, detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(dir: &std::path::Path) -> Arc<RemoteState> {
+        RemoteState::start(RemoteSettings {
+            url: &format!("file://{}", dir.display()),
+            options: &[],
+            application_id: "app",
+            cache_bytes: 8 << 20,
+            flush_interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(20),
+            memtable_bytes: 4 << 20,
+            simulated_latency: Duration::ZERO,
+        })
+        .unwrap()
+    }
+
+    fn put(k: &str, v: &str) -> (Vec<u8>, Option<Vec<u8>>) {
+        (prefixed(DATA, k.as_bytes()), Some(v.as_bytes().to_vec()))
+    }
+
+    fn data(db: &RemoteDb) -> Vec<(String, String)> {
+        db.scan(None, DATA, Bound::Unbounded, Bound::Unbounded)
+            .map(|e| e.map(|(k, v)| (String::from_utf8(k).unwrap(), String::from_utf8(v).unwrap())).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_new_writer_fences_the_old_one_which_lands_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = state(dir.path());
+        let a = RemoteDb::open(&state, "s", 0).unwrap();
+        a.write(&[], vec![put("k1", "1"), (prefixed(META, b"cp"), Some(vec![1]))]).unwrap();
+        a.flush(true).unwrap();
+        // Written, not flushed: the durable state stays at k1.
+        a.write(&[], vec![put("k2", "2"), (prefixed(META, b"cp"), Some(vec![2]))]).unwrap();
+
+        let b = RemoteDb::open(&state, "s", 0).unwrap();
+        assert_eq!(data(&b), vec![("k1".into(), "1".into())], "the new writer sees the durable prefix only");
+        assert_eq!(b.get(META, b"cp").unwrap(), Some(vec![1]), "with its checkpoint");
+
+        // The zombie's next write or flush fails, typed, and lands nothing.
+        let zombie = a.write(&[], vec![put("k3", "3")]).and_then(|()| a.flush(true));
+        match zombie {
+            Err(Error::RemoteStore { kind: RemoteFailure::Fenced, store, partition, .. }) => assert_eq!((store.as_str(), partition), ("s", 0)),
+            other => panic!("expected a fenced error, got {other:?}"),
+        }
+        b.flush(true).unwrap();
+        let c = RemoteDb::open(&state, "s", 0).unwrap();
+        assert_eq!(data(&c), vec![("k1".into(), "1".into())], "nothing of the zombie landed");
+        drop(b);
+        c.close().unwrap();
+    }
+
+    #[test]
+    fn writes_ranges_scans_snapshots_and_wipes() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = state(dir.path());
+        let db = RemoteDb::open(&state, "s", 3).unwrap();
+        db.write(&[], (0..1500).map(|i| put(&format!("k{i:04}"), &i.to_string())).collect()).unwrap();
+        let snapshot = db.snapshot().unwrap();
+        // Range deletion (keys read and deleted), a put inside the range
+        // given as a delete by the caller, and the last write of a key wins.
+        db.write(&[(b"k0100".to_vec(), b"k1000".to_vec())], vec![put("k0000", "x"), put("k0000", "y"), (prefixed(DATA, b"k1499"), None)]).unwrap();
+        let now = data(&db);
+        assert_eq!(now.len(), 1500 - 900 - 1);
+        assert_eq!(now[0], ("k0000".into(), "y".into()));
+        assert_eq!(now[100], ("k1000".into(), "1000".into()));
+        assert_eq!(db.get(DATA, b"k0500").unwrap(), None);
+        // The snapshot still reads the state before.
+        assert_eq!(db.snapshot_get(&snapshot, DATA, b"k0500").unwrap(), Some(b"500".to_vec()));
+        assert_eq!(db.scan(Some(snapshot), DATA, Bound::Excluded(b"k0000"), Bound::Included(b"k0002")).count(), 2);
+        db.wipe().unwrap();
+        assert!(data(&db).is_empty());
+        assert_eq!(db.get(META, b"cp").unwrap(), None);
+        db.close().unwrap();
+    }
+
+    #[test]
+    fn an_unreachable_object_store_is_a_typed_error_at_start() {
+        let err = RemoteState::start(RemoteSettings {
+            url: "file:///proc/kstate-no-such-dir",
+            options: &[],
+            application_id: "app",
+            cache_bytes: 8 << 20,
+            flush_interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+            memtable_bytes: 4 << 20,
+            simulated_latency: Duration::ZERO,
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::Config(_) | Error::RemoteStore { .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,417 @@
+//! Remote stores (`StoreDefinition::remote`) against the real broker and
+//! the MinIO server of testing/ (`KSTATE_S3_ENDPOINT`):
+//!
+//! * a store opens on an instance with an empty state dir and replays only
+//!   the changelog past the checkpoint its database holds (nothing after a
+//!   clean stop; after a SIGKILL, the tail since its last flush);
+//! * a zombie (SIGSTOP past its session, SIGCONT) lands nothing, and the
+//!   state equals a model of the input;
+//! * bad settings and an unreachable or refusing object store are typed
+//!   errors before anything runs.
+//!
+//! The store behaviour tests of the other binaries run on remote stores too
+//! with `KSTATE_TEST_STORES=remote` (testing/test.sh).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use kstate::{Error, RemoteFailure, RemoteStateConfig, StoreDefinition};
+
+const PARTITIONS: i32 = 2;
+
+fn input(from: usize, n: usize) -> Vec<KeyedRecord> {
+    (from..from + n)
+        .map(|i| {
+            let p = (i % PARTITIONS as usize) as i32;
+            let key = format!("p{p}-k{}", (i * 7919) % 1500).into_bytes();
+            // One in ten a delete.
+            let value = (i % 10 != 3).then(|| format!("v{i}").into_bytes());
+            (p, key, value)
+        })
+        .collect()
+}
+
+fn remote_builder(f: &Fixture, state: &std::path::Path) -> kstate::AppBuilder {
+    builder(&f.app, &f.input, state)
+        .store(StoreDefinition::new("s").remote())
+        .remote_state(remote_state())
+        .commit_interval(Duration::from_millis(50))
+}
+
+fn put_or_delete(ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>) -> Result<(), kstate::Error> {
+    let s = ctx.store("s")?;
+    match rec.value {
+        Some(v) => s.put(rec.key.unwrap(), v),
+        None => s.delete(rec.key.unwrap()),
+    }
+}
+
+/// The model of `records` for one partition.
+fn model(records: &[KeyedRecord], partition: i32) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    for (p, k, v) in records.iter().filter(|r| r.0 == partition) {
+        let _ = p;
+        apply(&mut m, k, v.as_deref());
+    }
+    m
+}
+
+/// Reads a remote store partition's database in MinIO directly (the
+/// application stopped; [`remote_state`]'s layout): its data and its
+/// checkpoint.
+fn read_remote_store(app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
+    read_remote_store_at(&s3_endpoint(), app, store, partition)
+}
+
+/// [`read_remote_store`] on the S3 server at `endpoint`.
+fn read_remote_store_at(endpoint: &str, app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
+    let mut builder = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(s3_bucket());
+    for (k, v) in s3_options(endpoint) {
+        builder = builder.with_config(k.parse().unwrap(), v);
+    }
+    let os: Arc<dyn object_store::ObjectStore> = Arc::new(builder.build().unwrap());
+    let path = format!("remote/{app}/{store}/{partition}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Opened as a writer (the application is stopped), as kstate opens it.
+        let settings = slatedb::config::Settings { wal_enabled: false, ..Default::default() };
+        let reader = slatedb::Db::builder(path.as_str(), os).with_settings(settings).build().await.unwrap();
+        let mut data = BTreeMap::new();
+        let mut it = reader.scan(b"d".to_vec()..b"e".to_vec()).await.unwrap();
+        while let Some(kv) = it.next().await.unwrap() {
+            data.insert(kv.key[1..].to_vec(), kv.value.to_vec());
+        }
+        let cp = reader.get(b"mchangelog.checkpoint").await.unwrap().map(|v| i64::from_be_bytes(v.as_ref().try_into().unwrap()));
+        reader.close().await.unwrap();
+        (data, cp)
+    })
+}
+
+/// Records in partition `p` of `changelog` (0 before it exists).
+fn logged_in(changelog: &str, p: i32) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new().set("bootstrap.servers", bootstrap()).create().unwrap();
+    consumer.fetch_watermarks(changelog, p, Duration::from_secs(5)).map_or(0, |(_, high)| high)
+}
+
+/// Records in every partition of `changelog`.
+fn logged(changelog: &str) -> i64 {
+    (0..PARTITIONS).map(|p| logged_in(changelog, p)).sum()
+}
+
+/// Checks every partition's remote database against the model and the
+/// changelog: its checkpoint is the changelog's last offset.
+fn assert_remote_equals_model(f: &Fixture, records: &[KeyedRecord]) {
+    for p in 0..PARTITIONS {
+        let (data, checkpoint) = read_remote_store(&f.app, "s", p);
+        assert_same_state(&data, &model(records, p), &format!("remote store partition {p}"));
+        let end = end_offset_at(&bootstrap(), &kstate::changelog_topic(&f.app, "s"), p);
+        assert_eq!(checkpoint, Some(end - 1), "partition {p}: the checkpoint is the changelog's last record");
+    }
+}
+
+#[test]
+fn a_store_opens_on_an_empty_instance_and_replays_nothing_after_a_clean_stop() {
+    let f = fixture("remote-move", PARTITIONS);
+    let mut records = input(0, 6000);
+    produce(&f.input, &records);
+    let first = Running::start(remote_builder(&f, f.state.path()), put_or_delete);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+    first.stop().unwrap();
+    assert_remote_equals_model(&f, &records);
+
+    // A new instance with nothing local: its stores open with their
+    // checkpoints from object storage and replay nothing.
+    let more = input(6000, 1000);
+    produce(&f.input, &more);
+    records.extend(more);
+    let empty = tempfile::tempdir().unwrap();
+    let restores = Restores::default();
+    let second = Running::start(remote_builder(&f, empty.path()).restore_listener(restores.clone()), put_or_delete);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+    second.stop().unwrap();
+    assert_eq!(restores.restored_records(), 0, "a remote store replays nothing after a clean stop: {:?}", restores.starts.lock().unwrap());
+    for start in restores.starts.lock().unwrap().iter() {
+        assert_eq!(start.full_restore_reason, None, "{start:?}");
+    }
+    assert_remote_equals_model(&f, &records);
+}
+
+/// The child of the SIGKILL and SIGSTOP tests: `KSTATE_CHILD` is
+/// `app|input|state_dir`; processes slowly until its stdin closes.
+#[test]
+#[ignore = "child process of the remote store tests"]
+fn remote_child() {
+    let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
+    let parts: Vec<&str> = settings.split('|').collect();
+    let f = Fixture { app: parts[0].into(), input: parts[1].into(), state: tempfile::tempdir().unwrap() };
+    let app = remote_builder(&f, std::path::Path::new(parts[2])).build().unwrap();
+    stop_when_stdin_closes(app.shutdown_handle());
+    app.run(|ctx, rec| {
+        std::thread::sleep(Duration::from_micros(300));
+        put_or_delete(ctx, rec)
+    })
+    .unwrap();
+}
+
+#[test]
+fn after_a_sigkill_an_empty_instance_replays_only_the_tail() {
+    let f = fixture("remote-kill", PARTITIONS);
+    let records = input(0, 20_000);
+    produce(&f.input, &records);
+    let dir = tempfile::tempdir().unwrap();
+    let child = ChildInstance::spawn(
+        "a",
+        "remote_child",
+        format!("{}|{}|{}", f.app, f.input, dir.path().display()),
+        dir.path().join("a.log"),
+    );
+    // Killed mid-stream, a few flushes in.
+    let changelog = kstate::changelog_topic(&f.app, "s");
+    wait_until("the child to process part of each partition's input", Duration::from_secs(90), || {
+        (0..PARTITIONS).all(|p| logged_in(&changelog, p) > 2000)
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill();
+    let ends_at_kill: Vec<i64> = (0..PARTITIONS).map(|p| end_offset_at(&bootstrap(), &changelog, p)).collect();
+
+    let empty = tempfile::tempdir().unwrap();
+    let restores = Restores::default();
+    let second = Running::start(remote_builder(&f, empty.path()).restore_listener(restores.clone()), put_or_delete);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
+    second.stop().unwrap();
+    let starts = restores.starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), PARTITIONS as usize, "{starts:?}");
+    for s in &starts {
+        // Tail only: it starts at the remote checkpoint, not at the beginning.
+        assert!(s.full_restore_reason.is_none() && s.start_offset > 0, "restored from the start: {s:?}");
+        assert!(s.end_offset <= ends_at_kill[s.partition as usize], "{s:?}");
+    }
+    let tail: i64 = starts.iter().map(|s| s.end_offset - s.start_offset).sum();
+    let logged: i64 = ends_at_kill.iter().sum();
+    assert!(tail < logged / 2, "replayed {tail} of {logged} changelog records: more than a tail");
+    assert_remote_equals_model(&f, &records);
+}
+
+#[test]
+fn bad_remote_settings_are_typed_errors() {
+    let f = fixture("remote-config", 1);
+    let build = |b: kstate::AppBuilder| b.build().map(|_| ()).unwrap_err();
+    let base = || builder(&f.app, &f.input, f.state.path());
+    let cases: Vec<(&str, Error, &str)> = vec![
+        ("remote store without remote_state", build(base().store(StoreDefinition::new("s").remote())), "no AppBuilder::remote_state"),
+        (
+            "mixed stores",
+            build(base().store(StoreDefinition::new("s").remote()).store(StoreDefinition::new("t")).remote_state(remote_state())),
+            "all remote or none",
+        ),
+        (
+            "standbys",
+            build(base().store(StoreDefinition::new("s").remote()).remote_state(remote_state()).num_standby_replicas(1)),
+            "num_standby_replicas",
+        ),
+        (
+            "a scheme without its feature",
+            build(base().store(StoreDefinition::new("s").remote()).remote_state(RemoteStateConfig::new("ftp://x/y"))),
+            "unsupported scheme",
+        ),
+        (
+            "an unknown option",
+            build(base().store(StoreDefinition::new("s").remote()).remote_state(remote_state().option("aws_no_such_key", "1"))),
+            "aws_no_such_key",
+        ),
+        (
+            "a tiny flush interval",
+            build(base().store(StoreDefinition::new("s").remote()).remote_state(remote_state().flush_interval(Duration::from_millis(1)))),
+            "flush_interval",
+        ),
+    ];
+    for (what, err, needle) in cases {
+        match err {
+            Error::Config(msg) => assert!(msg.contains(needle), "{what}: {msg}"),
+            other => panic!("{what}: expected Error::Config, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn wrong_credentials_or_an_unreachable_server_fail_run_at_start() {
+    let f = fixture("remote-denied", 1);
+    produce(&f.input, &input(0, 10));
+    let denied = remote_state().option("aws_secret_access_key", "not-the-secret");
+    // A port nobody listens on.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = format!("http://{}", nobody.local_addr().unwrap());
+    drop(nobody);
+    let unreachable = remote_state_at(&gone).timeout(Duration::from_secs(3));
+    for (what, config) in [("wrong credentials", denied), ("no server", unreachable)] {
+        let app = builder(&f.app, &f.input, f.state.path()).store(StoreDefinition::new("s").remote()).remote_state(config).build().unwrap();
+        let started = std::time::Instant::now();
+        let err = app.run(put_or_delete).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(60), "{what}: took {:?}", started.elapsed());
+        match err {
+            Error::RemoteStore { kind, partition: -1, .. } => {
+                assert!(matches!(kind, RemoteFailure::Refused | RemoteFailure::Unavailable), "{what}: {kind:?}")
+            }
+            other => panic!("{what}: expected Error::RemoteStore at start, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_frozen_owner_is_fenced_and_nothing_of_it_lands() {
+    let f = fixture("remote-zombie", PARTITIONS);
+    let mut records = input(0, 4000);
+    produce(&f.input, &records);
+    let dir = tempfile::tempdir().unwrap();
+    let mut zombie = ChildInstance::spawn(
+        "a",
+        "remote_child",
+        format!("{}|{}|{}", f.app, f.input, dir.path().display()),
+        dir.path().join("a.log"),
+    );
+    let changelog = kstate::changelog_topic(&f.app, "s");
+    wait_until("the first owner to process some input", Duration::from_secs(90), || {
+        zombie.assert_running();
+        logged(&changelog) > 500
+    });
+    zombie.signal("-STOP");
+
+    // The group gives its tasks to a new instance after its session
+    // (6 s): that instance opens the databases, fencing the frozen one.
+    let empty = tempfile::tempdir().unwrap();
+    let second = Running::start(remote_builder(&f, empty.path()), put_or_delete);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
+    let more = input(4000, 2000);
+    produce(&f.input, &more);
+    records.extend(more);
+
+    // Thawed: it processes what it had fetched, but nothing of it lands;
+    // it learns it is out and rejoins.
+    zombie.signal("-CONT");
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
+    let more = input(6000, 1000);
+    produce(&f.input, &more);
+    records.extend(more);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
+    zombie.stop();
+    second.stop().unwrap();
+    assert_remote_equals_model(&f, &records);
+    assert_same_state(&changelog_state_at(&bootstrap(), &f.app, "s", PARTITIONS), &records.iter().fold(BTreeMap::new(), |mut m, (_, k, v)| {
+        apply(&mut m, k, v.as_deref());
+        m
+    }), "the changelog");
+}
+
+#[test]
+fn object_storage_away_for_20_s_pauses_processing_and_loses_nothing() {
+    let minio = OwnMinio::start();
+    let f = fixture("remote-outage", PARTITIONS);
+    let mut records = input(0, 3000);
+    produce(&f.input, &records);
+    let config = remote_state_at(&minio.endpoint()).timeout(Duration::from_secs(120));
+    let build = |state: &std::path::Path| {
+        builder(&f.app, &f.input, state).store(StoreDefinition::new("s").remote()).remote_state(config.clone()).commit_interval(Duration::from_millis(50))
+    };
+    let app = Running::start(build(f.state.path()), put_or_delete);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+
+    minio.script("kill");
+    let more = input(3000, 3000);
+    produce(&f.input, &more);
+    records.extend(more);
+    std::thread::sleep(Duration::from_secs(20));
+    assert!(!app.is_finished(), "an outage shorter than the timeout stops nothing");
+    minio.script("restart");
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
+    app.stop().unwrap();
+    for p in 0..PARTITIONS {
+        let (data, checkpoint) = read_remote_store_at(&minio.endpoint(), &f.app, "s", p);
+        assert_same_state(&data, &model(&records, p), &format!("remote store partition {p} after the outage"));
+        let end = end_offset_at(&bootstrap(), &kstate::changelog_topic(&f.app, "s"), p);
+        assert_eq!(checkpoint, Some(end - 1), "partition {p}");
+    }
+}
+
+mod recorded {
+    use std::collections::HashMap;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+    use metrics_util::registry::{AtomicStorage, Registry};
+
+    /// A recorder that keeps values.
+    pub struct Keeping(pub Arc<Registry<Key, AtomicStorage>>);
+
+    impl Recorder for Keeping {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.0.get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            self.0.get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            self.0.get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
+        }
+    }
+
+    /// `name{label=value,...}` → value of every counter; histograms by
+    /// name → samples recorded.
+    pub fn snapshot(registry: &Registry<Key, AtomicStorage>) -> HashMap<String, f64> {
+        let name = |key: &Key| {
+            let labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            format!("{}{{{}}}", key.name(), labels.join(","))
+        };
+        let mut seen = HashMap::new();
+        registry.visit_counters(|key, c| {
+            seen.insert(name(key), c.load(Ordering::Relaxed) as f64);
+        });
+        registry.visit_histograms(|key, h| {
+            let mut n = 0;
+            h.data_with(|d| n += d.len());
+            *seen.entry(key.name().to_string()).or_insert(0.0) += n as f64;
+        });
+        seen
+    }
+}
+
+#[test]
+fn remote_stores_count_requests_bytes_cache_hits_and_open_time() {
+    let registry = std::sync::Arc::new(metrics_util::registry::Registry::atomic());
+    metrics::set_global_recorder(recorded::Keeping(registry.clone())).expect("the only recorder of this test binary");
+    let f = fixture("remote-metrics", PARTITIONS);
+    let records = input(0, 4000);
+    produce(&f.input, &records);
+    // Reads and writes every record; the second instance reads what the
+    // first wrote from object storage, through the cache.
+    let read_and_write = |ctx: &mut kstate::ProcessorContext<'_>, rec: &kstate::Record<'_>| {
+        let s = ctx.store("s")?;
+        let _ = s.get(rec.key.unwrap())?;
+        put_or_delete(ctx, rec)
+    };
+    let app = Running::start(remote_builder(&f, f.state.path()), read_and_write);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+    app.stop().unwrap();
+    produce(&f.input, &input(4000, 2000));
+    let empty = tempfile::tempdir().unwrap();
+    let app = Running::start(remote_builder(&f, empty.path()), read_and_write);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+    app.stop().unwrap();
+    let seen = recorded::snapshot(&registry);
+    let get = |name: &str| seen.get(name).copied().unwrap_or(0.0);
+    assert!(get("kstate_remote_requests_total{kind=PUT}") >= 2.0, "{seen:?}");
+    assert!(get("kstate_remote_requests_total{kind=GET}") >= 1.0, "{seen:?}");
+    assert!(get("kstate_remote_requests_total{kind=LIST}") >= 1.0, "{seen:?}");
+    assert!(get("kstate_remote_bytes_total{direction=up}") > 4000.0, "{seen:?}");
+    assert!(get("kstate_remote_bytes_total{direction=down}") > 0.0, "{seen:?}");
+    assert!(get("kstate_remote_open_seconds") >= PARTITIONS as f64, "one open time per store partition: {seen:?}");
+    assert!(get("kstate_remote_cache_hits_total{}") + get("kstate_remote_cache_misses_total{}") > 0.0, "{seen:?}");
+}

@@ -76,6 +76,10 @@ fn main() {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     }
     IN_MEMORY.store(args.iter().any(|a| a == "--in-memory"), Ordering::Relaxed);
+    if let Ok(url) = opt(&args, "--remote-url") {
+        let latency = opt(&args, "--remote-latency-ms").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let _ = REMOTE.set((url.to_string(), latency));
+    }
     let result = run(&args);
     match result {
         Ok(json) => println!("{json}"),
@@ -90,11 +94,19 @@ fn main() {
 /// `StoreDefinition::in_memory()`.
 static IN_MEMORY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The bench's store `name`, in memory with `--in-memory`.
+/// `--remote-url URL` (kstate-write, kstate-restore): the store is
+/// `StoreDefinition::remote()` under URL (MinIO: the `AWS_*` environment
+/// of testing/minio.sh), with `--remote-latency-ms` added before every
+/// request (a distant object store).
+static REMOTE: std::sync::OnceLock<(String, u64)> = std::sync::OnceLock::new();
+
+/// The bench's store `name`, in memory with `--in-memory`, remote with `--remote-url`.
 fn bench_store(name: &str) -> StoreDefinition {
     let def = StoreDefinition::new(name);
     if IN_MEMORY.load(Ordering::Relaxed) {
         def.in_memory()
+    } else if REMOTE.get().is_some() {
+        def.remote()
     } else {
         def
     }
@@ -729,7 +741,17 @@ fn produce(bootstrap: &str, topic: &str, source: &str) -> Result<String, BoxErro
 /// A kstate contender's builder: its application id, broker, input and
 /// state dir, with the `KSTATE_BENCH_RDKAFKA` overrides.
 fn bench_app(bootstrap: &str, app: &str, input: &str, state: &str) -> kstate::AppBuilder {
-    with_env_kafka_config(App::builder()).application_id(app).bootstrap_servers(bootstrap).input_topic(input).state_dir(state)
+    let b = with_env_kafka_config(App::builder()).application_id(app).bootstrap_servers(bootstrap).input_topic(input).state_dir(state);
+    match REMOTE.get() {
+        Some((url, latency)) => {
+            let mut config = kstate::RemoteStateConfig::new(url.clone()).simulated_latency(Duration::from_millis(*latency));
+            if let Ok(endpoint) = std::env::var("KSTATE_S3_ENDPOINT") {
+                config = config.option("aws_endpoint", endpoint).option("aws_allow_http", "true");
+            }
+            b.remote_state(config)
+        }
+        None => b,
+    }
 }
 
 fn with_env_kafka_config(mut b: kstate::AppBuilder) -> kstate::AppBuilder {

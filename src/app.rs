@@ -838,6 +838,7 @@ impl AppBuilder {
         if c.state_dir.as_os_str().is_empty() {
             c.state_dir = PathBuf::from("/kstate-test-driver");
         }
+        c.run_remote_stores_locally();
         self.finish()
     }
 
@@ -875,8 +876,7 @@ impl AppBuilder {
             self.config.timers = true;
         }
         if self.config.timers {
-            let time = StoreDefinition::new(TIME_STORE); // remote with the others
-            self.config.stores.push(if self.config.remote_stores() { time.remote() } else { time });
+            self.config.stores.push(if self.config.remote_stores() { StoreDefinition::new(TIME_STORE).remote() } else { StoreDefinition::new(TIME_STORE) });
         }
         Ok(self.config)
     }

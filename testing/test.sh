@@ -16,7 +16,8 @@
 #    operator CLI in cli/), then the doc tests the same way, then the store
 #    behaviour tests again with in-memory stores (KSTATE_TEST_STORES=memory;
 #    KSTATE_TEST_FULL=1 adds the multi-process standby and exactly-once
-#    suites to that pass: a longer soak, not run in CI).
+#    suites to that pass: a longer soak, not run in CI), and once more with
+#    remote stores in MinIO (KSTATE_TEST_STORES=remote).
 # The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
 set -euo pipefail
 # shellcheck source=testing/lib.sh
@@ -61,6 +62,19 @@ if [[ -n "${KSTATE_TEST_FULL:-}" ]]; then
 fi
 if ((rc == 0)); then
     KSTATE_TEST_STORES=memory cargo test -p kstate --all-features "${memory_tests[@]}" | tee -a "$results" || rc=$?
+fi
+
+# The same store behaviour tests with every store remote (a database per
+# store partition in the MinIO server: KSTATE_TEST_STORES=remote; README
+# "Remote stores"), crash loops included. Tests of what remote stores
+# refuse (standbys, a window store beside a remote one) are skipped, and
+# so are the tables tests (they check stores through the CLI's readers of
+# local state).
+remote_tests=(--test store_api --test crash --test exactly_once --test ttl --test timers --test joins --test queries)
+if ((rc == 0)); then
+    kstate_log "store tests again with remote stores (KSTATE_TEST_STORES=remote)"
+    KSTATE_TEST_STORES=remote cargo test -p kstate --all-features "${remote_tests[@]}" -- --skip standby --skip window_and_session \
+        | tee -a "$results" || rc=$?
 fi
 
 # Sum of all "test result:" lines, e.g. "total: 42 passed, 0 failed, 1 skipped".

@@ -25,6 +25,7 @@ mod estimate;
 mod import;
 mod inspect;
 mod remote;
+mod remote_store;
 mod sample;
 mod savepoint;
 mod snapshot;
@@ -38,6 +39,7 @@ pub use estimate::{
 };
 pub use import::{import_snapshot, ImportReport};
 pub use inspect::{inspect, ApplicationReport, InspectReport, RestoreRateReport, SegmentsReport, StorePartitionReport};
+pub use remote_store::{read_remote_store, RemoteStoreContents};
 pub use remote::{gc_snapshots, list_snapshots, show_snapshot, PartitionGc, PartitionSnapshots, SnapshotStore};
 pub use savepoint::{create_savepoint, delete_savepoint, list_savepoints, restore_savepoint, show_savepoint, RollbackReport, Savepoint, SavepointEntry, SavepointStore, SavepointTask, StoreRollback};
 pub use sample::{sample, PrefixRule, PrefixStats, SampleReport, SampledEntry, SegmentStats};

@@ -249,6 +249,12 @@ impl AppConfig {
         self.stores.iter().any(StoreDefinition::is_remote)
     }
 
+    /// The test driver's configuration: remote stores run as its local ones.
+    pub(crate) fn run_remote_stores_locally(&mut self) {
+        self.stores.iter_mut().for_each(StoreDefinition::local_for_driver);
+        self.remote_state = None;
+    }
+
     /// Remote stores need the remote state, and are all or none of the
     /// stores: an instance without a local copy of a task must be as good
     /// a place for it as any (the assignor places no warmups and no
@@ -354,7 +360,6 @@ impl AppConfig {
         if let Some(snapshots) = &self.snapshots {
             snapshots.validate().map_err(Error::Config)?;
         }
-        self.validate_remote()?;
         check_name("application_id", &self.application_id)?;
         if self.bootstrap_servers.trim().is_empty() {
             return Err(Error::Config("bootstrap_servers is empty".into()));
@@ -559,7 +564,7 @@ impl AppConfig {
                 return Err(Error::Config(format!("application_server must be host:port, not `{server}`")));
             }
         }
-        Ok(())
+        self.validate_remote()
     }
 
     /// The membership's settings from `kafka_config` (checked by `validate`).

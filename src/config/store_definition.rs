@@ -103,6 +103,13 @@ impl StoreDefinition {
         self.backend
     }
 
+    /// The test driver's copy: a remote store runs as one of its local stores.
+    pub(crate) fn local_for_driver(&mut self) {
+        if self.backend == StoreBackend::Remote {
+            self.backend = StoreBackend::RocksDb;
+        }
+    }
+
     /// For a table ([`AppBuilder::table`](crate::AppBuilder::table)): its
     /// values must decode with `V` (e.g. `codec::Json<Price>`); a record
     /// whose value does not is a bad record, in processing and in a

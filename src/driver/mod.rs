@@ -271,9 +271,7 @@ impl TestDriver {
                 seed: None,
                 schema: def.schema(),
                 final_results: def.emits_final_results(),
-                // The driver's stores live in memory: a remote store
-                // is one of its RocksDB stores there.
-                backend: if def.is_in_memory() { crate::store::StoreBackend::InMemory } else { crate::store::StoreBackend::RocksDb },
+                backend: def.backend(), // (remote stores run as RocksDB here: `test_config`)
             })?);
             if def.source_topic.is_some() {
                 let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;

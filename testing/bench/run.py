@@ -14,6 +14,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only repartition [--records N]  # a count re-keyed through a repartition topic
     python3 testing/bench/run.py --only join [--records N]  # a stream-table left join over a source table
     python3 testing/bench/run.py --only memory [--records N]  # in-memory stores vs RocksDB (kstate and Kafka Streams)
+    python3 testing/bench/run.py --only remote [--records N] [--remote-latency-ms 30]  # time to running on an empty instance: remote stores vs restores
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -148,7 +149,7 @@ def cargo_executable(args, name, what):
 
 
 def build_rust():
-    return cargo_executable(["bench", "--bench", "kstate_bench", "--features", "s3", "--no-run"], "kstate_bench", "the Rust contenders")
+    return cargo_executable(["bench", "--bench", "kstate_bench", "--features", "s3,remote", "--no-run"], "kstate_bench", "the Rust contenders")
 
 
 def build_failover_example():
@@ -379,6 +380,7 @@ class Suite:
         self.failover_results = {}
         self.scaleout_results = {}
         self.snapshot_results = {}
+        self.remote_results = {}
         self.java = ["java", f"-Xmx{args.java_heap}", "-jar", JAR]
         self.run_id = f"bench{int(time.time())}"
         self.tmp = tempfile.mkdtemp(prefix="kstate-bench-")
@@ -480,6 +482,65 @@ class Suite:
             r = run_json([self.rust, "consume-batch", "--bootstrap", self.b, "--topic", changelog])
             res.setdefault("plain-consumer-batch", []).append(r)
         shutil.rmtree(ks_state, ignore_errors=True)
+
+    def remote(self):
+        """Time to running on an instance with an empty state dir, for a
+        state of N records: remote stores (MinIO as it is, and with
+        --remote-latency-ms added before every request) against kstate's
+        full restore into RocksDB and Kafka Streams' restore of the same
+        changelog. The remote databases are loaded once (a full restore
+        into them, closed cleanly), then opened by new instances."""
+        app, store = f"{self.run_id}-m", "kv"
+        changelog, inp = f"{app}-{store}-changelog", f"{app}-input"
+        n = self.a.records
+        env = dict(os.environ, **minio_env())
+        url = f"s3://{env['KSTATE_S3_BUCKET']}/{self.run_id}"
+        log(f"generating {n} changelog records into {changelog}")
+        self.gen(changelog, n)
+        self.gen(inp, 0, compact=False)
+        common = ["--bootstrap", self.b, "--app", app, "--store", store, "--input", inp]
+        load = os.path.join(self.tmp, "remote-load")
+        r = run_json([self.rust, "kstate-restore", *common, "--state-dir", load, "--remote-url", url], env=env)
+        log(f"remote load (a full restore into the remote databases): {r['seconds']:.2f} s, {r['records']} records")
+        self.remote_results.setdefault("load", []).append(r)
+        ks_state = os.path.join(self.tmp, "ks-remote")
+        contenders = [("kstate-remote", ["--remote-url", url]),
+                      (f"kstate-remote-{self.a.remote_latency_ms}ms", ["--remote-url", url, "--remote-latency-ms", str(self.a.remote_latency_ms)]),
+                      ("kstate-full-restore", [])]
+        for rep in range(self.a.reps):
+            for name, extra in contenders:
+                d = os.path.join(self.tmp, f"remote-{rep}")
+                shutil.rmtree(d, ignore_errors=True)
+                r = run_json([self.rust, "kstate-restore", *common, "--state-dir", d, *extra], env=env)
+                r["seconds"] = r["seconds_to_running"]
+                self.remote_results.setdefault(name, []).append(r)
+                log(f"remote {name:<24} {r['seconds']:8.3f} s to running, {r['records']} records replayed, rss {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+                shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(ks_state, ignore_errors=True)
+            r = run_json(self.java + ["restore", "--bootstrap", self.b, "--app-id", app, "--store", store, "--input-topic", inp,
+                                      "--partitions", str(self.a.partitions), "--state-dir", ks_state])
+            self.remote_results.setdefault("kafka-streams", []).append(r)
+            log(f"remote kafka-streams            {r['seconds']:8.3f} s, {r['records']} records")
+        shutil.rmtree(ks_state, ignore_errors=True)
+
+    def remote_report(self, out):
+        res = self.remote_results
+        if not res:
+            return
+        print(f"\n## remote: time to running on an empty instance ({self.a.records} records of state, {self.a.partitions} partitions, "
+              f"median of {self.a.reps}; seconds [min-max])")
+        print("| contender | records replayed | seconds to running | peak RSS MiB | kafka-streams / this | kstate-full-restore / this |")
+        print("|---|---:|---:|---:|---:|---:|")
+        secs = {k: median_of(v, "seconds") for k, v in res.items() if k != "load"}
+        for name, runs in res.items():
+            if name == "load":
+                continue
+            s = secs[name]
+            print(f"| {name} | {int(median_of(runs, 'records'))} | {spread([r['seconds'] for r in runs])} | "
+                  f"{median_of(runs, 'peak_rss_bytes') / 2**20:.0f} | {secs['kafka-streams'] / s:.2f} | {secs['kstate-full-restore'] / s:.2f} |")
+        out.append({"scenario": "remote", "records": self.a.records, "runs": res,
+                    "ratios": {"kafka_streams_over_remote": secs["kafka-streams"] / secs["kstate-remote"],
+                               "full_restore_over_remote": secs["kstate-full-restore"] / secs["kstate-remote"]}})
 
     def snapshot_report(self, out):
         res = self.snapshot_results
@@ -1350,6 +1411,7 @@ class Suite:
         self.failover_report(out)
         self.scaleout_report(out)
         self.snapshot_report(out)
+        self.remote_report(out)
         for scenario, contenders in self.scenarios.items():
             base = median_of(contenders.get(baselines[scenario], []), "records_per_sec")
             base_secs = median_of(contenders.get(baselines[scenario], []), "seconds")
@@ -1415,7 +1477,8 @@ def main():
                    help="write-eos scenario: kstate only, a 1 ms sleep every K records (processing waiting on I/O); "
                         "Kafka Streams is left out")
     p.add_argument("--java-heap", default="1g")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join", "memory"], default=None,
+    p.add_argument("--remote-latency-ms", type=int, default=30, help="remote: latency added before every object-store request (second contender)")
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join", "memory", "remote"], default=None,
                    help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1475,6 +1538,8 @@ def main():
             suite.join()
         if a.only == "memory":
             suite.memory()
+        if a.only == "remote":
+            suite.remote()
         suite.report()
     finally:
         if suite is not None:

@@ -315,7 +315,12 @@ pub fn read_heap_file(path: &Path) -> (Bytes, Bytes) {
 
 /// Opens a store partition's RocksDB (or in-memory file) directly (the app
 /// must be stopped): its data and its checkpoint.
+/// With remote stores (see [`stores_remote`]): what object storage holds
+/// of the store partition, whatever `state_dir`.
 pub fn read_store_dir(state_dir: &Path, app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
+    if stores_remote() {
+        return read_remote_store_at(&s3_endpoint(), app, store, partition);
+    }
     let path = store_db_path(state_dir, app, store, partition);
     if path.join("heap.kstate").exists() {
         let (data, meta) = read_heap_file(&path.join("heap.kstate"));
@@ -342,10 +347,18 @@ pub fn read_store_dir(state_dir: &Path, app: &str, store: &str, partition: i32) 
 /// first save has no file yet, which reads as empty with no checkpoint.
 pub fn read_store_dir_after_kill(state_dir: &Path, app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
     let path = store_db_path(state_dir, app, store, partition);
-    if stores_in_memory() && !path.join("CURRENT").exists() && !path.join("heap.kstate").exists() {
+    if !stores_remote() && stores_in_memory() && !path.join("CURRENT").exists() && !path.join("heap.kstate").exists() {
         return (BTreeMap::new(), None);
     }
     read_store_dir(state_dir, app, store, partition)
+}
+
+/// A remote store partition's durable state in the S3 server at
+/// `endpoint` under [`remote_state_at`]'s URL: its data and checkpoint.
+pub fn read_remote_store_at(endpoint: &str, app: &str, store: &str, partition: i32) -> (BTreeMap<Vec<u8>, Vec<u8>>, Option<i64>) {
+    let contents = kstate::admin::read_remote_store(&remote_state_at(endpoint), app, store, partition)
+        .unwrap_or_else(|e| panic!("read remote store {app}/{store}/{partition}: {e}"));
+    (contents.entries.into_iter().collect(), contents.checkpoint)
 }
 
 pub fn store_db_path(state_dir: &Path, app: &str, store: &str, partition: i32) -> PathBuf {

@@ -498,6 +498,34 @@ impl Iterator for RemoteScan {
     }
 }
 
+/// The durable state of a store partition's database under `url` (entries
+/// in key order, checkpoint), read through a reader of the newest
+/// manifest: no writer is fenced.
+pub(crate) fn read_durable(
+    url: &str,
+    options: &[(String, String)],
+    timeout: Duration,
+    (app, store, partition): (&str, &str, i32),
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Option<i64>)> {
+    let (os, root) = crate::store::objects::open_url("remote state", url, options).map_err(Error::Config)?;
+    let path = root.join(app).join(store).join(partition.to_string());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io("runtime", e))?;
+    let read = runtime.block_on(async move { tokio::time::timeout(timeout, async move {
+        let reader = slatedb::DbReader::open(path, os, slatedb::DbReaderMode::FollowLatest, Default::default()).await?;
+        let mut it = reader.scan((Bound::Included(vec![DATA]), Bound::Excluded(vec![DATA + 1]))).await?;
+        let mut entries = Vec::new();
+        while let Some(kv) = it.next().await? {
+            entries.push((kv.key[1..].to_vec(), kv.value.to_vec()));
+        }
+        let checkpoint = reader.get(prefixed(META, super::CHECKPOINT_KEY)).await?;
+        reader.close().await?;
+        Ok::<_, slatedb::Error>((entries, checkpoint))
+    }).await });
+    let (entries, checkpoint) = remote_result(read.map_err(|_| ()), store, partition, "read")?;
+    let checkpoint = checkpoint.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map(i64::from_be_bytes);
+    Ok((entries, checkpoint))
+}
+
 /// `key` behind its first byte.
 pub(crate) fn prefixed(prefix: u8, key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(key.len() + 1);

@@ -83,3 +83,13 @@ impl RemoteDb {
 pub(crate) fn prefixed(prefix: u8, key: &[u8]) -> Vec<u8> {
     [&[prefix][..], key].concat()
 }
+
+/// Without the feature: `Error::Config`.
+pub(crate) fn read_durable(
+    _url: &str,
+    _options: &[(String, String)],
+    _timeout: Duration,
+    _which: (&str, &str, i32),
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Option<i64>)> {
+    Err(crate::error::Error::Config(NEVER.into()))
+}

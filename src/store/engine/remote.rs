@@ -244,9 +244,10 @@ impl RemoteDb {
         let started = Instant::now();
         let path = state.db_path(store, partition);
         let settings = Settings {
+            // The changelog is the log. (SlateDB's `flush_interval` paces
+            // its WAL only; memtables are flushed when full, and by time
+            // through `Engine::commit_bounded`'s `flush_opt`.)
             wal_enabled: false,
-            // Memtable sizes are checked this often; flushes by time are ours.
-            flush_interval: Some(Duration::from_millis(100)),
             l0_sst_size_bytes: state.memtable_bytes,
             // Writes wait (then time out) past this much not yet in object storage.
             max_unflushed_bytes: state.memtable_bytes.saturating_mul(4),

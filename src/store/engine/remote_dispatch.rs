@@ -70,3 +70,29 @@ pub(super) fn remote_writes(data: WriteBatch, ranges: &[(Vec<u8>, Vec<u8>)], met
     out.extend(meta.into_iter().map(|(k, v)| (remote::prefixed(remote::META, &k), v)));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_becomes_one_write_per_key_with_ranges_applied_after_the_data() {
+        let mut data = WriteBatch::default();
+        data.put(b"a", b"1");
+        data.put(b"k5", b"in the range");
+        data.put(b"a", b"2");
+        data.delete(b"z");
+        let ranges = vec![(b"k0".to_vec(), b"k9".to_vec())];
+        let meta = vec![(b"changelog.checkpoint".to_vec(), Some(vec![7]))];
+        let writes = remote_writes(data, &ranges, meta);
+        assert_eq!(
+            writes,
+            vec![
+                (b"da".to_vec(), Some(b"2".to_vec())),
+                (b"dk5".to_vec(), None),
+                (b"dz".to_vec(), None),
+                (b"mchangelog.checkpoint".to_vec(), Some(vec![7])),
+            ]
+        );
+    }
+}

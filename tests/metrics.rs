@@ -14,27 +14,12 @@ use std::time::Duration;
 
 use common::*;
 use kstate::StoreDefinition;
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::Key;
 use metrics_util::registry::{AtomicStorage, Registry};
 
-/// A recorder that keeps values (metrics-util's DebuggingRecorder resets
-/// counters and gauges on every snapshot).
-struct Keeping(Arc<Registry<Key, AtomicStorage>>);
-
-impl Recorder for Keeping {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        self.0.get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
-    }
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        self.0.get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        self.0.get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
-    }
-}
+#[path = "support/keeping.rs"]
+mod keeping;
+use keeping::Keeping;
 
 /// `name{label=value,...}` → value, for every counter and gauge registered so far.
 fn snapshot(registry: &Registry<Key, AtomicStorage>) -> HashMap<String, f64> {

@@ -310,31 +310,17 @@ fn object_storage_away_for_20_s_pauses_processing_and_loses_nothing() {
     }
 }
 
+#[path = "support/keeping.rs"]
+mod keeping;
+
 mod recorded {
     use std::collections::HashMap;
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
 
-    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+    use metrics::Key;
     use metrics_util::registry::{AtomicStorage, Registry};
 
-    /// A recorder that keeps values.
-    pub struct Keeping(pub Arc<Registry<Key, AtomicStorage>>);
-
-    impl Recorder for Keeping {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            self.0.get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
-        }
-        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-            self.0.get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
-        }
-        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-            self.0.get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
-        }
-    }
+    pub use super::keeping::Keeping;
 
     /// `name{label=value,...}` → value of every counter; histograms by
     /// name → samples recorded.

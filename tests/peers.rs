@@ -601,6 +601,72 @@ fn a_peer_frozen_during_a_rebalance_is_dropped_after_peer_timeout() {
     stop_and_check(instances, &app, &input, &sent, "a peer frozen during a rebalance");
 }
 
+/// The leader frozen between its JoinGroup and its SyncGroup (a fourth
+/// instance joins; the leader stops itself there, `freeze_leader`): the
+/// others wait in SyncGroup under a generation they have not applied yet.
+/// They still judge the silent leader (the coordinator holds them in the
+/// generation they joined) and drop it after `peer_timeout`, far inside
+/// the session timeout.
+#[test]
+fn a_leader_frozen_before_its_sync_is_dropped_after_peer_timeout() {
+    let _serial = serial();
+    let Fixture { input, app, state } = fixture("peerfreezesync", PARTITIONS);
+    let dir = state.path();
+    let bootstrap = bootstrap();
+    let session = Duration::from_millis(20_000);
+    let peer_timeout = Duration::from_millis(2_000);
+    let trap = dir.join("freeze-leader");
+    let options = format!(
+        "session_ms={};heartbeat_ms=500;peer=127.0.0.1:0;peer_timeout_ms={};freeze_leader={}",
+        session.as_millis(),
+        peer_timeout.as_millis(),
+        trap.display()
+    );
+    let mut instances = three(&app, &input, dir, |_| options.clone());
+    let feeder = Feeder::start(&bootstrap, &input, PARTITIONS, 60, 300, 1_000_000);
+    balanced(&mut instances, Duration::from_secs(90));
+    let marks: Vec<usize> = instances.iter().map(Instance::log_len).collect();
+    std::fs::write(&trap, b"").unwrap();
+    instances.push(Instance::start_opts("d", &bootstrap, &app, &input, dir, "", ONE_STANDBY, &options));
+    const FROZE: &str = "fault injection: the leader stops itself before its SyncGroup";
+    let mut frozen_at = None;
+    wait_until("the leader of the round d starts to stop itself before its SyncGroup", Duration::from_secs(30), || {
+        frozen_at = (0..4).find(|&i| instances[i].text().get(*marks.get(i).unwrap_or(&0)..).unwrap_or("").contains(FROZE));
+        frozen_at.is_some()
+    });
+    let frozen = Instant::now();
+    let leader = frozen_at.expect("found");
+    let others: Vec<usize> = (0..4).filter(|&i| i != leader).collect();
+    let bound = peer_timeout * 3 + Duration::from_secs(3);
+    loop {
+        let owned: BTreeSet<i32> =
+            others.iter().flat_map(|&i| instances[i].assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
+        if owned.len() == PARTITIONS as usize {
+            break;
+        }
+        assert!(
+            frozen.elapsed() < bound,
+            "the others did not own every task within {bound:?} of the leader's freeze before its SyncGroup (session \
+             timeout {session:?}):\n{}\n{}",
+            log_lines(&instances[others[0]]),
+            log_lines(&instances[others[1]])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("leader frozen before its SyncGroup -> the others own every task: {:?} (peer_timeout {peer_timeout:?})", frozen.elapsed());
+    instances[leader].signal("-CONT");
+    let mark = marks.get(leader).copied().unwrap_or(0);
+    wait_until("the woken leader to find itself out and rejoin", Duration::from_secs(60), || {
+        instances.iter_mut().for_each(|i| i.assert_running());
+        instances[leader].text().get(mark..).unwrap_or("").contains("this member was fenced")
+    });
+    // Back to three instances (6 tasks balance over three, not four).
+    instances.remove(3).stop();
+    balanced(&mut instances, Duration::from_secs(60));
+    let sent = feeder.join(true);
+    stop_and_check(instances, &app, &input, &sent, "a leader frozen before its SyncGroup");
+}
+
 /// Waits (60 s at most) until the woken `instances[woken]` found itself out
 /// after log byte `mark` (closed its tasks without commit) and processes
 /// again; every instance must keep running meanwhile.

@@ -729,12 +729,18 @@ impl Member {
         self.member_id = response.member_id.to_string();
         self.generation = response.generation_id;
         self.session.confirmed();
+        if let Some(peers) = &self.peers {
+            peers.joined(response.generation_id, &self.member_id);
+        }
         let leader = response.leader == response.member_id;
         tracing::debug!(group = %settings.group, generation = response.generation_id, leader, members = response.members.len(),
             waited = ?started.elapsed(), "joined");
         // A static leader that restarted into a stable group is told to
         // keep the assignment it no longer knows (KIP-814).
         let assignments = if leader && !response.skip_assignment { self.assign(&response.members) } else { Vec::new() };
+        if leader {
+            freeze_leader_if_asked();
+        }
         let generation = Generation {
             id: response.generation_id,
             member_id: self.member_id.clone(),
@@ -854,6 +860,21 @@ impl Member {
             self.conn = Some(self.brokers.coordinator(&self.settings.group, self.rotate)?);
         }
         Ok(self.conn.as_mut())
+    }
+}
+
+/// Fault injection for the test suite: a leader that finds the file named
+/// by `KSTATE_LEADER_FREEZE_FILE` removes it and stops its own process
+/// (SIGSTOP) between its JoinGroup and its SyncGroup, the moment the
+/// others wait on it. One leader at most freezes per file.
+fn freeze_leader_if_asked() {
+    let Some(file) = std::env::var_os("KSTATE_LEADER_FREEZE_FILE") else { return };
+    if std::fs::remove_file(&file).is_ok() {
+        tracing::warn!("fault injection: the leader stops itself before its SyncGroup");
+        // SAFETY: raise has no memory-safety preconditions.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
+        }
     }
 }
 

@@ -214,7 +214,9 @@ impl Instance {
     /// `heartbeat_ms`, `eos` (exactly-once), `out` (an output topic that
     /// gets one record per input record, valued `partition:offset`),
     /// `mute` (a file: while it exists the instance sends its peers no
-    /// pings, `KSTATE_PEER_MUTE_FILE`), `snapshots` (snapshots to MinIO
+    /// pings, `KSTATE_PEER_MUTE_FILE`), `freeze_leader` (a file: a leader
+    /// that finds it removes it and stops itself with SIGSTOP before its
+    /// SyncGroup, `KSTATE_LEADER_FREEZE_FILE`), `snapshots` (snapshots to MinIO
     /// under this prefix, see [`s3_at`]), `bad` (a processor that deletes
     /// and overwrites the good one's keys and writes keys of its own),
     /// `count` (also counts each partition's records in store `c`, key
@@ -239,8 +241,11 @@ impl Instance {
         );
         let env: Vec<(&str, String)> = options
             .split(';')
-            .filter_map(|kv| kv.strip_prefix("mute="))
-            .map(|file| ("KSTATE_PEER_MUTE_FILE", file.to_string()))
+            .filter_map(|kv| {
+                kv.strip_prefix("mute=")
+                    .map(|file| ("KSTATE_PEER_MUTE_FILE", file.to_string()))
+                    .or_else(|| kv.strip_prefix("freeze_leader=").map(|file| ("KSTATE_LEADER_FREEZE_FILE", file.to_string())))
+            })
             .collect();
         let process = ChildInstance::spawn_env(name, "standby_child", settings, dir.join(format!("{name}.log")), &env);
         Instance { process, state }

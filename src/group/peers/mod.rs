@@ -131,6 +131,11 @@ struct State {
     drops: HashMap<u64, Drops>,
     /// The last drop, for the time to the next assignment.
     detected: Option<Instant>,
+    /// `(member id, generation)` of a JoinGroup answered but not yet
+    /// synced: the coordinator holds this member in that generation while
+    /// the round waits for the leader's SyncGroup (a leader frozen there
+    /// is a silent peer like any other).
+    joining: Option<(String, i32)>,
 }
 
 /// What the threads share.
@@ -373,6 +378,7 @@ impl Peers {
                 departed: HashSet::new(),
                 drops: HashMap::new(),
                 detected: None,
+                joining: None,
             }),
         });
         let listener = {
@@ -392,10 +398,17 @@ impl Peers {
         PeerAddress { address: self.advertised.clone(), incarnation: self.shared.incarnation }
     }
 
+    /// A JoinGroup answered: this member is in `generation` of the
+    /// coordinator until its SyncGroup returns (see `still_member`).
+    pub(crate) fn joined(&self, generation: i32, member: &str) {
+        self.shared.state().joining = Some((member.to_string(), generation));
+    }
+
     /// A new generation: watch its members (all but `member`, this one).
     /// A peer kept from the last one keeps its arming (below).
     pub(crate) fn assigned(&self, generation: i32, member: &str, peers: &[PeerInfo]) {
         let mut state = self.shared.state();
+        state.joining = None;
         state.member = member.to_string();
         // A peer kept from the last generation (same member id, same
         // process) stays armed: its writes are still bounded by the lease
@@ -456,6 +469,7 @@ impl Peers {
         let mut state = self.shared.state();
         state.generation = -1;
         state.member.clear();
+        state.joining = None;
         for p in state.peers.values_mut() {
             p.armed = false;
         }
@@ -576,7 +590,12 @@ fn monitor(shared: Arc<Shared>, brokers: Brokers) {
         // stopped pinging a member no longer in its generation): before
         // dropping anyone for silence, this member asks the coordinator
         // whether it is itself still in a stable generation.
-        let me = (state.member.clone(), state.generation, state.instance_id.clone());
+        // A member waiting in SyncGroup is asked about under the
+        // generation it joined (the one it applies has moved on).
+        let me = match &state.joining {
+            Some((member, generation)) => (member.clone(), *generation, state.instance_id.clone()),
+            None => (state.member.clone(), state.generation, state.instance_id.clone()),
+        };
         drop(state);
         if victims.iter().any(|(_, reason, _)| *reason == Reason::Timeout) {
             let confirmed = match still_member(&brokers, &shared.group, &me, &mut conn) {
@@ -741,6 +760,7 @@ mod tests {
                 departed: HashSet::new(),
                 drops: HashMap::new(),
                 detected: None,
+                joining: None,
             }),
         }
     }

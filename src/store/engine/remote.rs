@@ -42,6 +42,12 @@ use slatedb::{Db, DbIterator, DbSnapshot, ErrorKind};
 /// A point-in-time view of a remote database.
 pub(crate) type Snapshot = DbSnapshot;
 
+/// A key range with owned bounds.
+type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// Entries in key order and the checkpoint found beside them.
+pub(crate) type Durable = (Vec<(Vec<u8>, Vec<u8>)>, Option<i64>);
+
 use super::counted::{Counted, CountedCache};
 use crate::error::{Error, RemoteFailure, Result};
 
@@ -446,7 +452,7 @@ pub(crate) struct RemoteScan {
     snapshot: Option<Arc<DbSnapshot>>,
     store: String,
     partition: i32,
-    range: Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>,
+    range: Option<KeyRange>,
     iter: Option<DbIterator>,
     buffered: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
     done: bool,
@@ -507,7 +513,7 @@ pub(crate) fn read_durable(
     options: &[(String, String)],
     timeout: Duration,
     (app, store, partition): (&str, &str, i32),
-) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Option<i64>)> {
+) -> Result<Durable> {
     let (os, root) = crate::store::objects::open_url("remote state", url, options).map_err(Error::Config)?;
     let path = root.join(app).join(store).join(partition.to_string());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| Error::io("runtime", e))?;

@@ -79,6 +79,9 @@ impl RemoteDb {
     }
 }
 
+/// Entries in key order and the checkpoint found beside them.
+pub(crate) type Durable = (Vec<(Vec<u8>, Vec<u8>)>, Option<i64>);
+
 /// `key` behind its first byte.
 pub(crate) fn prefixed(prefix: u8, key: &[u8]) -> Vec<u8> {
     [&[prefix][..], key].concat()
@@ -90,6 +93,6 @@ pub(crate) fn read_durable(
     _options: &[(String, String)],
     _timeout: Duration,
     _which: (&str, &str, i32),
-) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Option<i64>)> {
+) -> Result<Durable> {
     Err(crate::error::Error::Config(NEVER.into()))
 }

@@ -19,9 +19,11 @@
 //!   (files the snapshot store did not have) and the snapshots' full size;
 //! * `produce --topic T --source S` — a plain idempotent producer re-sending topic S's records to T;
 //! * `pipe --input I --output O` — consume I in batches and produce every record to O, no store;
-//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M] [--block-every K] [--in-memory]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record; `--block-every`: a 1 ms sleep every K records, processing that waits on I/O)
+//! * `kstate-write --app A --input I --records N --state-dir D [--output T] [--guarantee exactly_once|at_least_once] [--processor closure|trait] [--threads N --work R] [--max-state-memory-mib M] [--block-every K] [--in-memory] [--remote-url U] [--curve]` (`--threads` > 1 needs `--processor trait`; `--work`: rounds of CPU work per record; `--block-every`: a 1 ms sleep every K records, processing that waits on I/O)
 //!   — kstate putting every input record; with `--output`, also sending it unchanged to T
-//!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`;
+//!   (`ProcessorContext::send`); at-least-once unless `--guarantee exactly_once`; with `--curve`,
+//!   also the records processed in each of the first 60 seconds and kstate's remote-store
+//!   counters (requests by kind, bytes each way, cache hits and misses);
 //! * `count --topic T [--read-committed]` — the records of T from the beginning to the end of every
 //!   partition, as a `read_committed` consumer sees them with the flag (the write-eos check);
 //! * `delete-topics --prefix P` — deletes every topic whose name starts with P (a full run writes GBs);
@@ -32,6 +34,8 @@
 
 #[path = "parts/query.rs"]
 mod query;
+#[path = "../tests/support/keeping.rs"]
+mod keeping;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +80,11 @@ fn main() {
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     }
     IN_MEMORY.store(args.iter().any(|a| a == "--in-memory"), Ordering::Relaxed);
+    if args.iter().any(|a| a == "--curve") {
+        let registry = Arc::new(metrics_util::registry::Registry::atomic());
+        let _ = metrics::set_global_recorder(keeping::Keeping(registry.clone()));
+        let _ = CURVE.set(registry);
+    }
     if let Ok(url) = opt(&args, "--remote-url") {
         let latency = opt(&args, "--remote-latency-ms").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         let _ = REMOTE.set((url.to_string(), latency));
@@ -93,6 +102,11 @@ fn main() {
 /// `--in-memory` (kstate-write, kstate-restore): the store is
 /// `StoreDefinition::in_memory()`.
 static IN_MEMORY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `--curve` (kstate-write): per-second throughput and kstate's remote
+/// counters, kept by a recorder installed for the run.
+static CURVE: std::sync::OnceLock<Arc<metrics_util::registry::Registry<metrics::Key, metrics_util::registry::AtomicStorage>>> =
+    std::sync::OnceLock::new();
 
 /// `--remote-url URL` (kstate-write, kstate-restore): the store is
 /// `StoreDefinition::remote()` under URL (MinIO: the `AWS_*` environment
@@ -885,6 +899,11 @@ fn kstate_write(
         latencies: Arc::default(),
     };
     let (first, last, latencies) = (body.first.clone(), body.last.clone(), body.latencies.clone());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = CURVE.get().map(|_| {
+        let (seen, first, done) = (body.seen.clone(), body.first.clone(), done.clone());
+        std::thread::spawn(move || per_second(&seen, &first, &done, 60))
+    });
     let runner = std::thread::spawn(move || {
         if as_trait {
             app.run_processor(move |_| body.clone())
@@ -892,7 +911,13 @@ fn kstate_write(
             app.run(move |ctx, rec| body.process(ctx, rec))
         }
     });
-    runner.join().map_err(|_| "runtime panicked")??;
+    let ran = runner.join().map_err(|_| "runtime panicked");
+    done.store(true, Ordering::SeqCst);
+    ran??;
+    let curve = match sampler {
+        Some(s) => format!(",\"curve\":{:?},{}", s.join().map_err(|_| "sampler panicked")?, remote_counters()),
+        None => String::new(),
+    };
     let stopped = Instant::now();
     let (f, l) = (first.lock().unwrap().ok_or("nothing processed")?, last.lock().unwrap().ok_or("did not finish")?);
     let secs = (l - f).as_secs_f64();
@@ -906,9 +931,63 @@ fn kstate_write(
     let (gets, puts) = &mut *latencies.lock().unwrap();
     let (get50, get99, put50, put99) = (quantile(gets, 0.5), quantile(gets, 0.99), quantile(puts, 0.5), quantile(puts, 0.99));
     Ok(format!(
-        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every},\"get_ns_p50\":{get50},\"get_ns_p99\":{get99},\"put_ns_p50\":{put50},\"put_ns_p99\":{put99}}}",
+        "{{\"contender\":\"kstate\",\"records\":{records},\"seconds\":{secs:.4},\"records_per_sec\":{:.1},\"seconds_to_stopped\":{to_stopped:.4},\"processing_guarantee\":\"{guarantee}\",\"output_topic\":{output},\"processor\":\"{processor}\",\"threads\":{threads},\"work\":{work},\"block_every\":{block_every},\"get_ns_p50\":{get50},\"get_ns_p99\":{get99},\"put_ns_p50\":{put50},\"put_ns_p99\":{put99}{curve}}}",
         records as f64 / secs
     ))
+}
+
+/// Records processed in each second after the first one, for `limit`
+/// seconds or until the run is `done`.
+fn per_second(seen: &AtomicU64, first: &Mutex<Option<Instant>>, done: &std::sync::atomic::AtomicBool, limit: usize) -> Vec<u64> {
+    let start = loop {
+        if let Some(t) = *first.lock().unwrap() {
+            break t;
+        }
+        if done.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut curve = Vec::new();
+    let mut before = 0;
+    while curve.len() < limit {
+        let next = start + Duration::from_secs(curve.len() as u64 + 1);
+        while Instant::now() < next {
+            if done.load(Ordering::SeqCst) {
+                return curve;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let now = seen.load(Ordering::Relaxed);
+        curve.push(now - before);
+        before = now;
+    }
+    curve
+}
+
+/// kstate's remote-store counters as JSON fields: `remote_requests`
+/// (by kind), `remote_bytes` (by direction), cache hits and misses.
+fn remote_counters() -> String {
+    let Some(registry) = CURVE.get() else { return String::new() };
+    let (mut requests, mut bytes, mut hits, mut misses) = (Vec::new(), Vec::new(), 0, 0);
+    registry.visit_counters(|key, counter| {
+        let value = counter.load(Ordering::Relaxed);
+        let label = |name: &str| key.labels().find(|l| l.key() == name).map(|l| l.value().to_string()).unwrap_or_default();
+        match key.name() {
+            "kstate_remote_requests_total" => requests.push(format!("{:?}:{value}", label("kind"))),
+            "kstate_remote_bytes_total" => bytes.push(format!("{:?}:{value}", label("direction"))),
+            "kstate_remote_cache_hits_total" => hits += value,
+            "kstate_remote_cache_misses_total" => misses += value,
+            _ => {}
+        }
+    });
+    requests.sort();
+    bytes.sort();
+    format!(
+        "\"remote_requests\":{{{}}},\"remote_bytes\":{{{}}},\"remote_cache_hits\":{hits},\"remote_cache_misses\":{misses}",
+        requests.join(","),
+        bytes.join(",")
+    )
 }
 
 /// A stream-table left join: `table` read as a source table

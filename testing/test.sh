@@ -16,8 +16,8 @@
 #    operator CLI in cli/), then the doc tests the same way, then the store
 #    behaviour tests again with in-memory stores (KSTATE_TEST_STORES=memory;
 #    KSTATE_TEST_FULL=1 adds the multi-process standby and exactly-once
-#    suites to that pass: a longer soak, not run in CI), and once more with
-#    remote stores in MinIO (KSTATE_TEST_STORES=remote).
+#    suites to that pass: a longer soak, not run in CI) and, side by side
+#    with it, with remote stores in MinIO (KSTATE_TEST_STORES=remote).
 # The exit code is cargo's. CARGO_TARGET_DIR is honoured if set.
 set -euo pipefail
 # shellcheck source=testing/lib.sh
@@ -38,7 +38,9 @@ kstate_log "cargo check -p kstate --lib (no features)"
 cargo check -p kstate --lib --quiet || rc=$?
 ((rc == 0)) || { kstate_log "kstate does not compile without features"; exit "$rc"; }
 kstate_log "cargo test --workspace --all-targets --all-features $*"
+started=$SECONDS
 cargo test --workspace --all-targets --all-features "$@" | tee -a "$results" || rc=$?
+kstate_log "the main pass took $((SECONDS - started)) s"
 if ((rc == 0)); then
     kstate_log "cargo test --workspace --all-features --doc"
     cargo test --workspace --all-features --doc | tee -a "$results" || rc=$?
@@ -46,35 +48,55 @@ else
     kstate_log "skipping the doc tests: cargo test --workspace --all-targets failed (exit $rc)"
 fi
 # The store behaviour tests once more with every store in memory
-# (StoreDefinition::in_memory; tests/common's `store`, the lib's scratch stores).
-if ((rc == 0)); then
-    kstate_log "store tests again with in-memory stores (KSTATE_TEST_STORES=memory)"
-    KSTATE_TEST_STORES=memory cargo test -p kstate --all-features --lib store:: | tee -a "$results" || rc=$?
-fi
+# (StoreDefinition::in_memory; tests/common's `store`, the lib's scratch
+# stores), and once more with every store remote. The two passes run side
+# by side (their apps, topics and databases have unique names; both wait on
+# the broker more than on the CPU); each one's output is printed whole when
+# both are done.
+#
 # The multi-process standby and exactly-once suites (about 4.5 min) run in
-# this pass only with KSTATE_TEST_FULL=1 (a soak): above the store engine
-# their code is the same for both backends, and the engine's crash,
+# the memory pass only with KSTATE_TEST_FULL=1 (a soak): above the store
+# engine their code is the same for both backends, and the engine's crash,
 # restore and snapshot paths are covered by the binaries below.
 memory_tests=(--test store_api --test crash --test restore --test ttl --test windows --test queries
     --test snapshots --test driver --test timers --test tables --test joins)
 if [[ -n "${KSTATE_TEST_FULL:-}" ]]; then
     memory_tests+=(--test exactly_once --test standby)
 fi
-if ((rc == 0)); then
-    KSTATE_TEST_STORES=memory cargo test -p kstate --all-features "${memory_tests[@]}" | tee -a "$results" || rc=$?
-fi
-
-# The same store behaviour tests with every store remote (a database per
-# store partition in the MinIO server: KSTATE_TEST_STORES=remote; README
-# "Remote stores"), crash loops included. Tests of what remote stores
-# refuse (standbys, a window store beside a remote one) are skipped, and
-# so are the tables tests (they check stores through the CLI's readers of
-# local state).
+memory_pass() {
+    KSTATE_TEST_STORES=memory cargo test -p kstate --all-features --lib store:: &&
+        KSTATE_TEST_STORES=memory cargo test -p kstate --all-features "${memory_tests[@]}"
+}
+# Every store remote (a database per store partition in the MinIO server:
+# KSTATE_TEST_STORES=remote; README "Remote stores"), crash loops and the
+# exactly-once crash loop included. Tests of what remote stores refuse
+# (standbys, a window store beside a remote one) are skipped, and so are
+# the tables tests (they check stores through the CLI's readers of local
+# state).
 remote_tests=(--test store_api --test crash --test exactly_once --test ttl --test timers --test joins --test queries)
+remote_pass() {
+    KSTATE_TEST_STORES=remote cargo test -p kstate --all-features "${remote_tests[@]}" -- --skip standby --skip window_and_session
+}
 if ((rc == 0)); then
-    kstate_log "store tests again with remote stores (KSTATE_TEST_STORES=remote)"
-    KSTATE_TEST_STORES=remote cargo test -p kstate --all-features "${remote_tests[@]}" -- --skip standby --skip window_and_session \
-        | tee -a "$results" || rc=$?
+    kstate_log "store tests again with in-memory stores (KSTATE_TEST_STORES=memory) and with remote stores (KSTATE_TEST_STORES=remote), side by side"
+    memory_log=$(mktemp "${TMPDIR:-/tmp}/kstate-memory.XXXXXX")
+    remote_log=$(mktemp "${TMPDIR:-/tmp}/kstate-remote.XXXXXX")
+    KSTATE_TMPFILES+=("$memory_log" "$remote_log")
+    started=$SECONDS
+    memory_pass >"$memory_log" 2>&1 &
+    memory_pid=$!
+    remote_pass >"$remote_log" 2>&1 &
+    remote_pid=$!
+    memory_rc=0 remote_rc=0
+    wait "$memory_pid" || memory_rc=$?
+    wait "$remote_pid" || remote_rc=$?
+    kstate_log "memory pass (exit $memory_rc):"
+    tee -a "$results" <"$memory_log"
+    kstate_log "remote pass (exit $remote_rc):"
+    tee -a "$results" <"$remote_log"
+    kstate_log "both passes took $((SECONDS - started)) s"
+    ((memory_rc == 0)) || rc=$memory_rc
+    ((remote_rc == 0)) || rc=$remote_rc
 fi
 
 # Sum of all "test result:" lines, e.g. "total: 42 passed, 0 failed, 1 skipped".

@@ -15,6 +15,7 @@ on the same broker and the same topic data, in one run.
     python3 testing/bench/run.py --only join [--records N]  # a stream-table left join over a source table
     python3 testing/bench/run.py --only memory [--records N]  # in-memory stores vs RocksDB (kstate and Kafka Streams)
     python3 testing/bench/run.py --only remote [--records N] [--remote-latency-ms 30]  # time to running on an empty instance: remote stores vs restores
+    python3 testing/bench/run.py --only remote-rmw [--records N] [--remote-latency-ms 30]  # counting throughput, remote vs RocksDB, and after a move to an empty instance
 
 Starts a broker with testing/kafka.sh unless KSTATE_BOOTSTRAP is set. Builds
 the Rust contenders (`cargo bench --no-run`) and the Kafka Streams jar (Maven).
@@ -381,6 +382,7 @@ class Suite:
         self.scaleout_results = {}
         self.snapshot_results = {}
         self.remote_results = {}
+        self.remote_rmw_results = {}
         self.java = ["java", f"-Xmx{args.java_heap}", "-jar", JAR]
         self.run_id = f"bench{int(time.time())}"
         self.tmp = tempfile.mkdtemp(prefix="kstate-bench-")
@@ -522,6 +524,74 @@ class Suite:
             self.remote_results.setdefault("kafka-streams", []).append(r)
             log(f"remote kafka-streams            {r['seconds']:8.3f} s, {r['records']} records")
         shutil.rmtree(ks_state, ignore_errors=True)
+
+    def remote_rmw(self):
+        """Counting throughput (a get, a little work and a put per record:
+        kstate-write --work 1) of remote stores against RocksDB, in two
+        phases over one input of about 2N records whose keys repeat (90%
+        overwrites, 10% new keys: the cache can hold the state). Phase 1:
+        N records from an empty store. Phase 2: the next N records in a new
+        process; RocksDB reopens its own disk, the remote contenders start
+        on an empty state dir (a move to an empty instance: cold cache).
+        Each run reports records/s, records per second over its first 60 s
+        (`curve`) and the object-store requests and bytes it made."""
+        inp = f"{self.run_id}-rr-input"
+        n = self.a.records
+        total = n * 2 + n // 10  # phase 1 may take a little more than N
+        log(f"generating {total} input records (90% overwrites) into {inp}")
+        self.gen(inp, total, compact=False, extra=("--overwrite-fraction", "0.9", "--delete-fraction", "0"))
+        env = dict(os.environ, **minio_env())
+        lat = self.a.remote_latency_ms
+        for rep in range(self.a.reps):
+            contenders = [("kstate-rocksdb", []),
+                          ("kstate-remote", ["--remote-url", f"s3://{env['KSTATE_S3_BUCKET']}/{self.run_id}-rr{rep}-plain"]),
+                          (f"kstate-remote-{lat}ms", ["--remote-url", f"s3://{env['KSTATE_S3_BUCKET']}/{self.run_id}-rr{rep}-slow",
+                                                      "--remote-latency-ms", str(lat)])]
+            for name, extra in contenders:
+                app = f"{self.run_id}-rr{rep}-{name}"
+                for phase in (1, 2):
+                    # RocksDB keeps its dir; a remote contender's second phase starts on an empty one.
+                    d = os.path.join(self.tmp, f"rr{rep}-{name}-{phase if extra else 1}")
+                    r = run_json([self.rust, "kstate-write", "--bootstrap", self.b, "--app", app, "--input", inp,
+                                  "--records", str(n), "--state-dir", d, "--work", "1", "--curve", *extra], env=env)
+                    self.remote_rmw_results.setdefault(f"phase{phase}", {}).setdefault(name, []).append(r)
+                    reqs = sum(r.get("remote_requests", {}).values())
+                    log(f"remote-rmw phase {phase} {name:<22} {r['records_per_sec']:>10.0f} rec/s, {reqs} requests, "
+                        f"first seconds {r.get('curve', [])[:5]}")
+                shutil.rmtree(os.path.join(self.tmp, f"rr{rep}-{name}-1"), ignore_errors=True)
+                shutil.rmtree(os.path.join(self.tmp, f"rr{rep}-{name}-2"), ignore_errors=True)
+                self.delete_topics(app)
+
+    def remote_rmw_report(self, out):
+        res = self.remote_rmw_results
+        if not res:
+            return
+        n = self.a.records
+        for phase, what in (("phase1", "from an empty store"), ("phase2", "in a new process: RocksDB on its own disk, remote on an empty instance")):
+            runs = res.get(phase, {})
+            if not runs:
+                continue
+            base = median_of(runs["kstate-rocksdb"], "records_per_sec")
+            print(f"\n## remote-rmw {phase}: counting {n} records {what} ({self.a.partitions} partitions, median of {self.a.reps}; [min-max])")
+            print("| contender | records/s | this / kstate-rocksdb | GET per M records | PUT per M records | LIST per M | "
+                  "MiB down per M | MiB up per M | cache hit rate | records in seconds 1-5 |")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            for name, rs in runs.items():
+                def per_m(f):
+                    return sorted(f(r) * 1e6 / r["records"] for r in rs)[len(rs) // 2]
+                rate = median_of(rs, "records_per_sec")
+                hits = sum(r.get("remote_cache_hits", 0) for r in rs)
+                misses = sum(r.get("remote_cache_misses", 0) for r in rs)
+                hit_rate = f"{hits / (hits + misses):.3f}" if hits + misses else "-"
+                mid = sorted(rs, key=lambda r: r["records_per_sec"])[len(rs) // 2]
+                print(f"| {name} | {spread([r['records_per_sec'] for r in rs])} | {rate / base:.2f} | "
+                      f"{per_m(lambda r: r.get('remote_requests', {}).get('GET', 0)):.0f} | "
+                      f"{per_m(lambda r: r.get('remote_requests', {}).get('PUT', 0)):.0f} | "
+                      f"{per_m(lambda r: r.get('remote_requests', {}).get('LIST', 0)):.0f} | "
+                      f"{per_m(lambda r: r.get('remote_bytes', {}).get('down', 0)) / 2**20:.1f} | "
+                      f"{per_m(lambda r: r.get('remote_bytes', {}).get('up', 0)) / 2**20:.1f} | {hit_rate} | "
+                      f"{mid.get('curve', [])[:5]} |")
+        out.append({"scenario": "remote-rmw", "records": n, "runs": res})
 
     def remote_report(self, out):
         res = self.remote_results
@@ -1412,6 +1482,7 @@ class Suite:
         self.scaleout_report(out)
         self.snapshot_report(out)
         self.remote_report(out)
+        self.remote_rmw_report(out)
         for scenario, contenders in self.scenarios.items():
             base = median_of(contenders.get(baselines[scenario], []), "records_per_sec")
             base_secs = median_of(contenders.get(baselines[scenario], []), "seconds")
@@ -1478,7 +1549,7 @@ def main():
                         "Kafka Streams is left out")
     p.add_argument("--java-heap", default="1g")
     p.add_argument("--remote-latency-ms", type=int, default=30, help="remote: latency added before every object-store request (second contender)")
-    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join", "memory", "remote"], default=None,
+    p.add_argument("--only", choices=["restore", "write", "write-eos", "failover", "scaleout", "window", "snapshot", "processor", "threads", "repartition", "join", "memory", "remote", "remote-rmw"], default=None,
                    help="one scenario; write-eos, failover, scaleout, window, snapshot and processor run only when asked for")
     p.add_argument("--failover-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="records of state, comma separated (default 200000; --full: 2000000,10000000)")
@@ -1540,6 +1611,8 @@ def main():
             suite.memory()
         if a.only == "remote":
             suite.remote()
+        if a.only == "remote-rmw":
+            suite.remote_rmw()
         suite.report()
     finally:
         if suite is not None:

@@ -25,6 +25,7 @@ pub struct RemoteStateConfig {
     pub(crate) url: String,
     pub(crate) options: Vec<(String, String)>,
     pub(crate) cache_bytes: usize,
+    pub(crate) disk_cache_bytes: u64,
     pub(crate) flush_interval: Duration,
     pub(crate) timeout: Duration,
     pub(crate) simulated_latency: Duration,
@@ -37,6 +38,7 @@ impl std::fmt::Debug for RemoteStateConfig {
             .field("url", &self.url)
             .field("options", &crate::store::objects::redacted(&self.options))
             .field("cache_bytes", &self.cache_bytes)
+            .field("disk_cache_bytes", &self.disk_cache_bytes)
             .field("flush_interval", &self.flush_interval)
             .field("timeout", &self.timeout)
             .finish()
@@ -56,6 +58,7 @@ impl RemoteStateConfig {
             url: url.into(),
             options: Vec::new(),
             cache_bytes: 64 << 20,
+            disk_cache_bytes: 1 << 30,
             flush_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(60),
             simulated_latency: Duration::ZERO,
@@ -76,6 +79,18 @@ impl RemoteStateConfig {
     /// `max_state_memory` when that is set (it must then be at most half of it).
     pub fn cache_bytes(mut self, bytes: usize) -> Self {
         self.cache_bytes = bytes;
+        self
+    }
+
+    /// Bytes of table files each remote store partition keeps on local
+    /// disk, under `<state_dir>/<application_id>/.remote-cache/` (default
+    /// 1 GiB per store partition; 0: none). The files this instance writes
+    /// (flushes, compactions) land there as they are uploaded, and files
+    /// read from object storage are kept there: reads that miss the memory
+    /// cache are local reads, not requests, while the task stays here. A
+    /// task new to the instance starts with an empty one.
+    pub fn disk_cache_bytes(mut self, bytes: u64) -> Self {
+        self.disk_cache_bytes = bytes;
         self
     }
 

@@ -68,12 +68,12 @@ memory_pass() {
         KSTATE_TEST_STORES=memory cargo test -p kstate --all-features "${memory_tests[@]}"
 }
 # Every store remote (a database per store partition in the MinIO server:
-# KSTATE_TEST_STORES=remote; README "Remote stores"), crash loops and the
-# exactly-once crash loop included. Tests of what remote stores refuse
-# (standbys, a window store beside a remote one) are skipped, and so are
-# the tables tests (they check stores through the CLI's readers of local
-# state).
-remote_tests=(--test store_api --test crash --test exactly_once --test ttl --test timers --test joins --test queries)
+# KSTATE_TEST_STORES=remote; README "Remote stores"), crash loops, the
+# exactly-once crash loop and the window stores' final results included.
+# Tests of what remote stores refuse (standbys, a window store beside a
+# remote key-value store) are skipped, and so are the tables tests (they
+# check stores through the CLI's readers of local state).
+remote_tests=(--test store_api --test crash --test exactly_once --test ttl --test timers --test joins --test queries --test windows)
 remote_pass() {
     KSTATE_TEST_STORES=remote cargo test -p kstate --all-features "${remote_tests[@]}" -- --skip standby --skip window_and_session
 }

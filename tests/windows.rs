@@ -126,8 +126,8 @@ fn counter(dumps: Dumps, late: Arc<AtomicUsize>, misuse: Arc<Mutex<Vec<String>>>
 
 fn app(app: &str, input: &str, dir: &std::path::Path, standbys: usize) -> kstate::AppBuilder {
     builder(app, input, dir)
-        .store(StoreDefinition::window("w", windows()).retention(Duration::from_millis(RETENTION as u64)))
-        .store(StoreDefinition::session("s", sessions()).retention(Duration::from_millis(SESSION_RETENTION as u64)))
+        .store(remote_when_testing_remote(StoreDefinition::window("w", windows()).retention(Duration::from_millis(RETENTION as u64))))
+        .store(remote_when_testing_remote(StoreDefinition::session("s", sessions()).retention(Duration::from_millis(SESSION_RETENTION as u64))))
         .num_standby_replicas(standbys)
         // Event time in the value; `dump` records take the stream time.
         .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
@@ -137,7 +137,7 @@ fn app(app: &str, input: &str, dir: &std::path::Path, standbys: usize) -> kstate
 /// retention (size + grace: a window expires as soon as it may close).
 fn final_app(app: &str, input: &str, dir: &std::path::Path) -> kstate::AppBuilder {
     builder(app, input, dir)
-        .store(StoreDefinition::window("w", windows()).emit_final_results())
+        .store(remote_when_testing_remote(StoreDefinition::window("w", windows()).emit_final_results()))
         .timestamp_extractor(|rec, stream_time| rec.value_str().and_then(|v| v.parse().ok()).or(stream_time).unwrap_or(0))
 }
 

@@ -65,6 +65,14 @@ enum Command {
         /// Bound on reading the changelog partition, in seconds.
         #[arg(long, default_value_t = 120.0, value_name = "SECONDS")]
         read_timeout: f64,
+        /// A remote store (`StoreDefinition::remote`): the URL the
+        /// application gives `RemoteStateConfig::new`; what object storage
+        /// holds is compared (no --state-dir needed; the writer is not fenced).
+        #[arg(long, env = "KSTATE_REMOTE_URL", value_name = "URL")]
+        remote_url: Option<String>,
+        /// An object store setting for --remote-url (`aws_endpoint=...`); repeatable.
+        #[arg(short = 'O', value_name = "KEY=VALUE", value_parser = parse_property)]
+        option: Vec<(String, String)>,
     },
     /// How many changelog records a restart would replay, and how long it would take.
     EstimateRestore {
@@ -237,6 +245,20 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Verify { target, read_timeout, remote_url: Some(url), option } = &cli.command {
+        let mut remote = kstate::RemoteStateConfig::new(url.clone());
+        for (k, v) in option {
+            remote = remote.option(k.clone(), v.clone());
+        }
+        let verified = admin::verify_remote(&remote, &target.app, &target.store, target.partition, &kafka(&cli, *read_timeout));
+        return match verified {
+            Ok(r) => report_verify(&cli, &r),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(if matches!(e, admin::AdminError::Kstate(kstate::Error::Config(_))) { 2 } else { 1 })
+            }
+        };
+    }
     let Some(state_dir) = cli.state_dir.clone() else {
         Cli::command()
             .error(clap::error::ErrorKind::MissingRequiredArgument, "--state-dir (or KSTATE_STATE_DIR) is required")
@@ -267,6 +289,20 @@ fn kafka(cli: &Cli, read_timeout: f64) -> Kafka {
     k
 }
 
+/// Prints a verify report; exit status 3 if the store and its changelog differ.
+fn report_verify(cli: &Cli, r: &admin::VerifyReport) -> ExitCode {
+    if cli.json {
+        json(r);
+    } else {
+        print_verify(r);
+    }
+    if r.difference_count() > 0 {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn json(report: &impl Serialize) {
     println!("{}", serde_json::to_string_pretty(report).expect("reports serialize"));
 }
@@ -294,17 +330,10 @@ fn run(cli: &Cli, state_dir: PathBuf) -> admin::Result<ExitCode> {
                 print_sample(&r);
             }
         }
-        Command::Verify { target, read_timeout } => {
+        Command::Verify { target, read_timeout, .. } => {
             let kafka = kafka(cli, *read_timeout);
             let r = admin::verify(&state_dir, &target.app, &target.store, target.partition, &kafka)?;
-            if cli.json {
-                json(&r);
-            } else {
-                print_verify(&r);
-            }
-            if r.difference_count() > 0 {
-                return Ok(ExitCode::from(3));
-            }
+            return Ok(report_verify(cli, &r));
         }
         Command::EstimateRestore { app, stores, partitions, rate, read_timeout, snapshot_url, option, download_rate } => {
             let kafka = kafka(cli, *read_timeout);

@@ -44,7 +44,7 @@ pub use remote::{gc_snapshots, list_snapshots, show_snapshot, PartitionGc, Parti
 pub use savepoint::{create_savepoint, delete_savepoint, list_savepoints, restore_savepoint, show_savepoint, RollbackReport, Savepoint, SavepointEntry, SavepointStore, SavepointTask, StoreRollback};
 pub use sample::{sample, PrefixRule, PrefixStats, SampleReport, SampledEntry, SegmentStats};
 pub use snapshot::{snapshot, SnapshotManifest, SnapshotReport, SNAPSHOT_MANIFEST};
-pub use verify::{verify, KeyDifference, VerifyReport, MAX_LISTED};
+pub use verify::{verify, verify_remote, KeyDifference, VerifyReport, MAX_LISTED};
 pub use wipe::{wipe, WipeReport, WipedStore};
 
 use std::path::{Path, PathBuf};

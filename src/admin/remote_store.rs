@@ -20,6 +20,6 @@ pub struct RemoteStoreContents {
 /// reader: the writer is not fenced. Needs the `remote` feature (without
 /// it: `Error::Config`).
 pub fn read_remote_store(remote: &RemoteStateConfig, application_id: &str, store: &str, partition: i32) -> Result<RemoteStoreContents> {
-    let (entries, checkpoint) = crate::store::engine::remote::read_durable(&remote.url, &remote.options, remote.timeout, (application_id, store, partition))?;
-    Ok(RemoteStoreContents { entries, checkpoint })
+    let durable = crate::store::engine::remote::read_durable(&remote.url, &remote.options, remote.timeout, (application_id, store, partition))?;
+    Ok(RemoteStoreContents { entries: durable.entries, checkpoint: durable.checkpoint })
 }

@@ -114,9 +114,50 @@ impl Digest {
 pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
     let dir = store_partition_dir(state_dir, app, store, partition)?;
     let topic = super::changelog_topic_of(&state_dir.join(app), app, store);
-    let consumer = kafka.consumer()?;
     let ro = ReadOnly::open(&dir)?;
     let checkpoint = ro.checkpoint(&dir)?;
+    let segments = ro.db.segments()?;
+    compare(StoreSide { app, store, partition, topic, checkpoint, segments }, ro.db.iter(), kafka)
+}
+
+/// [`verify()`] for a remote store partition (`StoreDefinition::remote`):
+/// compares what object storage holds (its newest durable state, read
+/// without fencing the writer; a running writer's memtable is not in it)
+/// with the changelog up to the checkpoint stored beside it. The store's
+/// entries are read into memory. Needs the `remote` feature.
+pub fn verify_remote(remote: &crate::RemoteStateConfig, app: &str, store: &str, partition: i32, kafka: &Kafka) -> Result<VerifyReport> {
+    let durable = crate::store::engine::remote::read_durable(&remote.url, &remote.options, remote.timeout, (app, store, partition))?;
+    let side = StoreSide {
+        app,
+        store,
+        partition,
+        topic: crate::kafka::changelog_topic(app, store),
+        checkpoint: durable.checkpoint,
+        segments: durable.segments,
+    };
+    compare(side, durable.entries.into_iter().map(Ok::<_, crate::Error>), kafka)
+}
+
+/// The store side of a comparison.
+struct StoreSide<'a> {
+    app: &'a str,
+    store: &'a str,
+    partition: i32,
+    topic: String,
+    checkpoint: Option<i64>,
+    segments: Option<crate::store::engine::RecordedSegments>,
+}
+
+/// Reads the changelog and compares `entries` (the store's, in any order)
+/// with it up to the checkpoint.
+fn compare<K, V, E>(side: StoreSide<'_>, entries: impl Iterator<Item = std::result::Result<(K, V), E>>, kafka: &Kafka) -> Result<VerifyReport>
+where
+    K: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+    AdminError: From<E>,
+{
+    let StoreSide { app, store, partition, topic, checkpoint, segments } = side;
+    let consumer = kafka.consumer()?;
     let (low, high) = kafka.watermarks(&consumer, &topic, partition)?;
     let c = checkpoint.unwrap_or(-1);
     if c >= high {
@@ -173,7 +214,7 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
     // A window or session store: RocksDB keys start with their segment,
     // which the changelog key leaves out, and only live windows are
     // compared (an expired one may be gone from either side).
-    let segments = ro.db.segments()?.map(|r| {
+    let segments = segments.map(|r| {
         let layout = if r.layout == Layout::Window.byte() { Layout::Window } else { Layout::Session };
         let mut s = Segments::new(layout, std::time::Duration::from_millis(r.retention.max(0) as u64));
         s.reset(r.time);
@@ -183,9 +224,10 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
     model.retain(|k, _| live(k));
     let (mut listed_diff, mut listed_store, mut listed_changelog) = (0, 0, 0);
     let show = |v: &[u8]| Some(escape_cut(v, VALUE_SHOWN));
-    for entry in ro.db.iter() {
+    for entry in entries {
         let (stored, v) = entry?;
-        let k = if segments.is_some() { &stored[TIME.min(stored.len())..] } else { &stored[..] };
+        let (stored, v) = (stored.as_ref(), v.as_ref());
+        let k = if segments.is_some() { &stored[TIME.min(stored.len())..] } else { stored };
         if !live(k) {
             continue;
         }
@@ -195,19 +237,19 @@ pub fn verify(state_dir: &Path, app: &str, store: &str, partition: i32, kafka: &
             continue;
         }
         match model.remove(k) {
-            Some(m) if m == Digest::of(&v) => report.matching += 1,
+            Some(m) if m == Digest::of(v) => report.matching += 1,
             Some(m) => {
                 report.different_values += 1;
                 if listed_diff < MAX_LISTED {
                     listed_diff += 1;
-                    report.differences.push(KeyDifference { key: escape_bytes(k), store_value: show(&v), changelog_value: Some(m.shown()) });
+                    report.differences.push(KeyDifference { key: escape_bytes(k), store_value: show(v), changelog_value: Some(m.shown()) });
                 }
             }
             None => {
                 report.only_in_store += 1;
                 if listed_store < MAX_LISTED {
                     listed_store += 1;
-                    report.differences.push(KeyDifference { key: escape_bytes(k), store_value: show(&v), changelog_value: None });
+                    report.differences.push(KeyDifference { key: escape_bytes(k), store_value: show(v), changelog_value: None });
                 }
             }
         }

@@ -417,6 +417,7 @@ fn start_remote_state(config: &AppConfig) -> Result<Option<Arc<crate::store::eng
         flush_interval: remote.flush_interval,
         timeout: remote.timeout,
         memtable_bytes: config.write_buffer_bytes,
+        disk_cache: (config.state_dir.join(&config.application_id).join(".remote-cache"), remote.disk_cache_bytes),
         simulated_latency: remote.simulated_latency,
     })?;
     Ok(Some(state))

@@ -58,7 +58,7 @@ const TOPIC_ID_KEY: &[u8] = b"changelog.topic_id";
 /// A window or session store's segment interval and time (two i64s,
 /// big-endian), layout (`w` or `s`) and retention (i64; see
 /// `store/segments.rs`).
-const SEGMENTS_KEY: &[u8] = b"segments.interval_and_time";
+pub(crate) const SEGMENTS_KEY: &[u8] = b"segments.interval_and_time";
 /// The schema version of the values (absent: 1), written with every
 /// commit of a store at another version (architecture.md §11).
 const SCHEMA_KEY: &[u8] = b"schema.version";
@@ -87,6 +87,16 @@ fn decode_i64(value: Option<Vec<u8>>) -> Option<i64> {
     value.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok()).map(i64::from_be_bytes)
 }
 
+/// What object storage holds of a remote store partition (read without
+/// fencing its writer): its data in key order, its checkpoint and, for a
+/// window or session store, its recorded segments.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Durable {
+    pub(crate) entries: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) checkpoint: Option<i64>,
+    pub(crate) segments: Option<RecordedSegments>,
+}
+
 /// What a segmented store recorded with its last commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RecordedSegments {
@@ -97,7 +107,7 @@ pub(crate) struct RecordedSegments {
     pub(crate) retention: i64,
 }
 
-fn decode_segments(value: Option<Vec<u8>>) -> Option<RecordedSegments> {
+pub(crate) fn decode_segments(value: Option<Vec<u8>>) -> Option<RecordedSegments> {
     let int = |b: &[u8]| Some(i64::from_be_bytes(b.try_into().ok()?));
     value.and_then(|v| {
         Some(RecordedSegments { interval: int(v.get(..8)?)?, time: int(v.get(8..16)?)?, layout: *v.get(16)?, retention: int(v.get(17..25)?)? })

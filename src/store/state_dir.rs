@@ -53,6 +53,9 @@ pub(crate) fn subdirs(dir: &Path) -> Vec<String> {
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        // Hidden folders are kstate's own (a remote store's disk cache),
+        // never an application or a store.
+        .filter(|n| !n.starts_with('.'))
         .collect();
     names.sort();
     names

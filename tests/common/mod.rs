@@ -239,6 +239,16 @@ pub fn stores_remote() -> bool {
     std::env::var("KSTATE_TEST_STORES").is_ok_and(|v| v == "remote")
 }
 
+/// `def` (a window or session store) remote when the tests run with
+/// `KSTATE_TEST_STORES=remote`; unchanged otherwise.
+pub fn remote_when_testing_remote(def: kstate::StoreDefinition) -> kstate::StoreDefinition {
+    if stores_remote() {
+        def.remote()
+    } else {
+        def
+    }
+}
+
 /// A store definition on this run's backend (see [`stores_in_memory`],
 /// [`stores_remote`]).
 pub fn store(name: impl Into<String>) -> kstate::StoreDefinition {

@@ -45,10 +45,9 @@ pub(crate) type Snapshot = DbSnapshot;
 /// A key range with owned bounds.
 type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
-/// Entries in key order and the checkpoint found beside them.
-pub(crate) type Durable = (Vec<(Vec<u8>, Vec<u8>)>, Option<i64>);
 
 use super::counted::{Counted, CountedCache};
+use super::Durable;
 use crate::error::{Error, RemoteFailure, Result};
 
 /// First byte of a store's own keys.
@@ -78,6 +77,9 @@ pub(crate) struct RemoteState {
     flush_interval: Duration,
     timeout: Duration,
     memtable_bytes: usize,
+    /// `<state_dir>/<application_id>/.remote-cache`, and each store
+    /// partition's bound there (0: no disk cache).
+    disk_cache: (std::path::PathBuf, u64),
     /// Gives each database its own part of the shared cache.
     next_cache_id: AtomicU64,
 }
@@ -97,6 +99,9 @@ pub(crate) struct RemoteSettings<'a> {
     pub(crate) flush_interval: Duration,
     pub(crate) timeout: Duration,
     pub(crate) memtable_bytes: usize,
+    /// Where each store partition keeps table files on local disk, and how
+    /// many bytes at most (0: none).
+    pub(crate) disk_cache: (std::path::PathBuf, u64),
     /// Added before every request (benchmarks; zero otherwise).
     pub(crate) simulated_latency: Duration,
 }
@@ -140,6 +145,7 @@ impl RemoteState {
             flush_interval: s.flush_interval,
             timeout: s.timeout,
             memtable_bytes: s.memtable_bytes,
+            disk_cache: s.disk_cache,
             next_cache_id: AtomicU64::new(1),
         };
         let (store, root) = (state.store.clone(), state.root.clone());
@@ -208,6 +214,42 @@ impl RemoteState {
         }
     }
 
+    /// [`RemoteState::run`], but first polled once on the calling thread
+    /// (inside the runtime's context): a read the memtable or the cache
+    /// answers is done without the hop to the runtime and back, the common
+    /// case after a prefetch. A future that is not ready goes on on the
+    /// runtime, from where it stands.
+    fn run_quick<T: Send + 'static>(&self, fut: impl std::future::Future<Output = T> + Send + 'static) -> std::result::Result<T, ()> {
+        let mut fut = Box::pin(fut);
+        {
+            let _context = self.runtime().enter();
+            let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            if let std::task::Poll::Ready(v) = std::future::Future::poll(fut.as_mut(), &mut cx) {
+                return Ok(v);
+            }
+        }
+        self.run(fut)
+    }
+
+    /// The local disk cache of one store partition: the table files it
+    /// writes and those it reads, up to its bound (none if that is 0).
+    fn disk_cache_options(&self, store: &str, partition: i32) -> slatedb::config::ObjectStoreCacheOptions {
+        let (root, bytes) = &self.disk_cache;
+        if *bytes == 0 {
+            return Default::default();
+        }
+        slatedb::config::ObjectStoreCacheOptions {
+            root_folder: Some(root.join(store).join(partition.to_string())),
+            max_cache_size_bytes: Some(usize::try_from(*bytes).unwrap_or(usize::MAX)),
+            // Parts small enough that a block read does not fetch megabytes.
+            part_size_bytes: 64 << 10,
+            cache_on_flush: true,
+            cache_on_compaction: true,
+            scan_interval: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }
+    }
+
     /// The folder of one store partition's database.
     pub(crate) fn db_path(&self, store: &str, partition: i32) -> StorePath {
         self.root.clone().join(store).join(partition.to_string())
@@ -259,6 +301,7 @@ impl RemoteDb {
             max_unflushed_bytes: state.memtable_bytes.saturating_mul(4),
             manifest_poll_interval: Duration::from_secs(5),
             object_store_max_retries: None,
+            object_store_cache_options: state.disk_cache_options(store, partition),
             ..Settings::default()
         };
         let builder = Db::builder(path.clone(), state.store.clone())
@@ -286,7 +329,7 @@ impl RemoteDb {
     pub(crate) fn get(&self, prefix: u8, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let db = self.db.clone();
         let key = prefixed(prefix, key);
-        let got = self.state.run(async move { db.get(key).await });
+        let got = self.state.run_quick(async move { db.get(key).await });
         Ok(self.result(got, "read")?.map(|v| v.to_vec()))
     }
 
@@ -302,6 +345,7 @@ impl RemoteDb {
             return;
         }
         let db = self.db.clone();
+        let (n, started) = (keys.len(), Instant::now());
         let _ = self.state.run(async move {
             futures::stream::iter(keys)
                 .map(|k| {
@@ -312,25 +356,24 @@ impl RemoteDb {
                 .for_each(|_| async {})
                 .await
         });
+        tracing::debug!(store = %self.store, partition = self.partition, keys = n, took = ?started.elapsed(), "remote store: read ahead");
     }
 
     /// Applies one commit's writes atomically: `puts` (`None`: a delete)
     /// of prefixed keys, after deleting every data key in `ranges`.
     pub(crate) fn write(&self, ranges: &[(Vec<u8>, Vec<u8>)], writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
-        // One write per key, the last one given.
-        let mut last = std::collections::BTreeMap::new();
+        // SlateDB's batch keeps one write per key, the last one given.
+        let mut batch = slatedb::WriteBatch::new();
         for (from, to) in ranges {
             // SlateDB has no range deletion: the keys are read and deleted.
             for entry in self.scan(None, DATA, Bound::Included(from), Bound::Excluded(to)) {
-                last.insert(prefixed(DATA, &entry?.0), None);
+                batch.delete(prefixed(DATA, &entry?.0));
             }
         }
-        last.extend(writes);
-        if last.is_empty() {
+        if ranges.is_empty() && writes.is_empty() {
             return Ok(());
         }
-        let mut batch = slatedb::WriteBatch::new();
-        for (key, value) in last {
+        for (key, value) in writes {
             match value {
                 Some(v) => batch.put(key, v),
                 None => batch.delete(key),
@@ -389,7 +432,7 @@ impl RemoteDb {
     pub(crate) fn snapshot_get(&self, snapshot: &Arc<DbSnapshot>, prefix: u8, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let snapshot = snapshot.clone();
         let key = prefixed(prefix, key);
-        let got = self.state.run(async move { snapshot.get(key).await });
+        let got = self.state.run_quick(async move { snapshot.get(key).await });
         Ok(self.result(got, "read")?.map(|v| v.to_vec()))
     }
 
@@ -525,12 +568,13 @@ pub(crate) fn read_durable(
             entries.push((kv.key[1..].to_vec(), kv.value.to_vec()));
         }
         let checkpoint = reader.get(prefixed(META, super::CHECKPOINT_KEY)).await?;
+        let segments = reader.get(prefixed(META, super::SEGMENTS_KEY)).await?;
         reader.close().await?;
-        Ok::<_, slatedb::Error>((entries, checkpoint))
+        Ok::<_, slatedb::Error>((entries, checkpoint, segments))
     }).await });
-    let (entries, checkpoint) = remote_result(read.map_err(|_| ()), store, partition, "read")?;
+    let (entries, checkpoint, segments) = remote_result(read.map_err(|_| ()), store, partition, "read")?;
     let checkpoint = checkpoint.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map(i64::from_be_bytes);
-    Ok((entries, checkpoint))
+    Ok(Durable { entries, checkpoint, segments: super::decode_segments(segments.map(|v| v.to_vec())) })
 }
 
 /// `key` behind its first byte.
@@ -597,6 +641,7 @@ mod tests {
             flush_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(20),
             memtable_bytes: 4 << 20,
+            disk_cache: (dir.join("disk-cache"), 16 << 20),
             simulated_latency: Duration::ZERO,
         })
         .unwrap()
@@ -673,6 +718,7 @@ mod tests {
             flush_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(5),
             memtable_bytes: 4 << 20,
+            disk_cache: (std::path::PathBuf::new(), 0),
             simulated_latency: Duration::ZERO,
         })
         .unwrap_err();

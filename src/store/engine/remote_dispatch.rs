@@ -43,30 +43,33 @@ impl Engine {
     }
 }
 
-/// A commit's writes as a remote database's: data keys (deleted where a
-/// range deletion covers them, as RocksDB applies ranges after the data)
-/// then meta keys, each behind its first byte, one write per key.
+/// A commit's writes as a remote database's, in order: data keys
+/// (deleted where a range deletion covers them, as RocksDB applies ranges
+/// after the data) then meta keys, each behind its first byte. A key may
+/// come more than once; the database's batch keeps the last.
 pub(super) fn remote_writes(data: WriteBatch, ranges: &[(Vec<u8>, Vec<u8>)], meta: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
-    struct Collect(std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>);
-    impl rocksdb::WriteBatchIterator for Collect {
-        fn put(&mut self, key: &[u8], value: &[u8]) {
-            self.0.insert(key.to_vec(), Some(value.to_vec()));
-        }
-        fn delete(&mut self, key: &[u8]) {
-            self.0.insert(key.to_vec(), None);
+    struct Collect<'r> {
+        out: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        ranges: &'r [(Vec<u8>, Vec<u8>)],
+    }
+    impl Collect<'_> {
+        fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+            let covered = self.ranges.iter().any(|(from, to)| key >= from.as_slice() && key < to.as_slice());
+            let value = if covered { None } else { value.map(<[u8]>::to_vec) };
+            self.out.push((remote::prefixed(remote::DATA, key), value));
         }
     }
-    let mut collected = Collect(Default::default());
+    impl rocksdb::WriteBatchIterator for Collect<'_> {
+        fn put(&mut self, key: &[u8], value: &[u8]) {
+            self.push(key, Some(value));
+        }
+        fn delete(&mut self, key: &[u8]) {
+            self.push(key, None);
+        }
+    }
+    let mut collected = Collect { out: Vec::with_capacity(data.len() + meta.len()), ranges };
     data.iterate(&mut collected);
-    let covered = |k: &[u8]| ranges.iter().any(|(from, to)| k >= from.as_slice() && k < to.as_slice());
-    let mut out: Vec<_> = collected
-        .0
-        .into_iter()
-        .map(|(k, v)| {
-            let v = if covered(&k) { None } else { v };
-            (remote::prefixed(remote::DATA, &k), v)
-        })
-        .collect();
+    let mut out = collected.out;
     out.extend(meta.into_iter().map(|(k, v)| (remote::prefixed(remote::META, &k), v)));
     out
 }
@@ -76,7 +79,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_commit_becomes_one_write_per_key_with_ranges_applied_after_the_data() {
+    fn a_commit_becomes_its_writes_in_order_with_ranges_applied_after_the_data() {
         let mut data = WriteBatch::default();
         data.put(b"a", b"1");
         data.put(b"k5", b"in the range");
@@ -88,8 +91,9 @@ mod tests {
         assert_eq!(
             writes,
             vec![
-                (b"da".to_vec(), Some(b"2".to_vec())),
+                (b"da".to_vec(), Some(b"1".to_vec())),
                 (b"dk5".to_vec(), None),
+                (b"da".to_vec(), Some(b"2".to_vec())),
                 (b"dz".to_vec(), None),
                 (b"mchangelog.checkpoint".to_vec(), Some(vec![7])),
             ]

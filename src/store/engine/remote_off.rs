@@ -7,6 +7,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Durable;
 use crate::error::Result;
 
 /// First byte of a store's own keys.
@@ -78,9 +79,6 @@ impl RemoteDb {
         unreachable!("{NEVER}")
     }
 }
-
-/// Entries in key order and the checkpoint found beside them.
-pub(crate) type Durable = (Vec<(Vec<u8>, Vec<u8>)>, Option<i64>);
 
 /// `key` behind its first byte.
 pub(crate) fn prefixed(prefix: u8, key: &[u8]) -> Vec<u8> {

@@ -575,22 +575,8 @@ fn a_peer_frozen_during_a_rebalance_is_dropped_after_peer_timeout() {
     let frozen = Instant::now();
     // peer_timeout (the drop), then a round without c: well inside the session.
     let bound = peer_timeout * 3 + Duration::from_secs(3);
-    let others = [0, 1, 3];
-    loop {
-        let owned: BTreeSet<i32> =
-            others.iter().flat_map(|&i| instances[i].assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
-        if owned.len() == PARTITIONS as usize {
-            break;
-        }
-        assert!(
-            frozen.elapsed() < bound,
-            "a, b and d did not own every task within {bound:?} of c's freeze during the rebalance (session timeout \
-             {session:?}):\n{}\n{}",
-            log_lines(&instances[0]),
-            log_lines(&instances[3])
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let what = format!("a, b and d did not own every task within {bound:?} of c's freeze during the rebalance (session timeout {session:?})");
+    others_own_every_task(&instances, &[0, 1, 3], frozen, bound, &what);
     eprintln!("frozen during a rebalance -> the others own every task: {:?} (peer_timeout {peer_timeout:?})", frozen.elapsed());
     instances[2].signal("-CONT");
     woken_comes_back(&mut instances, 2, mark);
@@ -638,21 +624,8 @@ fn a_leader_frozen_before_its_sync_is_dropped_after_peer_timeout() {
     let leader = frozen_at.expect("found");
     let others: Vec<usize> = (0..4).filter(|&i| i != leader).collect();
     let bound = peer_timeout * 3 + Duration::from_secs(3);
-    loop {
-        let owned: BTreeSet<i32> =
-            others.iter().flat_map(|&i| instances[i].assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
-        if owned.len() == PARTITIONS as usize {
-            break;
-        }
-        assert!(
-            frozen.elapsed() < bound,
-            "the others did not own every task within {bound:?} of the leader's freeze before its SyncGroup (session \
-             timeout {session:?}):\n{}\n{}",
-            log_lines(&instances[others[0]]),
-            log_lines(&instances[others[1]])
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let what = format!("the others did not own every task within {bound:?} of the leader's freeze before its SyncGroup (session timeout {session:?})");
+    others_own_every_task(&instances, &others, frozen, bound, &what);
     eprintln!("leader frozen before its SyncGroup -> the others own every task: {:?} (peer_timeout {peer_timeout:?})", frozen.elapsed());
     instances[leader].signal("-CONT");
     let mark = marks.get(leader).copied().unwrap_or(0);
@@ -665,6 +638,21 @@ fn a_leader_frozen_before_its_sync_is_dropped_after_peer_timeout() {
     balanced(&mut instances, Duration::from_secs(60));
     let sent = feeder.join(true);
     stop_and_check(instances, &app, &input, &sent, "a leader frozen before its SyncGroup");
+}
+
+/// Waits until `instances[others]` own every task between them (judged by
+/// their assignments); fails with `what` and two of their logs once
+/// `bound` has passed since `frozen`.
+fn others_own_every_task(instances: &[Instance], others: &[usize], frozen: Instant, bound: Duration, what: &str) {
+    loop {
+        let owned: BTreeSet<i32> =
+            others.iter().flat_map(|&i| instances[i].assignment().map(|(_, a, _)| a).unwrap_or_default()).collect();
+        if owned.len() == PARTITIONS as usize {
+            return;
+        }
+        assert!(frozen.elapsed() < bound, "{what}:\n{}\n{}", log_lines(&instances[others[0]]), log_lines(&instances[others[others.len() - 1]]));
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Waits (60 s at most) until the woken `instances[woken]` found itself out

@@ -134,6 +134,27 @@ fn remote_child() {
     .unwrap();
 }
 
+/// Child `a` of `f` in `dir` (see `remote_child`; `fast`: no pause per record).
+fn spawn_child(f: &Fixture, dir: &std::path::Path, fast: bool) -> ChildInstance {
+    let settings = format!("{}|{}|{}{}", f.app, f.input, dir.display(), if fast { "|fast" } else { "" });
+    ChildInstance::spawn("a", "remote_child", settings, dir.join("a.log"))
+}
+
+/// Checks that every partition's restore started at the remote
+/// checkpoint (not from the start) and ended at most where the changelog
+/// was at the kill; returns (records replayed, records logged at the kill).
+#[track_caller]
+fn replayed_tail(restores: &Restores, ends_at_kill: &[i64]) -> (i64, i64) {
+    let starts = restores.starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), PARTITIONS as usize, "{starts:?}");
+    for s in &starts {
+        // Tail only: it starts at the remote checkpoint, not at the beginning.
+        assert!(s.full_restore_reason.is_none() && s.start_offset > 0, "restored from the start: {s:?}");
+        assert!(s.end_offset <= ends_at_kill[s.partition as usize], "{s:?}");
+    }
+    (starts.iter().map(|s| s.end_offset - s.start_offset).sum(), ends_at_kill.iter().sum())
+}
+
 /// A store of a million keys (`KEYS`) moves to an instance with an empty
 /// state dir after its owner is killed: the new owner replays only the
 /// changelog past the checkpoint its databases hold (the tail since the
@@ -148,12 +169,7 @@ fn a_store_of_a_million_keys_moves_to_an_empty_instance_and_replays_only_the_tai
         (0..KEYS).map(|i| ((i % PARTITIONS as usize) as i32, key(i), Some(format!("v{i}").into_bytes()))).collect();
     produce(&f.input, &records);
     let dir = tempfile::tempdir().unwrap();
-    let child = ChildInstance::spawn(
-        "a",
-        "remote_child",
-        format!("{}|{}|{}|fast", f.app, f.input, dir.path().display()),
-        dir.path().join("a.log"),
-    );
+    let child = spawn_child(&f, dir.path(), true);
     let changelog = kstate::changelog_topic(&f.app, "s");
     wait_until("the first owner to store the million keys", Duration::from_secs(300), || logged(&changelog) >= KEYS as i64);
     // A last burst, killed as soon as it is in the changelog: most of it
@@ -182,14 +198,7 @@ fn a_store_of_a_million_keys_moves_to_an_empty_instance_and_replays_only_the_tai
     });
     wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
     second.stop().unwrap();
-    let starts = restores.starts.lock().unwrap().clone();
-    assert_eq!(starts.len(), PARTITIONS as usize, "{starts:?}");
-    for s in &starts {
-        assert!(s.full_restore_reason.is_none() && s.start_offset > 0, "restored from the start: {s:?}");
-        assert!(s.end_offset <= ends_at_kill[s.partition as usize], "{s:?}");
-    }
-    let tail: i64 = starts.iter().map(|s| s.end_offset - s.start_offset).sum();
-    let logged: i64 = ends_at_kill.iter().sum();
+    let (tail, logged) = replayed_tail(&restores, &ends_at_kill);
     eprintln!(
         "a million keys moved to an empty instance: {tail} of {logged} changelog records replayed, first new record after {:?} \
          (from start, the group's wait for the killed owner's session included)",
@@ -208,12 +217,7 @@ fn after_a_sigkill_an_empty_instance_replays_only_the_tail() {
     let records = input(0, 20_000);
     produce(&f.input, &records);
     let dir = tempfile::tempdir().unwrap();
-    let child = ChildInstance::spawn(
-        "a",
-        "remote_child",
-        format!("{}|{}|{}", f.app, f.input, dir.path().display()),
-        dir.path().join("a.log"),
-    );
+    let child = spawn_child(&f, dir.path(), false);
     // Killed mid-stream, a few flushes in.
     let changelog = kstate::changelog_topic(&f.app, "s");
     wait_until("the child to process part of each partition's input", Duration::from_secs(90), || {
@@ -228,15 +232,7 @@ fn after_a_sigkill_an_empty_instance_replays_only_the_tail() {
     let second = Running::start(remote_builder(&f, empty.path()).restore_listener(restores.clone()), put_or_delete);
     wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
     second.stop().unwrap();
-    let starts = restores.starts.lock().unwrap().clone();
-    assert_eq!(starts.len(), PARTITIONS as usize, "{starts:?}");
-    for s in &starts {
-        // Tail only: it starts at the remote checkpoint, not at the beginning.
-        assert!(s.full_restore_reason.is_none() && s.start_offset > 0, "restored from the start: {s:?}");
-        assert!(s.end_offset <= ends_at_kill[s.partition as usize], "{s:?}");
-    }
-    let tail: i64 = starts.iter().map(|s| s.end_offset - s.start_offset).sum();
-    let logged: i64 = ends_at_kill.iter().sum();
+    let (tail, logged) = replayed_tail(&restores, &ends_at_kill);
     assert!(tail < logged / 2, "replayed {tail} of {logged} changelog records: more than a tail");
     assert_remote_equals_model(&f, &records);
 }
@@ -313,12 +309,7 @@ fn a_frozen_owner_is_fenced_and_nothing_of_it_lands() {
     let mut records = input(0, 4000);
     produce(&f.input, &records);
     let dir = tempfile::tempdir().unwrap();
-    let mut zombie = ChildInstance::spawn(
-        "a",
-        "remote_child",
-        format!("{}|{}|{}", f.app, f.input, dir.path().display()),
-        dir.path().join("a.log"),
-    );
+    let mut zombie = spawn_child(&f, dir.path(), false);
     let changelog = kstate::changelog_topic(&f.app, "s");
     wait_until("the first owner to process some input", Duration::from_secs(90), || {
         zombie.assert_running();

@@ -84,6 +84,7 @@
 //! | `kstate_remote_bytes_total` | counter | bytes remote stores moved to and from object storage, label `direction` (`up`, `down`; no store labels) |
 //! | `kstate_remote_open_seconds` | histogram | how long opening a remote store partition's database took (fencing earlier writers, reading its manifest), label `store` only |
 //! | `kstate_remote_waiting` | gauge | calls of remote stores waiting for object storage for more than 5 s (an outage: processing pauses, logged as it starts and ends; a call fails after `RemoteStateConfig::timeout`) |
+//! | `kstate_remote_standby_reads_total` | counter | reads a standby of remote stores made through the instance's caches to warm them (the keys its changelog changed; label `store`) |
 //! | `kstate_remote_cache_hits_total` | counter | block, index and filter reads of remote stores answered by the instance's remote cache, no store labels (with `kstate_remote_cache_misses_total`: the hit rate) |
 //! | `kstate_remote_cache_misses_total` | counter | the same reads that went to object storage |
 //! | `kstate_rocksdb_estimate_num_keys` | gauge | RocksDB `rocksdb.estimate-num-keys` |
@@ -123,6 +124,8 @@ pub const REMOTE_WAITING: &str = "kstate_remote_waiting";
 pub const REMOTE_CACHE_HITS: &str = "kstate_remote_cache_hits_total";
 /// Remote cache misses.
 pub const REMOTE_CACHE_MISSES: &str = "kstate_remote_cache_misses_total";
+/// Reads standbys of remote stores made to warm the caches (label `store`).
+pub const REMOTE_STANDBY_READS: &str = "kstate_remote_standby_reads_total";
 
 /// Expired entries deleted counter name.
 pub const TTL_EXPIRED: &str = "kstate_ttl_expired_total";

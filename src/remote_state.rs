@@ -26,6 +26,7 @@ pub struct RemoteStateConfig {
     pub(crate) options: Vec<(String, String)>,
     pub(crate) cache_bytes: usize,
     pub(crate) disk_cache_bytes: u64,
+    pub(crate) memtable_bytes: usize,
     pub(crate) flush_interval: Duration,
     pub(crate) timeout: Duration,
     pub(crate) simulated_latency: Duration,
@@ -39,6 +40,7 @@ impl std::fmt::Debug for RemoteStateConfig {
             .field("options", &crate::store::objects::redacted(&self.options))
             .field("cache_bytes", &self.cache_bytes)
             .field("disk_cache_bytes", &self.disk_cache_bytes)
+            .field("memtable_bytes", &self.memtable_bytes)
             .field("flush_interval", &self.flush_interval)
             .field("timeout", &self.timeout)
             .finish()
@@ -59,6 +61,7 @@ impl RemoteStateConfig {
             options: Vec::new(),
             cache_bytes: 64 << 20,
             disk_cache_bytes: 1 << 30,
+            memtable_bytes: 64 << 20,
             flush_interval: Duration::from_secs(5),
             timeout: Duration::from_secs(60),
             simulated_latency: Duration::ZERO,
@@ -94,12 +97,26 @@ impl RemoteStateConfig {
         self
     }
 
+    /// Bytes of writes a store partition gathers in memory (its memtable)
+    /// before they go to object storage as one table file (default 64
+    /// MiB; at least 1 MiB). A memtable is also written every
+    /// [`flush_interval`](Self::flush_interval), so it holds at most what
+    /// the partition writes in that time. Larger: fewer table files, PUTs
+    /// and compactions, faster writes and reads, more memory (not counted
+    /// in `max_state_memory`; up to four memtables per store partition
+    /// may wait for their upload before writes wait). Replaces
+    /// `AppBuilder::write_buffer_bytes`, which sizes RocksDB's memtables.
+    pub fn memtable_bytes(mut self, bytes: usize) -> Self {
+        self.memtable_bytes = bytes;
+        self
+    }
+
     /// The longest a committing store partition's writes stay only in
     /// memory before they are written to object storage as a table file
     /// (default 5 s; at least 100 ms). A crash replays at most about this
     /// much of the changelog (more if the object store was away); a
     /// shorter interval costs more PUT requests. A memtable that reaches
-    /// `write_buffer_bytes` is written at once.
+    /// [`memtable_bytes`](Self::memtable_bytes) is written at once.
     pub fn flush_interval(mut self, interval: Duration) -> Self {
         self.flush_interval = interval;
         self
@@ -132,6 +149,9 @@ impl RemoteStateConfig {
         }
         if self.cache_bytes < 1 << 20 {
             return Err(format!("remote_state cache_bytes must be at least 1 MiB, not {}", self.cache_bytes));
+        }
+        if self.memtable_bytes < 1 << 20 {
+            return Err(format!("remote_state memtable_bytes must be at least 1 MiB, not {}", self.memtable_bytes));
         }
         if self.flush_interval < Duration::from_millis(100) {
             return Err(format!("remote_state flush_interval must be at least 100 ms, not {:?}", self.flush_interval));

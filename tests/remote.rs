@@ -120,10 +120,12 @@ fn a_store_opens_on_an_empty_instance_and_replays_nothing_after_a_clean_stop() {
 #[ignore = "child process of the remote store tests"]
 fn remote_child() {
     let Ok(settings) = std::env::var("KSTATE_CHILD") else { return };
+    init_tracing();
     let parts: Vec<&str> = settings.split('|').collect();
     let f = Fixture { app: parts[0].into(), input: parts[1].into(), state: tempfile::tempdir().unwrap() };
-    let fast = parts.get(3) == Some(&"fast");
-    let app = remote_builder(&f, std::path::Path::new(parts[2])).build().unwrap();
+    let fast = parts[3..].contains(&"fast");
+    let standbys = if parts[3..].contains(&"standby") { 1 } else { 0 };
+    let app = remote_builder(&f, std::path::Path::new(parts[2])).num_standby_replicas(standbys).build().unwrap();
     stop_when_stdin_closes(app.shutdown_handle());
     app.run(move |ctx, rec| {
         if !fast {
@@ -136,8 +138,33 @@ fn remote_child() {
 
 /// Child `a` of `f` in `dir` (see `remote_child`; `fast`: no pause per record).
 fn spawn_child(f: &Fixture, dir: &std::path::Path, fast: bool) -> ChildInstance {
-    let settings = format!("{}|{}|{}{}", f.app, f.input, dir.display(), if fast { "|fast" } else { "" });
-    ChildInstance::spawn("a", "remote_child", settings, dir.join("a.log"))
+    spawn_child_with("a", f, dir, if fast { &["fast"] } else { &[] })
+}
+
+/// Child `name` of `f` in `dir`, logging to `<dir>/<name>.log`, with
+/// `flags` (`fast`: no pause per record; `standby`: one standby replica).
+fn spawn_child_with(name: &str, f: &Fixture, dir: &std::path::Path, flags: &[&str]) -> ChildInstance {
+    let settings = [format!("{}|{}|{}", f.app, f.input, dir.display())].into_iter().chain(flags.iter().map(|s| s.to_string())).collect::<Vec<_>>().join("|");
+    ChildInstance::spawn(name, "remote_child", settings, dir.join(format!("{name}.log")))
+}
+
+/// The `(partition, start, end)` of each "restore starting" line of a
+/// child's log (standbys log "standby starting").
+fn restores_logged(log: &str) -> Vec<(i32, i64, i64)> {
+    let field = |line: &str, name: &str| -> Option<i64> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split(|c: char| !c.is_ascii_digit() && c != '-').next()?.parse().ok()
+    };
+    log.lines()
+        .filter(|l| l.contains("restore starting"))
+        .filter_map(|l| Some((field(l, "partition")? as i32, field(l, "start")?, field(l, "end")?)))
+        .collect()
+}
+
+/// Files under `dir`, recursively (0 if it does not exist).
+fn files_under(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum()
 }
 
 /// Checks that every partition's restore started at the remote
@@ -237,6 +264,88 @@ fn after_a_sigkill_an_empty_instance_replays_only_the_tail() {
     assert_remote_equals_model(&f, &records);
 }
 
+/// A standby of remote stores keeps a reader, not a copy: while the owner
+/// runs, the standby reads the keys its changelog changes through its
+/// caches (counted, and its disk cache fills), fences no one (the owner
+/// never sees a fenced write) and writes nothing to object storage. After
+/// a SIGKILL of the owner it takes the task over, opens its databases for
+/// writing and replays only the tail past their checkpoints; the state
+/// equals the model.
+#[test]
+fn a_standby_warms_its_cache_fences_no_one_and_takes_over_with_the_tail_only() {
+    let f = fixture("remote-standby", PARTITIONS);
+    let mut records = input(0, 30_000);
+    produce(&f.input, &records);
+    let dir = tempfile::tempdir().unwrap();
+    let a = spawn_child_with("a", &f, dir.path(), &["standby"]);
+    let changelog = kstate::changelog_topic(&f.app, "s");
+    wait_until("the first instance to process part of each partition's input", Duration::from_secs(90), || {
+        (0..PARTITIONS).all(|p| logged_in(&changelog, p) > 1000)
+    });
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = spawn_child_with("b", &f, b_dir.path(), &["standby"]);
+    // Each instance owns one partition and is the standby of the other.
+    let cache = b_dir.path().join(&f.app).join(".remote-cache").join("s");
+    wait_until("the second instance to own a partition and hold table parts of both", Duration::from_secs(90), || {
+        restores_logged(&b.text()).len() == 1 && (0..PARTITIONS).all(|p| files_under(&cache.join(p.to_string())) > 0)
+    });
+    let standby_of_b = 1 - restores_logged(&b.text())[0].0;
+    // The owner keeps committing while the standby follows: nothing fenced it.
+    let before = logged_in(&changelog, standby_of_b);
+    let more = input(30_000, 6000);
+    produce(&f.input, &more);
+    records.extend(more);
+    wait_until("the first instance to go on writing its partition", Duration::from_secs(30), || logged_in(&changelog, standby_of_b) > before + 500);
+    a.kill();
+    let a_log = strip_ansi(&std::fs::read_to_string(dir.path().join("a.log")).unwrap_or_default());
+    let fenced: Vec<&str> = a_log.lines().filter(|l| l.contains("this writer is fenced") || l.contains("opened by another instance")).collect();
+    assert!(fenced.is_empty(), "the owner was fenced while the other instance was its standby:\n{}", fenced.join("\n"));
+    let ends_at_kill: Vec<i64> = (0..PARTITIONS).map(|p| end_offset_at(&bootstrap(), &changelog, p)).collect();
+
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(120));
+    let b_log = b.text();
+    b.stop();
+    // The standby read what its changelog changed, before its promotion.
+    let warm: Vec<&str> = b_log.lines().filter(|l| l.contains("reader of a standby closed") && l.contains(&format!("partition={standby_of_b}"))).collect();
+    assert_eq!(warm.len(), 1, "{b_log}");
+    let reads: u64 = warm[0].split("warm_reads=").nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(reads > 100, "the standby made {reads} reads to warm its caches: {}", warm[0]);
+    // Promoted: a restore of the tail past the remote checkpoint only.
+    let promoted: Vec<(i32, i64, i64)> = restores_logged(&b_log).into_iter().filter(|r| r.0 == standby_of_b).collect();
+    assert_eq!(promoted.len(), 1, "{promoted:?}");
+    let (p, start, end) = promoted[0];
+    assert!(start > 0 && end <= ends_at_kill[p as usize], "partition {p}: restore {start}..{end}, the changelog ended at {} at the kill", ends_at_kill[p as usize]);
+    eprintln!("the promoted standby of remote stores replayed {} of {} changelog records after {reads} warm reads", end - start, ends_at_kill[p as usize]);
+    assert!(end - start < ends_at_kill[p as usize] / 2, "replayed {}: more than a tail", end - start);
+    assert_remote_equals_model(&f, &records);
+}
+
+/// A partition that moved to another instance leaves nothing behind: its
+/// local folder and its disk cache are deleted after `state_cleanup_delay`.
+#[test]
+fn the_disk_cache_of_a_partition_that_moved_away_is_deleted() {
+    let f = fixture("remote-cleanup", PARTITIONS);
+    let records = input(0, 4000);
+    produce(&f.input, &records);
+    let with_cleanup = |dir: &std::path::Path| remote_builder(&f, dir).state_cleanup_delay(Duration::from_secs(2));
+    let a = Running::start(with_cleanup(f.state.path()), put_or_delete);
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+    let cache = f.state.path().join(&f.app).join(".remote-cache").join("s");
+    assert!((0..PARTITIONS).all(|p| files_under(&cache.join(p.to_string())) > 0), "the first instance cached both partitions");
+    // A second instance takes one partition: the first's cache of it goes.
+    let b_dir = tempfile::tempdir().unwrap();
+    let b = Running::start(with_cleanup(b_dir.path()), put_or_delete);
+    wait_until("one partition's disk cache to be deleted on the first instance", Duration::from_secs(60), || {
+        (0..PARTITIONS).filter(|p| cache.join(p.to_string()).exists()).count() == 1
+    });
+    let kept = (0..PARTITIONS).find(|p| cache.join(p.to_string()).exists()).unwrap();
+    assert!(f.state.path().join(&f.app).join("s").join(kept.to_string()).exists(), "the partition still held keeps its folder");
+    produce(&f.input, &input(4000, 1000));
+    wait_all_committed_at(&bootstrap(), &f.app, &f.input, PARTITIONS, Duration::from_secs(90));
+    b.stop().unwrap();
+    a.stop().unwrap();
+}
+
 #[test]
 fn bad_remote_settings_are_typed_errors() {
     let f = fixture("remote-config", 1);
@@ -251,9 +360,9 @@ fn bad_remote_settings_are_typed_errors() {
             "all remote or none",
         ),
         (
-            "standbys",
-            build(base().store(StoreDefinition::new("s").remote()).remote_state(remote_state()).num_standby_replicas(1)),
-            "num_standby_replicas",
+            "a tiny memtable",
+            build(base().store(StoreDefinition::new("s").remote()).remote_state(remote_state().memtable_bytes(1000))),
+            "memtable_bytes",
         ),
         (
             "a scheme without its feature",

@@ -295,7 +295,11 @@ fn a_slow_processor_commits_on_time_and_stops_promptly() {
     running.stop().unwrap();
     let (took, last) = (asked.elapsed(), processed.load(Ordering::Relaxed));
     assert!(last - at_ask < 100, "shutdown waited for the batch to end: asked at {at_ask}, processed up to {last}");
-    assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+    eprintln!("shutdown took {took:?}");
+    // A remote store's close also writes its memtable to object storage
+    // (and the side-by-side test passes share two cores): more room.
+    let bound = if stores_remote() { Duration::from_secs(6) } else { Duration::from_secs(2) };
+    assert!(took < bound, "shutdown took {took:?}");
     assert_eq!(committed_offset(&app, &input, 0), Some(last + 1), "the final commit covers exactly what was processed");
 }
 

@@ -257,8 +257,8 @@ impl AppConfig {
 
     /// Remote stores need the remote state, and are all or none of the
     /// stores: an instance without a local copy of a task must be as good
-    /// a place for it as any (the assignor places no warmups and no
-    /// standbys, which would open the same databases as writers), and
+    /// a place for it as any (the assignor places no warmups; standbys
+    /// open readers that warm their caches, never writers), and
     /// snapshots of a database that is already in object storage are
     /// not built.
     fn validate_remote(&self) -> Result<()> {
@@ -281,11 +281,6 @@ impl AppConfig {
                 local.name(),
                 remote[0]
             )));
-        }
-        if self.num_standby_replicas > 0 {
-            return Err(Error::Config(
-                "num_standby_replicas must be 0 with remote stores: a standby of a remote store is not built yet (a task moves without a restore anyway; README \"Remote stores\")".into(),
-            ));
         }
         if self.snapshots.is_some() {
             return Err(Error::Config("snapshots are for local stores: a remote store's database is already in object storage (README \"Remote stores\")".into()));

@@ -86,8 +86,9 @@ impl StoreDefinition {
     /// its size: no restore, no warmup. Same handles, changelog and
     /// guarantees; reads that miss the cache wait for object storage.
     /// Needs the `remote` Cargo feature. Every store of the application
-    /// must then be remote, and standbys and snapshots are refused (README
-    /// "Remote stores" says why).
+    /// must then be remote, and snapshots are refused; a standby keeps a
+    /// reader that warms its instance's caches, not a copy (README "Remote
+    /// stores" says why).
     pub fn remote(mut self) -> Self {
         self.backend = StoreBackend::Remote;
         self

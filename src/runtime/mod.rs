@@ -416,7 +416,7 @@ fn start_remote_state(config: &AppConfig) -> Result<Option<Arc<crate::store::eng
         cache_bytes: remote.cache_bytes,
         flush_interval: remote.flush_interval,
         timeout: remote.timeout,
-        memtable_bytes: config.write_buffer_bytes,
+        memtable_bytes: remote.memtable_bytes,
         disk_cache: (config.state_dir.join(&config.application_id).join(".remote-cache"), remote.disk_cache_bytes),
         simulated_latency: remote.simulated_latency,
     })?;

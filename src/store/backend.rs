@@ -10,4 +10,14 @@ pub(crate) enum StoreBackend {
     InMemory,
     /// A database in object storage ([`crate::StoreDefinition::remote`]).
     Remote,
+    /// A remote store's database opened by a standby task: a reader that
+    /// warms this instance's caches and never writes.
+    RemoteFollower,
+}
+
+impl StoreBackend {
+    /// Whether the data lives in object storage.
+    pub(crate) fn is_remote(self) -> bool {
+        matches!(self, StoreBackend::Remote | StoreBackend::RemoteFollower)
+    }
 }

@@ -301,7 +301,7 @@ impl KeyValueStore {
         let no_files = args.resources.is_in_memory();
         let lock = if no_files { None } else { Some(DirLock::acquire(&args.dir, args.lock_timeout)?) };
         let db_dir = args.dir.join("db");
-        let seeded = args.seed.filter(|_| !no_files && args.backend != StoreBackend::Remote).map(|seed| seed(&db_dir)).unwrap_or_default();
+        let seeded = args.seed.filter(|_| !no_files && !args.backend.is_remote()).map(|seed| seed(&db_dir)).unwrap_or_default();
         let which = (args.backend, args.name, args.partition);
         let (engine, open_problem) = match Self::open_engine(&db_dir, args.resources, which) {
             Ok((e, refused_file)) => match e.checkpoint() {
@@ -389,7 +389,9 @@ impl KeyValueStore {
             return slot.set_role(role);
         }
         let engine = self.engine.as_ref().expect("engine is open");
-        if engine.is_bulk_loading() {
+        if engine.is_bulk_loading() || engine.is_remote_follower() {
+            // A standby's reader of a remote store answers no queries: it
+            // sees what the owner flushed, not the changelog's position.
             // Readable once the bulk load ends; "restoring" meanwhile.
             slot.set_role(role);
             return;
@@ -422,14 +424,15 @@ impl KeyValueStore {
         match backend {
             StoreBackend::InMemory => Engine::open_in_memory(db_dir, res, &format!("{store}/{partition}")),
             StoreBackend::RocksDb => Ok((Engine::open(db_dir, res)?, None)),
-            StoreBackend::Remote => Ok((Engine::open_remote(db_dir, res, store, partition)?, None)),
+            StoreBackend::Remote => Ok((Engine::open_remote(db_dir, res, store, partition, false)?, None)),
+            StoreBackend::RemoteFollower => Ok((Engine::open_remote(db_dir, res, store, partition, true)?, None)),
         }
     }
 
     /// Opens the store partition with nothing in it: its local files
     /// removed first, or (remote) every key of its database deleted.
     fn reopen_empty(db_dir: &Path, res: &EngineResources, which: (StoreBackend, &str, i32)) -> Result<Engine> {
-        if which.0 != StoreBackend::Remote {
+        if !which.0.is_remote() {
             res.wipe(db_dir)?;
         }
         let engine = Self::open_engine(db_dir, res, which)?.0;

@@ -29,9 +29,13 @@ use crate::store::KeyValueStore;
 
 impl KeyValueStore {
     /// Reads ahead the keys of `keys` that only the engine holds (a
-    /// remote store fetches them concurrently into its cache; other
-    /// engines do nothing). A key-value store's keys only.
-    pub(crate) fn prefetch<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) {
+    /// remote store reads them concurrently; other engines do nothing) and
+    /// keeps what they hold in the read cache, so that the batch's reads
+    /// do not ask the engine again. Correct until the engine changes: a
+    /// landed commit overwrites its keys here, any other change empties
+    /// the cache, and keys with writes not yet landed are not read. A
+    /// key-value store's keys only.
+    pub(crate) fn prefetch<'k>(&mut self, keys: impl Iterator<Item = &'k [u8]>) {
         if self.segments.is_some() || !self.engine().is_remote() {
             return;
         }
@@ -39,7 +43,16 @@ impl KeyValueStore {
             .filter(|k| self.overlay.get(k).is_none() && self.sealed.get(k).is_none() && self.recent.get(k).is_none())
             .map(<[u8]>::to_vec)
             .collect();
-        self.engine().prefetch(wanted);
+        let read = self.engine().prefetch(wanted);
+        if read.is_empty() {
+            return;
+        }
+        let mut held = Overlay::default();
+        for (k, v) in &read {
+            held.write(k, v.as_deref());
+        }
+        self.recent.landed(&held);
+        self.metrics.read_cache_bytes.set(self.recent.bytes() as f64);
     }
 
     /// A commit's `writes` landed in RocksDB (`written`: its landing was
@@ -131,7 +144,8 @@ impl Recent {
         self.entries.get(key)
     }
 
-    /// A commit's writes are in RocksDB: keeps them, within the budget.
+    /// `writes` are what the engine holds now (a landed commit's writes,
+    /// or values read ahead): keeps them, within the budget.
     pub(crate) fn landed(&mut self, writes: &Overlay) {
         if writes.is_empty() {
             return;

@@ -66,6 +66,16 @@ impl TaskManager {
                         "deleted the local state of a task this instance no longer holds"),
                     Err(e) => tracing::warn!(partition = p, dir = %dir.display(), error = %e, "deleting unowned task state failed"),
                 }
+                // A remote store's disk cache of the partition goes with it
+                // (its writer and readers open under the lock just held).
+                if store.is_remote() {
+                    let cache = self.config.state_dir.join(&self.config.application_id).join(".remote-cache").join(store.name()).join(p.to_string());
+                    match std::fs::remove_dir_all(&cache) {
+                        Ok(()) => tracing::info!(partition = p, store = store.name(), "deleted the disk cache of a remote store partition this instance no longer holds"),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => tracing::warn!(partition = p, dir = %cache.display(), error = %e, "deleting an unowned disk cache failed"),
+                    }
+                }
                 drop(lock);
             }
             self.cleanup.unowned.remove(p);

@@ -48,7 +48,7 @@ impl TaskManager {
     /// Before a polled batch is processed: each running task's remote
     /// key-value stores read the batch's keys of its partition ahead,
     /// concurrently (architecture.md §22). Nothing without remote stores.
-    pub(crate) fn prefetch<'k>(&self, records: impl Iterator<Item = (i32, &'k [u8])>) {
+    pub(crate) fn prefetch<'k>(&mut self, records: impl Iterator<Item = (i32, &'k [u8])>) {
         if !self.config.remote_stores() {
             return;
         }
@@ -57,8 +57,8 @@ impl TaskManager {
             by_partition.entry(partition).or_default().push(key);
         }
         for (partition, keys) in by_partition {
-            let Some(task) = self.tasks.get(&partition).filter(|t| t.state == super::TaskState::Running) else { continue };
-            for store in &task.stores {
+            let Some(task) = self.tasks.get_mut(&partition).filter(|t| t.state == super::TaskState::Running) else { continue };
+            for store in &mut task.stores {
                 store.prefetch(keys.iter().copied());
             }
         }
@@ -172,12 +172,15 @@ impl TaskManager {
         };
         self.forget_topics(&tps);
         // One closing thread for all of them; a task that stays here as a
-        // standby keeps its stores open and follows its changelogs.
+        // standby keeps its stores open and follows its changelogs (not
+        // remote ones: a writer closes, flushed, and the standby opens
+        // readers, which the next owner's writer does not fence).
         let mut stores = Vec::new();
         for p in closing {
             let Some(task) = self.tasks.remove(&p) else { continue };
             let closed = self.close_task(task, lost);
-            if !lost && self.standbys.target.contains(&p) && !self.standbys.tasks.contains_key(&p) && !closed.is_empty() {
+            let writers = closed.iter().any(|s| s.engine().is_remote());
+            if !lost && !writers && self.standbys.target.contains(&p) && !self.standbys.tasks.contains_key(&p) && !closed.is_empty() {
                 let span = self.standby_span(p);
                 span.in_scope(|| tracing::info!(partition = p, "active task demoted to standby; its stores stay open"));
                 self.restorer.submit(RestoreJob { partition: p, stores: closed, standby: true, span });

@@ -12,7 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::error::{Error, Result};
 use crate::group::Brokers;
 use crate::restore::{RestoreJob, RestoreOutcome};
-use crate::store::{KeyValueStore, StoreOpenArgs};
+use crate::store::{KeyValueStore, StoreBackend, StoreOpenArgs};
 
 use super::manager::resume_now;
 use super::standby::{STANDBY_RETRY_AFTER, Standby};
@@ -136,6 +136,7 @@ impl TaskManager {
         let done = self.openers.tx.clone();
         let snapshots = self.openers.snapshots.clone();
         let span = self.tasks.get(&partition).map_or_else(|| self.standby_span(partition), |t| t.span.clone());
+        let standby = !self.tasks.contains_key(&partition);
         std::thread::Builder::new()
             .name(format!("kstate-open-{partition}"))
             .spawn(move || {
@@ -188,7 +189,10 @@ impl TaskManager {
                             seed: Some(&seed),
                             schema: def.schema(),
                             final_results: def.emits_final_results(),
-                            backend: def.backend(),
+                            backend: match def.backend() {
+                                StoreBackend::Remote if standby => StoreBackend::RemoteFollower,
+                                b => b,
+                            },
                         })?);
                         if def.source_topic.is_some() {
                             let exactly_once = config.processing_guarantee == crate::config::ProcessingGuarantee::ExactlyOnce;

@@ -99,6 +99,16 @@ impl TaskManager {
         }
         let job = self.restorer.cancel(p)?;
         let _in_task = task.span.clone().entered();
+        if job.stores.iter().any(|s| s.engine().is_remote_follower()) {
+            // Its readers close; the task opens its databases as their
+            // writer (fencing the last owner) and replays the changelog
+            // past what they hold, with the caches the readers warmed.
+            // (Closed here, not by the closer: a reader closes in
+            // moments, and the task's opening takes the directory lock next.)
+            tracing::info!(partition = p, "standby of remote stores promoted to active; opening its databases for writing");
+            drop(job.stores);
+            return None;
+        }
         tracing::info!(partition = p, "standby promoted to active; restoring only its lag");
         task.open_at = None;
         if self.exactly_once() || self.config.has_tables {

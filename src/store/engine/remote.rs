@@ -15,6 +15,12 @@
 //! - **A cache, bounded.** Blocks, indexes and filters read from object
 //!   storage are kept in one in-memory cache shared by every remote store
 //!   partition of the instance (`RemoteStateConfig::cache_bytes`).
+//! - **Standbys read, never write.** A standby task's store partition
+//!   opens a reader ([`RemoteDb::open_follower`]): it follows the
+//!   changelog as any standby does, but instead of writing, it reads the
+//!   keys the changelog changes through the instance's caches, so that
+//!   they are warm when the task is promoted (then it opens a writer, as
+//!   any new owner). It keeps its followed checkpoint in memory.
 //! - **Data and meta keys share one key space**, told apart by a first
 //!   byte: [`DATA`] for the store's keys, [`META`] for the checkpoint and
 //!   the other bookkeeping RocksDB keeps in its meta column family.
@@ -27,7 +33,7 @@
 //! store fault).
 
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +43,7 @@ use object_store::ObjectStore;
 use slatedb::config::{FlushOptions, FlushType, Settings};
 use slatedb::db_cache::moka::{MokaCache, MokaCacheOptions};
 use slatedb::db_cache::DbCache;
-use slatedb::{Db, DbIterator, DbSnapshot, ErrorKind};
+use slatedb::{Db, DbIterator, DbReader, DbSnapshot, ErrorKind};
 
 /// A point-in-time view of a remote database.
 pub(crate) type Snapshot = DbSnapshot;
@@ -61,6 +67,10 @@ const PAUSE_LOGGED_AFTER: Duration = Duration::from_secs(5);
 /// Keys a prefetch reads at once.
 const PREFETCH_PARALLEL: usize = 32;
 
+/// Reads a follower has in flight at most to warm the caches; the keys of
+/// a changelog batch past it are not read (warming is best effort).
+const WARM_IN_FLIGHT: usize = 4096;
+
 /// Entries a scan fetches per round trip to the remote runtime.
 const SCAN_CHUNK: usize = 512;
 
@@ -80,8 +90,6 @@ pub(crate) struct RemoteState {
     /// `<state_dir>/<application_id>/.remote-cache`, and each store
     /// partition's bound there (0: no disk cache).
     disk_cache: (std::path::PathBuf, u64),
-    /// Gives each database its own part of the shared cache.
-    next_cache_id: AtomicU64,
 }
 
 impl std::fmt::Debug for RemoteState {
@@ -146,7 +154,6 @@ impl RemoteState {
             timeout: s.timeout,
             memtable_bytes: s.memtable_bytes,
             disk_cache: s.disk_cache,
-            next_cache_id: AtomicU64::new(1),
         };
         let (store, root) = (state.store.clone(), state.root.clone());
         state
@@ -267,6 +274,18 @@ impl Drop for RemoteState {
     }
 }
 
+/// The id of a store partition's entries in the shared memory cache: the
+/// same for its writer and a standby's reader on this instance, and for a
+/// writer opened again, so that what one read stays warm for the next.
+fn cache_id(store: &str, partition: i32) -> u64 {
+    // FNV-1a: stable across runs and builds.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in store.bytes().chain([0]).chain(partition.to_be_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// Which failure an object store error is.
 fn classify_object_store(e: &object_store::Error) -> RemoteFailure {
     match e {
@@ -276,13 +295,62 @@ fn classify_object_store(e: &object_store::Error) -> RemoteFailure {
     }
 }
 
-/// One store partition's remote database, open for writing.
+/// How a store partition's database is open.
+#[derive(Clone)]
+enum Handle {
+    /// The owner's: reads and writes (every earlier writer fenced).
+    Writer(Arc<Db>),
+    /// A standby's: reads what the owner flushed, writes nothing.
+    Reader(Arc<DbReader>),
+}
+
+impl Handle {
+    async fn get(&self, key: Vec<u8>) -> std::result::Result<Option<Bytes>, slatedb::Error> {
+        match self {
+            Handle::Writer(db) => db.get(key).await,
+            Handle::Reader(db) => db.get(key).await,
+        }
+    }
+
+    async fn scan(&self, range: KeyRange) -> std::result::Result<DbIterator, slatedb::Error> {
+        match self {
+            Handle::Writer(db) => db.scan(range).await,
+            Handle::Reader(db) => db.scan(range).await,
+        }
+    }
+
+    fn writer(&self) -> Option<&Arc<Db>> {
+        match self {
+            Handle::Writer(db) => Some(db),
+            Handle::Reader(_) => None,
+        }
+    }
+}
+
+/// What a follower (a standby's reader) followed of the changelog: the
+/// meta keys it would have written (its checkpoint among them), held in
+/// memory in front of what the reader sees.
+#[derive(Default)]
+struct Followed {
+    meta: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Wiped before a full replay: the reader's meta keys no longer count.
+    wiped: bool,
+}
+
+/// One store partition's remote database: open for writing (an active
+/// task) or for reading (a standby task, [`RemoteDb::open_follower`]).
 pub(crate) struct RemoteDb {
-    db: Arc<Db>,
+    db: Handle,
     state: Arc<RemoteState>,
     store: String,
     partition: i32,
     closed: std::sync::atomic::AtomicBool,
+    /// A follower's: `Some`.
+    followed: Option<std::sync::Mutex<Followed>>,
+    /// A follower's reads in flight to warm the caches.
+    warming: Arc<std::sync::atomic::AtomicUsize>,
+    /// A follower's reads made to warm the caches.
+    warmed: std::sync::atomic::AtomicU64,
 }
 
 impl RemoteDb {
@@ -306,19 +374,101 @@ impl RemoteDb {
         };
         let builder = Db::builder(path.clone(), state.store.clone())
             .with_settings(settings)
-            .with_db_cache(state.cache.clone(), state.next_cache_id.fetch_add(1, Ordering::Relaxed));
+            .with_db_cache(state.cache.clone(), cache_id(store, partition));
         let opened = state.run(builder.build());
         let db = remote_result(opened, store, partition, "open")?;
         let opened_in = started.elapsed();
         metrics::histogram!(crate::metrics::REMOTE_OPEN_SECONDS, "store" => store.to_string()).record(opened_in.as_secs_f64());
         tracing::info!(store, partition, path = %path, seconds = opened_in.as_secs_f64(), "remote store opened (earlier writers fenced)");
         Ok(RemoteDb {
-            db: Arc::new(db),
+            db: Handle::Writer(Arc::new(db)),
             state: state.clone(),
             store: store.to_string(),
             partition,
             closed: Default::default(),
+            followed: None,
+            warming: Default::default(),
+            warmed: Default::default(),
         })
+    }
+
+    /// Opens the database of `store`'s `partition` for a standby task: a
+    /// reader of what the owner flushed (the owner is not fenced, nothing
+    /// is written to object storage), sharing the instance's memory cache
+    /// and the partition's disk cache with the writer this instance opens
+    /// if the task is promoted here. A database that does not exist yet
+    /// (its owner has not opened it) fails the open; the standby is
+    /// opened again after a pause, as any standby whose open failed.
+    pub(crate) fn open_follower(state: &Arc<RemoteState>, store: &str, partition: i32) -> Result<RemoteDb> {
+        let started = Instant::now();
+        let path = state.db_path(store, partition);
+        let options = slatedb::config::DbReaderOptions {
+            manifest_poll_interval: Duration::from_secs(1),
+            skip_wal_replay: true,
+            object_store_cache_options: state.disk_cache_options(store, partition),
+            ..Default::default()
+        };
+        let builder = DbReader::builder(path.clone(), state.store.clone())
+            .with_options(options)
+            // No checkpoint of its own in the manifest: the owner's
+            // manifest is never written by a standby. (A read of a table
+            // the owner's compaction just deleted fails; warming skips it.)
+            .with_reader_mode(slatedb::DbReaderMode::FollowLatest)
+            .with_db_cache(state.cache.clone(), cache_id(store, partition));
+        let opened = state.run(builder.build());
+        let reader = remote_result(opened, store, partition, "open for a standby")?;
+        tracing::info!(store, partition, path = %path, seconds = started.elapsed().as_secs_f64(), "remote store opened for a standby (a reader: nothing written, no writer fenced)");
+        Ok(RemoteDb {
+            db: Handle::Reader(Arc::new(reader)),
+            state: state.clone(),
+            store: store.to_string(),
+            partition,
+            closed: Default::default(),
+            followed: Some(Default::default()),
+            warming: Default::default(),
+            warmed: Default::default(),
+        })
+    }
+
+    /// Whether this is a standby's reader.
+    pub(crate) fn is_follower(&self) -> bool {
+        self.followed.is_some()
+    }
+
+    fn followed(&self) -> Option<std::sync::MutexGuard<'_, Followed>> {
+        self.followed.as_ref().map(|f| f.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// A follower's "write": meta keys are kept in memory, data keys are
+    /// read in the background (at most [`WARM_IN_FLIGHT`] at once), which
+    /// brings the blocks that hold them into the caches.
+    fn follow(&self, writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+        let mut keys = Vec::new();
+        if let Some(mut followed) = self.followed() {
+            for (key, value) in writes {
+                match key.first() {
+                    Some(&META) => {
+                        followed.meta.insert(key[1..].to_vec(), value);
+                    }
+                    _ => keys.push(key),
+                }
+            }
+        }
+        let room = WARM_IN_FLIGHT.saturating_sub(self.warming.load(Ordering::Relaxed));
+        keys.truncate(room);
+        if keys.is_empty() {
+            return;
+        }
+        self.warming.fetch_add(keys.len(), Ordering::Relaxed);
+        self.warmed.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::REMOTE_STANDBY_READS, "store" => self.store.clone()).increment(keys.len() as u64);
+        let (db, warming) = (self.db.clone(), self.warming.clone());
+        self.state.runtime().spawn(async move {
+            for key in keys {
+                let _ = db.get(key).await;
+                warming.fetch_sub(1, Ordering::Relaxed);
+            }
+        });
     }
 
     fn result<T>(&self, r: std::result::Result<std::result::Result<T, slatedb::Error>, ()>, what: &str) -> Result<T> {
@@ -327,41 +477,92 @@ impl RemoteDb {
 
     /// One key's value (`prefix`: [`DATA`] or [`META`]).
     pub(crate) fn get(&self, prefix: u8, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if prefix == META {
+            if let Some(followed) = self.followed() {
+                match followed.meta.get(key) {
+                    Some(v) => return Ok(v.clone()),
+                    None if followed.wiped => return Ok(None),
+                    None => {}
+                }
+            }
+        }
         let db = self.db.clone();
         let key = prefixed(prefix, key);
         let got = self.state.run_quick(async move { db.get(key).await });
         Ok(self.result(got, "read")?.map(|v| v.to_vec()))
     }
 
-    /// Reads `keys` (data keys) concurrently, at most [`PREFETCH_PARALLEL`]
-    /// at once, and forgets the values: the blocks they need are then in
-    /// the cache when the processing thread reads them one by one. The
-    /// latency of a poll batch's cold reads is so paid about once per
-    /// [`PREFETCH_PARALLEL`] keys instead of once per key. Errors are left
-    /// to the reads that follow.
-    pub(crate) fn prefetch(&self, keys: Vec<Vec<u8>>) {
+    /// Reads `keys` (data keys) ahead of their use and returns what each
+    /// holds (`None`: absent). Up to [`PREFETCH_PARALLEL`] reads are
+    /// started on the calling thread (polled once: the memtable or a cache
+    /// answers most at once); those still waiting go on on the runtime
+    /// with the keys not yet started, at most [`PREFETCH_PARALLEL`] in
+    /// flight, so a poll batch's cold reads cost about one object-store
+    /// latency per [`PREFETCH_PARALLEL`] keys instead of one per key.
+    /// (Every started read stays polled: one left waiting behind the bound
+    /// could hold what another needs.) A key whose read failed is left
+    /// out: the read that follows meets the error.
+    pub(crate) fn prefetch(&self, keys: Vec<Vec<u8>>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         use futures::StreamExt;
-        if keys.is_empty() {
-            return;
-        }
-        let db = self.db.clone();
+        type Read = std::pin::Pin<Box<dyn std::future::Future<Output = (Vec<u8>, std::result::Result<Option<Bytes>, slatedb::Error>)> + Send>>;
+        let read = |db: &Handle, key: Vec<u8>| -> Read {
+            let db = db.clone();
+            Box::pin(async move {
+                let got = db.get(prefixed(DATA, &key)).await;
+                (key, got)
+            })
+        };
         let (n, started) = (keys.len(), Instant::now());
-        let _ = self.state.run(async move {
-            futures::stream::iter(keys)
-                .map(|k| {
-                    let db = db.clone();
-                    async move { db.get(prefixed(DATA, &k)).await }
-                })
-                .buffer_unordered(PREFETCH_PARALLEL)
-                .for_each(|_| async {})
-                .await
-        });
-        tracing::debug!(store = %self.store, partition = self.partition, keys = n, took = ?started.elapsed(), "remote store: read ahead");
+        let mut out = Vec::with_capacity(keys.len());
+        let mut waiting: Vec<Read> = Vec::new();
+        let mut keys = keys.into_iter();
+        {
+            let _context = self.state.runtime().enter();
+            let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            while waiting.len() < PREFETCH_PARALLEL {
+                let Some(key) = keys.next() else { break };
+                let mut r = read(&self.db, key);
+                match std::future::Future::poll(r.as_mut(), &mut cx) {
+                    std::task::Poll::Ready((key, Ok(v))) => out.push((key, v.map(|v| v.to_vec()))),
+                    std::task::Poll::Ready((_, Err(_))) => {}
+                    std::task::Poll::Pending => waiting.push(r),
+                }
+            }
+        }
+        let rest: Vec<Vec<u8>> = keys.collect();
+        let waited = waiting.len() + rest.len();
+        if waited > 0 {
+            let db = self.db.clone();
+            let fetched = self.state.run(async move {
+                let mut running: futures::stream::FuturesUnordered<Read> = waiting.into_iter().collect();
+                let mut rest = rest.into_iter();
+                let mut got = Vec::new();
+                loop {
+                    while running.len() < PREFETCH_PARALLEL {
+                        let Some(key) = rest.next() else { break };
+                        running.push(read(&db, key));
+                    }
+                    match running.next().await {
+                        Some((key, Ok(v))) => got.push((key, v.map(|v| v.to_vec()))),
+                        Some((_, Err(_))) => {}
+                        None => break,
+                    }
+                }
+                got
+            });
+            out.extend(fetched.unwrap_or_default());
+        }
+        tracing::trace!(store = %self.store, partition = self.partition, keys = n, waited, took = ?started.elapsed(), "remote store: read ahead");
+        out
     }
 
     /// Applies one commit's writes atomically: `puts` (`None`: a delete)
     /// of prefixed keys, after deleting every data key in `ranges`.
     pub(crate) fn write(&self, ranges: &[(Vec<u8>, Vec<u8>)], writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
+        let Some(db) = self.db.writer().cloned() else {
+            self.follow(writes);
+            return Ok(());
+        };
         // SlateDB's batch keeps one write per key, the last one given.
         let mut batch = slatedb::WriteBatch::new();
         for (from, to) in ranges {
@@ -379,7 +580,6 @@ impl RemoteDb {
                 None => batch.delete(key),
             }
         }
-        let db = self.db.clone();
         let written = self.state.run(async move { db.write(batch).await.map(|_| ()) });
         self.result(written, "write")
     }
@@ -387,6 +587,11 @@ impl RemoteDb {
     /// Deletes every key of the database (a full restore follows), in
     /// batches; the epoch, and so the fencing, stays.
     pub(crate) fn wipe(&self) -> Result<()> {
+        if let Some(mut followed) = self.followed() {
+            *followed = Followed { wiped: true, ..Default::default() };
+            return Ok(());
+        }
+        let Some(db) = self.db.writer().cloned() else { return Ok(()) };
         for prefix in [DATA, META] {
             loop {
                 let keys = self.scan_prefix(prefix, 10_000)?;
@@ -397,7 +602,7 @@ impl RemoteDb {
                 for key in keys {
                     batch.delete(key);
                 }
-                let db = self.db.clone();
+                let db = db.clone();
                 let written = self.state.run(async move { db.write(batch).await.map(|_| ()) });
                 self.result(written, "wipe")?;
             }
@@ -425,7 +630,15 @@ impl RemoteDb {
 
     /// A point-in-time view: reads of one committed state.
     pub(crate) fn snapshot(&self) -> Result<Arc<DbSnapshot>> {
-        self.db.snapshot().map_err(|e| map_error(e, &self.store, self.partition, "snapshot"))
+        let Some(db) = self.db.writer() else {
+            return Err(Error::RemoteStore {
+                store: self.store.clone(),
+                partition: self.partition,
+                kind: RemoteFailure::Unavailable,
+                detail: "a standby's reader of a remote store serves no reads of committed state".into(),
+            });
+        };
+        db.snapshot().map_err(|e| map_error(e, &self.store, self.partition, "snapshot"))
     }
 
     /// Reads from `snapshot` (or the database) with this database's runtime.
@@ -462,7 +675,7 @@ impl RemoteDb {
     /// Writes the memtable to object storage (`wait`: until it landed;
     /// else in the background, its failure logged).
     pub(crate) fn flush(&self, wait: bool) -> Result<()> {
-        let db = self.db.clone();
+        let Some(db) = self.db.writer().cloned() else { return Ok(()) };
         let fut = async move { db.flush_with_options(FlushOptions { flush_type: FlushType::MemTable }).await };
         if wait {
             let flushed = self.state.run(fut);
@@ -482,8 +695,17 @@ impl RemoteDb {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        if self.is_follower() {
+            tracing::info!(store = %self.store, partition = self.partition, warm_reads = self.warmed.load(Ordering::Relaxed),
+                "remote store reader of a standby closed");
+        }
         let db = self.db.clone();
-        let closed = self.state.run(async move { db.close().await });
+        let closed = self.state.run(async move {
+            match db {
+                Handle::Writer(db) => db.close().await,
+                Handle::Reader(db) => db.close().await,
+            }
+        });
         self.result(closed, "close")
     }
 }
@@ -491,7 +713,7 @@ impl RemoteDb {
 /// A chunked scan of a remote database, as a blocking iterator.
 pub(crate) struct RemoteScan {
     state: Arc<RemoteState>,
-    db: Arc<Db>,
+    db: Handle,
     snapshot: Option<Arc<DbSnapshot>>,
     store: String,
     partition: i32,

@@ -10,27 +10,34 @@ use crate::error::{Error, Result};
 
 impl Engine {
     /// Opens (or creates) the remote database of `store`'s `partition`,
-    /// fencing every earlier writer of it; `path` is the store
-    /// partition's local directory (nothing is written there).
-    pub(crate) fn open_remote(path: &Path, res: &EngineResources, store: &str, partition: i32) -> Result<Engine> {
+    /// fencing every earlier writer of it, or (`follower`, a standby task)
+    /// as a reader that fences no one and writes nothing; `path` is the
+    /// store partition's local directory (nothing is written there).
+    pub(crate) fn open_remote(path: &Path, res: &EngineResources, store: &str, partition: i32, follower: bool) -> Result<Engine> {
         let state = res.remote.as_ref().ok_or_else(|| Error::Config(format!("store `{store}` is remote, but the application has no remote_state")))?;
-        let db = remote::RemoteDb::open(state, store, partition)?;
+        let db = if follower { remote::RemoteDb::open_follower(state, store, partition)? } else { remote::RemoteDb::open(state, store, partition)? };
         let mut engine = Self::new(path, res, (None, None), Options::default());
         engine.remote = Some(db);
         Ok(engine)
     }
 
-    /// Reads `keys` ahead of their use, where reads are slow (a remote
-    /// store: fetched concurrently into its cache); nothing elsewhere.
-    pub(crate) fn prefetch(&self, keys: Vec<Vec<u8>>) {
-        if let Some(r) = &self.remote {
-            r.prefetch(keys);
+    /// Reads `keys` ahead of their use where reads are slow (a remote
+    /// store: concurrently) and returns what each holds; nothing elsewhere.
+    pub(crate) fn prefetch(&self, keys: Vec<Vec<u8>>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        match &self.remote {
+            Some(r) if !keys.is_empty() => r.prefetch(keys),
+            _ => Vec::new(),
         }
     }
 
     /// Whether the store partition lives in object storage.
     pub(crate) fn is_remote(&self) -> bool {
         self.remote.is_some()
+    }
+
+    /// Whether this is a standby's reader of a remote store partition.
+    pub(crate) fn is_remote_follower(&self) -> bool {
+        self.remote.as_ref().is_some_and(|r| r.is_follower())
     }
 
     /// Deletes every key of a remote store partition (its database and

@@ -48,13 +48,19 @@ impl RemoteDb {
     pub(crate) fn open(_state: &Arc<RemoteState>, _store: &str, _partition: i32) -> Result<RemoteDb> {
         Err(crate::error::Error::Config(NEVER.into()))
     }
+    pub(crate) fn open_follower(_state: &Arc<RemoteState>, _store: &str, _partition: i32) -> Result<RemoteDb> {
+        Err(crate::error::Error::Config(NEVER.into()))
+    }
+    pub(crate) fn is_follower(&self) -> bool {
+        unreachable!("{NEVER}")
+    }
     pub(crate) fn get(&self, _prefix: u8, _key: &[u8]) -> Result<Option<Vec<u8>>> {
         unreachable!("{NEVER}")
     }
     pub(crate) fn write(&self, _ranges: &[(Vec<u8>, Vec<u8>)], _writes: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
         unreachable!("{NEVER}")
     }
-    pub(crate) fn prefetch(&self, _keys: Vec<Vec<u8>>) {
+    pub(crate) fn prefetch(&self, _keys: Vec<Vec<u8>>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         unreachable!("{NEVER}")
     }
     pub(crate) fn wipe(&self) -> Result<()> {

@@ -380,16 +380,7 @@ impl RemoteDb {
         let opened_in = started.elapsed();
         metrics::histogram!(crate::metrics::REMOTE_OPEN_SECONDS, "store" => store.to_string()).record(opened_in.as_secs_f64());
         tracing::info!(store, partition, path = %path, seconds = opened_in.as_secs_f64(), "remote store opened (earlier writers fenced)");
-        Ok(RemoteDb {
-            db: Handle::Writer(Arc::new(db)),
-            state: state.clone(),
-            store: store.to_string(),
-            partition,
-            closed: Default::default(),
-            followed: None,
-            warming: Default::default(),
-            warmed: Default::default(),
-        })
+        Ok(RemoteDb::with(Handle::Writer(Arc::new(db)), state, store, partition))
     }
 
     /// Opens the database of `store`'s `partition` for a standby task: a
@@ -418,16 +409,22 @@ impl RemoteDb {
         let opened = state.run(builder.build());
         let reader = remote_result(opened, store, partition, "open for a standby")?;
         tracing::info!(store, partition, path = %path, seconds = started.elapsed().as_secs_f64(), "remote store opened for a standby (a reader: nothing written, no writer fenced)");
-        Ok(RemoteDb {
-            db: Handle::Reader(Arc::new(reader)),
+        Ok(RemoteDb::with(Handle::Reader(Arc::new(reader)), state, store, partition))
+    }
+
+    /// A database handle as this store partition's (a reader is a follower).
+    fn with(db: Handle, state: &Arc<RemoteState>, store: &str, partition: i32) -> RemoteDb {
+        let followed = matches!(db, Handle::Reader(_)).then(Default::default);
+        RemoteDb {
+            db,
             state: state.clone(),
             store: store.to_string(),
             partition,
             closed: Default::default(),
-            followed: Some(Default::default()),
+            followed,
             warming: Default::default(),
             warmed: Default::default(),
-        })
+        }
     }
 
     /// Whether this is a standby's reader.
